@@ -1,0 +1,1 @@
+"""The canonical, credential-bearing client: configuration, secure manifest read, HTTP, CLI."""

@@ -1,0 +1,114 @@
+"""Read a reviewed manifest without being tricked (DESIGN §6.1).
+
+The path must be absolute and no component may be a symbolic link. The file is opened with
+``O_NOFOLLOW`` (a link swapped in at the last moment fails the open) and ``O_NONBLOCK`` (a FIFO
+cannot hang us), and everything else is judged on the open descriptor: a regular file, owned by
+us or root, not writable by group or others, in a directory others cannot write, at most the
+size bound. The digest is of the bytes read from that descriptor. Afterwards the descriptor and
+the path must still name the same unchanged file, or the read is refused as
+``manifest_changed``. Nothing here touches the network.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from ito.core.errors import ItoError
+
+__all__ = ["SecureRead", "read_manifest_securely"]
+
+DEFAULT_MAX_BYTES = 1024 * 1024
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+@dataclass(frozen=True)
+class SecureRead:
+    path: str
+    raw: bytes
+    digest: str
+
+
+def read_manifest_securely(path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> SecureRead:
+    if not path or not os.path.isabs(path):
+        raise ItoError("manifest_path_not_absolute")
+    _refuse_symlink_components(path)
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ItoError("manifest_symlink") from None
+        if exc.errno == errno.ENOENT:
+            raise ItoError("manifest_not_found", "no file at the manifest path") from None
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise ItoError("manifest_wrong_owner", "the manifest cannot be read") from None
+        raise ItoError("manifest_not_regular_file", "the manifest cannot be opened") from None
+    try:
+        before = os.fstat(fd)
+        _check_descriptor(before, path, max_bytes)
+        raw = _read_all(fd, max_bytes + 1)
+        if len(raw) > max_bytes:
+            raise ItoError("manifest_too_large", max_bytes=max_bytes)
+        digest = "sha256:" + hashlib.sha256(raw).hexdigest()
+        after = os.fstat(fd)
+    finally:
+        os.close(fd)
+    try:
+        on_path = os.lstat(path)
+    except OSError:
+        raise ItoError("manifest_changed", "the manifest path changed during the read") from None
+    if not (_same(before, after) and _same(before, on_path)) or len(raw) != before.st_size:
+        raise ItoError("manifest_changed")
+    return SecureRead(path=path, raw=raw, digest=digest)
+
+
+def _refuse_symlink_components(path: str) -> None:
+    current = PurePosixPath("/")
+    for part in PurePosixPath(path).parts[1:]:
+        current = current / part
+        try:
+            mode = os.lstat(current).st_mode
+        except FileNotFoundError:
+            raise ItoError("manifest_not_found", "no file at the manifest path") from None
+        except OSError:
+            raise ItoError("manifest_not_regular_file", "the manifest path cannot be "
+                           "inspected") from None
+        if stat.S_ISLNK(mode):
+            raise ItoError("manifest_symlink")
+
+
+def _check_descriptor(st: os.stat_result, path: str, max_bytes: int) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise ItoError("manifest_not_regular_file")
+    if st.st_uid not in (os.getuid(), 0):
+        raise ItoError("manifest_wrong_owner")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ItoError("manifest_unsafe_permissions",
+                       "the manifest is writable by group or others")
+    parent = os.lstat(os.path.dirname(path) or "/")
+    if parent.st_mode & stat.S_IWOTH:
+        raise ItoError("manifest_unsafe_permissions",
+                       "the manifest's directory is writable by others")
+    if st.st_size > max_bytes:
+        raise ItoError("manifest_too_large", max_bytes=max_bytes)
+
+
+def _read_all(fd: int, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    total = 0
+    while total < limit:
+        chunk = os.read(fd, min(65536, limit - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    return b"".join(chunks)
+
+
+def _same(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino, a.st_size, a.st_mtime_ns) == \
+        (b.st_dev, b.st_ino, b.st_size, b.st_mtime_ns)

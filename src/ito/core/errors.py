@@ -1,0 +1,138 @@
+"""The single registry of stable error codes, and the one exception that carries them.
+
+Every refusal anywhere in ito — client, server, bridge — is an :class:`ItoError` whose ``code``
+comes from :data:`REGISTRY`. The registry fixes each code's HTTP status and whether retrying the
+same request may succeed. Codes are a public contract: add new ones, never rename one.
+
+Tree::
+
+    Exception
+    └── ItoError            code + safe message + retryable, rebuilt on the client from ``code``
+
+Messages must be safe to show anywhere: they never carry a secret, token, key or password.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["REGISTRY", "ErrorSpec", "ItoError", "spec_for"]
+
+
+@dataclass(frozen=True)
+class ErrorSpec:
+    """How one stable error code behaves."""
+
+    status: int
+    """HTTP status the API answers with."""
+    retryable: bool
+    """Whether the same request may succeed later without any change."""
+    summary: str
+    """A default safe message."""
+
+
+def _s(status: int, summary: str, retryable: bool = False) -> ErrorSpec:
+    return ErrorSpec(status=status, retryable=retryable, summary=summary)
+
+
+REGISTRY: dict[str, ErrorSpec] = {
+    # --- client side -------------------------------------------------------------------------
+    "capability_unavailable": _s(501, "this capability is not available in this runtime"),
+    "client_not_configured": _s(400, "the client is not configured"),
+    "client_executable_invalid": _s(400, "the canonical client executable is not usable"),
+    "invalid_arguments": _s(422, "the arguments are invalid"),
+    "secret_in_arguments": _s(422, "an argument looks like a credential; pass secrets only "
+                              "through ITO_API_KEY or the stored login"),
+    "manifest_path_not_absolute": _s(422, "the manifest path must be absolute"),
+    "manifest_symlink": _s(422, "a component of the manifest path is a symbolic link"),
+    "manifest_not_regular_file": _s(422, "the manifest is not a regular file"),
+    "manifest_wrong_owner": _s(422, "the manifest is not owned by the current user or root"),
+    "manifest_unsafe_permissions": _s(422, "the manifest or its directory is writable by others"),
+    "manifest_too_large": _s(413, "the manifest exceeds the size bound"),
+    "manifest_changed": _s(409, "the manifest changed while it was being read"),
+    "not_authenticated": _s(401, "no valid credential was presented"),
+    "transport_timeout": _s(504, "the API did not answer within the deadline", True),
+    "transport_ambiguous": _s(504, "the request may have reached the API but no answer came back;"
+                              " retry with the same idempotency key", True),
+    "transport_unreachable": _s(503, "the API could not be reached; nothing was sent", True),
+    # --- server side -------------------------------------------------------------------------
+    "credential_revoked": _s(401, "this credential has been revoked"),
+    "forbidden_scope": _s(403, "this credential's role does not allow this operation"),
+    "not_found": _s(404, "no such resource"),
+    "account_not_found": _s(404, "account not found"),
+    "key_not_found": _s(404, "key not found"),
+    "booking_not_found": _s(404, "booking not found"),
+    "booking_not_completed": _s(409, "the booking is not completed"),
+    "booking_expired": _s(410, "the booking's term is over or has not started"),
+    "booking_revoked": _s(410, "the booking was revoked"),
+    "booking_released": _s(410, "the booking was released"),
+    "booking_mismatch": _s(422, "the booking does not match what the request needs"),
+    "booking_term_insufficient": _s(422, "the estimated run does not fit in the booking's "
+                                    "remaining term"),
+    "manifest_not_found": _s(404, "manifest not found"),
+    "manifest_invalid": _s(422, "the manifest does not match the schema"),
+    "manifest_contains_secret": _s(422, "the manifest contains something that looks like a "
+                                   "credential"),
+    "manifest_digest_mismatch": _s(422, "the manifest digest does not match"),
+    "confirmation_not_found": _s(404, "confirmation not found"),
+    "confirmation_pending": _s(409, "the confirmation has not been approved yet", True),
+    "confirmation_rejected": _s(409, "the confirmation was rejected"),
+    "confirmation_expired": _s(410, "the confirmation expired"),
+    "confirmation_consumed": _s(409, "the confirmation was already used"),
+    "confirmation_mismatch": _s(422, "the confirmation is bound to something else"),
+    "confirmation_not_pending": _s(409, "the confirmation is no longer pending"),
+    "self_approval_forbidden": _s(403, "the approver must be a different principal from the "
+                                  "requester"),
+    "idempotency_key_invalid": _s(422, "the idempotency key must be 1-255 printable characters"),
+    "idempotency_key_reused": _s(422, "this idempotency key was used for a different request"),
+    "idempotency_in_progress": _s(409, "a request with this idempotency key is in progress", True),
+    "budget_exceeded": _s(422, "the cost estimate exceeds the budget"),
+    "capacity_insufficient": _s(422, "the booking is too small for this run"),
+    "fabric_incompatible": _s(422, "the booking's fabric does not fit this run"),
+    "data_policy_violation": _s(422, "the data does not satisfy the data policy"),
+    "checkpoint_storage_invalid": _s(422, "the checkpoint storage is not usable"),
+    "plan_refused": _s(422, "no acceptable parallelism plan exists for this run"),
+    "run_not_found": _s(404, "run not found"),
+    "run_not_cancellable": _s(409, "the run cannot be cancelled in its current state"),
+    "invalid_transition": _s(409, "that state change is not allowed"),
+    "rate_limited": _s(429, "too many requests", True),
+    "store_busy": _s(503, "the store is busy; retry", True),
+    "store_not_migrated": _s(503, "the database schema is not at the expected version; run "
+                             "'ito-server migrate'"),
+    "internal_error": _s(500, "internal error", True),
+}
+
+
+def spec_for(code: str) -> ErrorSpec:
+    """The spec of ``code``; unknown codes (from a newer server) are treated as internal."""
+    return REGISTRY.get(code, REGISTRY["internal_error"])
+
+
+class ItoError(Exception):
+    """A refusal with a stable code. ``message`` is safe to show; ``details`` is structured."""
+
+    def __init__(self, code: str, message: str | None = None, **details: Any) -> None:
+        assert code in REGISTRY, f"unregistered error code {code!r}"
+        self.code = code
+        self.message = message or REGISTRY[code].summary
+        self.details = details
+        super().__init__(f"{code}: {self.message}")
+
+    @property
+    def status(self) -> int:
+        return REGISTRY[self.code].status
+
+    @property
+    def retryable(self) -> bool:
+        return REGISTRY[self.code].retryable
+
+    def to_error_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "code": self.code,
+            "message": self.message,
+            "retryable": self.retryable,
+        }
+        if self.details:
+            body["details"] = self.details
+        return body

@@ -1,0 +1,195 @@
+"""The pure checks behind the gates of run creation (DESIGN §5.2, §5.8).
+
+The server loads rows, turns them into these plain values, and calls the checks inside the
+creating transaction; every check raises the stable :class:`ItoError` of its gate. Nothing here
+reads a clock: ``now`` is passed in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from ito.core.errors import ItoError
+from ito.core.manifest import Manifest
+from ito.core.model_sizes import SIZES
+from ito.core.pricing import CostEstimate, estimate_cost
+
+__all__ = [
+    "BookingView",
+    "ResourceCheck",
+    "check_eligibility",
+    "check_resources",
+    "eligibility_record",
+    "idempotency_fingerprint",
+    "validate_idempotency_key",
+]
+
+ELIGIBILITY_TTL = timedelta(seconds=60)
+"""How long an eligibility record may be relied on; run creation re-checks regardless."""
+
+CHECKPOINT_BYTES_PER_PARAMETER = 16
+"""fp32 master weights + two Adam moments + bf16 weights and gradients, rounded up (Rajbhandari
+et al. 2020, "ZeRO", §3.1: 16 bytes per parameter with mixed-precision Adam)."""
+
+
+@dataclass(frozen=True)
+class BookingView:
+    id: str
+    account_id: str
+    state: str
+    gpu: str
+    nodes: int
+    gpus_per_node: int
+    gpu_memory_gb: int
+    region: str
+    fabric: str
+    term_start: datetime
+    term_end: datetime
+    storage_uri: str | None
+    storage_quota_gb: float
+    rate_usd_per_gpu_hour: float
+
+
+def check_eligibility(booking: BookingView, now: datetime) -> None:
+    """Fail closed unless the booking is completed, unreleased and inside its term."""
+    if booking.state == "revoked":
+        raise ItoError("booking_revoked", booking_id=booking.id)
+    if booking.state == "released":
+        raise ItoError("booking_released", booking_id=booking.id)
+    if booking.state == "expired":
+        raise ItoError("booking_expired", booking_id=booking.id)
+    if booking.state != "completed":
+        raise ItoError("booking_not_completed", booking_id=booking.id, state=booking.state)
+    if not booking.term_start <= now < booking.term_end:
+        raise ItoError("booking_expired", booking_id=booking.id)
+
+
+def eligibility_record(booking: BookingView, now: datetime) -> dict[str, Any]:
+    """The record §5.2 returns: bound to account, booking, topology, region, fabric and term."""
+    check_eligibility(booking, now)
+    valid_until = min(now + ELIGIBILITY_TTL, booking.term_end)
+    return {
+        "eligible": True,
+        "account_id": booking.account_id,
+        "booking_id": booking.id,
+        "topology": {"gpu": booking.gpu, "nodes": booking.nodes,
+                     "gpus_per_node": booking.gpus_per_node,
+                     "gpu_memory_gb": booking.gpu_memory_gb},
+        "region": booking.region,
+        "fabric": booking.fabric,
+        "term": {"start": booking.term_start.isoformat(), "end": booking.term_end.isoformat()},
+        "checked_at": now.isoformat(),
+        "valid_until": valid_until.isoformat(),
+    }
+
+
+@dataclass(frozen=True)
+class ResourceCheck:
+    estimate: CostEstimate
+    checkpoint_uri: str
+    checkpoint_bytes: int
+
+
+def check_resources(
+    manifest: Manifest, booking: BookingView, now: datetime, run_id_hint: str = "{run_id}"
+) -> ResourceCheck:
+    """Gate 5: fabric, capacity, data policy, checkpoint storage, term and budget."""
+    res = manifest.resources
+    if booking.gpu not in res.accelerators:
+        raise ItoError("booking_mismatch", f"the booking's {booking.gpu} is not among the "
+                       "manifest's accepted accelerators", accepted=list(res.accelerators),
+                       booked=booking.gpu)
+    if booking.nodes < res.nodes or booking.gpus_per_node < res.gpus_per_node:
+        raise ItoError("capacity_insufficient",
+                       needed={"nodes": res.nodes, "gpus_per_node": res.gpus_per_node},
+                       booked={"nodes": booking.nodes, "gpus_per_node": booking.gpus_per_node})
+    if booking.nodes > 1 and (booking.fabric == "nvlink" or booking.fabric not in res.fabrics):
+        raise ItoError("fabric_incompatible", booked=booking.fabric, accepted=list(res.fabrics))
+    size = SIZES[manifest.model.size]
+    accelerators = booking.nodes * booking.gpus_per_node
+    # Fully sharded states (FSDP/ZeRO-3) divide the 16 B/param over every accelerator.
+    per_gpu_gb = size.parameters * CHECKPOINT_BYTES_PER_PARAMETER / accelerators / 1e9
+    if per_gpu_gb > booking.gpu_memory_gb:
+        raise ItoError("capacity_insufficient", "the model's sharded training state does not fit "
+                       "in the booked accelerator memory", per_gpu_gb=round(per_gpu_gb, 2),
+                       gpu_memory_gb=booking.gpu_memory_gb)
+
+    _check_data_policy(manifest)
+    uri, checkpoint_bytes = _check_checkpoint_storage(manifest, booking, run_id_hint)
+
+    estimate = estimate_cost(manifest, accelerator=booking.gpu, nodes=booking.nodes,
+                             gpus_per_node=booking.gpus_per_node,
+                             rate_usd_per_gpu_hour=booking.rate_usd_per_gpu_hour)
+    if now + timedelta(seconds=estimate.seconds) > booking.term_end:
+        raise ItoError("booking_term_insufficient", estimated_seconds=estimate.seconds,
+                       term_end=booking.term_end.isoformat())
+    if not estimate.within_ceiling:
+        raise ItoError("budget_exceeded", "the cost estimate exceeds the budget ceiling",
+                       cost_usd=estimate.cost_usd, ceiling_usd=estimate.ceiling_usd)
+    if not estimate.within_incremental:
+        raise ItoError("budget_exceeded", "the cost estimate exceeds the maximum incremental cost",
+                       cost_usd=estimate.cost_usd,
+                       max_incremental_cost_usd=estimate.max_incremental_cost_usd)
+    return ResourceCheck(estimate=estimate, checkpoint_uri=uri, checkpoint_bytes=checkpoint_bytes)
+
+
+def _check_data_policy(manifest: Manifest) -> None:
+    policy = manifest.data_policy
+    eval_ids = {ref.id for ref in manifest.data if ref.role == "eval"}
+    violations: list[dict[str, str]] = []
+    for i, ref in enumerate(manifest.data):
+        if ref.license not in policy.allowed_licenses:
+            violations.append({"path": f"$.data[{i}].license",
+                               "reason": f"licence {ref.license!r} is not allowed"})
+        if ref.role == "eval":
+            continue
+        deco = ref.decontamination
+        if deco is None:
+            violations.append({"path": f"$.data[{i}].decontamination",
+                               "reason": "training data needs decontamination provenance"})
+            continue
+        missing = sorted(eval_ids - set(deco.eval_suites))
+        if missing:
+            violations.append({"path": f"$.data[{i}].decontamination.eval_suites",
+                               "reason": f"not decontaminated against {missing}"})
+    if violations:
+        raise ItoError("data_policy_violation", violations=violations)
+
+
+def _check_checkpoint_storage(
+    manifest: Manifest, booking: BookingView, run_id_hint: str
+) -> tuple[str, int]:
+    if not booking.storage_uri:
+        raise ItoError("checkpoint_storage_invalid", "the booking has no checkpoint storage")
+    root = booking.storage_uri.rstrip("/")
+    storage = manifest.checkpoint.storage
+    if storage == "booking":
+        uri = f"{root}/runs/{run_id_hint}"
+    else:
+        parts = storage.split("/")
+        if ".." in parts or "." in parts[3:] or not storage.startswith(root + "/"):
+            raise ItoError("checkpoint_storage_invalid",
+                           "checkpoint storage must be inside the booking's storage")
+        uri = f"{storage.rstrip('/')}/{run_id_hint}"
+    size = SIZES[manifest.model.size]
+    # keep_last committed checkpoints plus the one being written.
+    needed = size.parameters * CHECKPOINT_BYTES_PER_PARAMETER * (manifest.checkpoint.keep_last + 1)
+    quota = int(booking.storage_quota_gb * 1e9)
+    if needed > quota:
+        raise ItoError("checkpoint_storage_invalid", "checkpoints would exceed the storage quota",
+                       needed_bytes=needed, quota_bytes=quota)
+    return uri, needed
+
+
+def validate_idempotency_key(key: str) -> None:
+    if not 1 <= len(key) <= 255 or not all(32 <= ord(c) < 127 for c in key):
+        raise ItoError("idempotency_key_invalid")
+
+
+def idempotency_fingerprint(action: str, target: str, manifest_digest: str | None,
+                            confirmation_ref: str) -> str:
+    material = "\x1f".join([action, target, manifest_digest or "", confirmation_ref])
+    return hashlib.sha256(material.encode()).hexdigest()

@@ -1,0 +1,387 @@
+"""The training manifest, schema ``ito.training.manifest.v1`` (DESIGN §5.3).
+
+Strict: unknown fields are rejected, types are not coerced, duplicate JSON keys are refused (a
+reviewer and the parser must never see two different documents in the same bytes). The digest is
+``sha256:`` of the exact bytes a human reviewed — the document is never re-serialised.
+
+:func:`parse_manifest` is the one entry point: size bound → JSON → secret scan → schema →
+cross-field checks, each failure an :class:`ItoError` with the JSON path of every problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ito.core.errors import ItoError
+from ito.core.hardware import ACCELERATORS, FABRICS
+from ito.core.model_sizes import SIZES
+from ito.core.secret_scan import scan_json_value
+
+__all__ = [
+    "MANIFEST_MAX_BYTES",
+    "SCHEMA_ID",
+    "Manifest",
+    "manifest_digest",
+    "manifest_json_schema",
+    "manifest_summary",
+    "parse_manifest",
+]
+
+SCHEMA_ID = "ito.training.manifest.v1"
+MANIFEST_MAX_BYTES = 1024 * 1024
+"""Size bound of a manifest, on the client and on the server (1 MiB)."""
+
+Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+Ident = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")]
+Accel = Literal["a100", "h100", "h200", "b200", "cpu"]
+Fabric = Literal["nvlink", "infiniband", "roce", "ethernet"]
+DataRole = Literal["pretrain", "midtrain", "sft", "dpo", "rlvr", "eval"]
+StageName = Literal["pretrain", "midtrain", "long_context"]
+SizeName = Literal["tiny", "150m", "1b", "8b"]
+RewardName = Literal["exact_match_arith", "exact_match"]
+
+STAGE_ORDER: tuple[str, ...] = ("pretrain", "midtrain", "long_context")
+REWARDS: tuple[str, ...] = ("exact_match_arith", "exact_match")
+assert set(ACCELERATORS) == {"a100", "h100", "h200", "b200", "cpu"}
+assert set(FABRICS) == {"nvlink", "infiniband", "roce", "ethernet"}
+assert set(SIZES) == {"tiny", "150m", "1b", "8b"}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class ModelRef(_Strict):
+    family: Literal["llama"]
+    """Architecture family. Only the Llama decoder exists in v1."""
+    size: SizeName
+    """A named size of the family's size table."""
+    revision: Annotated[str, Field(pattern=r"^(scratch|sha256:[0-9a-f]{64})$")]
+    """``scratch`` for random initialisation, else the digest of the initial weights."""
+
+
+class Resources(_Strict):
+    accelerators: Annotated[list[Accel], Field(min_length=1)]
+    """Accelerator types this run accepts; the booking's must be one of them."""
+    nodes: Annotated[int, Field(ge=1, le=4096)]
+    """Nodes the run needs."""
+    gpus_per_node: Annotated[int, Field(ge=1, le=64)]
+    """Accelerators (or CPU worker processes) per node the run needs."""
+    fabrics: Annotated[list[Fabric], Field(min_length=1)]
+    """Fabrics this run accepts between nodes (inside a node any)."""
+
+
+class Decontamination(_Strict):
+    eval_suites: Annotated[list[Ident], Field(min_length=1)]
+    """Ids of the eval data this data was decontaminated against."""
+    method: Literal["ngram"]
+    """Overlap method; n-gram overlap is the one v1 knows."""
+    n: Annotated[int, Field(ge=8, le=64)]
+    """N-gram size (13 by default in published practice: GPT-3 paper, appendix C)."""
+    report_sha256: Sha256Hex
+    """Digest of the decontamination report the human reviewed."""
+
+
+class DataRef(_Strict):
+    id: Ident
+    """Name this data is referred to by elsewhere in the manifest."""
+    uri: Annotated[str, Field(min_length=1, max_length=2048, pattern=r"^(file|s3|gs|https)://")]
+    """Where the bytes are. Never with credentials in it."""
+    sha256: Sha256Hex
+    """Digest of the bytes; verified before use."""
+    role: DataRole
+    """What the data is for."""
+    license: Annotated[str, Field(min_length=1, max_length=64)]
+    """SPDX-style licence id, checked against the data policy."""
+    custom: bool = False
+    """Buyer-supplied data that must win its place in the ladder decision (§7.4)."""
+    decontamination: Decontamination | None = None
+    """Provenance of decontamination; required for training data by the data policy."""
+
+
+class CurriculumStage(_Strict):
+    stage: StageName
+    data: Annotated[list[Ident], Field(min_length=1)]
+    tokens: Annotated[int, Field(ge=1, le=10**14)]
+    """Token budget of the stage."""
+    seq_len: Annotated[int, Field(ge=8, le=1 << 20)]
+    battery: Ident
+    """The fixed eval battery that gates the stage."""
+
+
+class SftRecipe(_Strict):
+    data: Annotated[list[Ident], Field(min_length=1)]
+    epochs: Annotated[int, Field(ge=1, le=100)]
+    max_tokens: Annotated[int, Field(ge=1, le=10**13)]
+    """Upper bound of tokens processed, used for the cost estimate and enforced at run time."""
+    battery: Ident
+
+
+class DpoRecipe(_Strict):
+    data: Annotated[list[Ident], Field(min_length=1)]
+    beta: Annotated[float, Field(gt=0, le=10)]
+    max_tokens: Annotated[int, Field(ge=1, le=10**13)]
+    battery: Ident
+
+
+class Overlong(_Strict):
+    max_tokens: Annotated[int, Field(ge=1, le=1 << 20)]
+    soft_tokens: Annotated[int, Field(ge=0, le=1 << 20)]
+    """Length of the linear penalty band before ``max_tokens`` (DAPO, Yu et al. 2025, §3.4)."""
+
+
+class Dapo(_Strict):
+    clip_low: Annotated[float, Field(gt=0, lt=1)]
+    clip_high: Annotated[float, Field(gt=0, lt=1)]
+    dynamic_sampling: bool
+    token_level_loss: bool
+    overlong: Overlong
+
+
+class RlvrRecipe(_Strict):
+    algorithm: Literal["grpo"]
+    data: Annotated[list[Ident], Field(min_length=1)]
+    rewards: Annotated[list[RewardName], Field(min_length=1)]
+    group_size: Annotated[int, Field(ge=2, le=1024)]
+    max_staleness: Annotated[int, Field(ge=0, le=64)]
+    """Largest allowed version lag of a rollout behind the trainer (0 = on-policy)."""
+    max_tokens: Annotated[int, Field(ge=1, le=10**13)]
+    battery: Ident
+    dapo: Dapo
+
+
+class PostTraining(_Strict):
+    sft: SftRecipe | None = None
+    dpo: DpoRecipe | None = None
+    rlvr: RlvrRecipe | None = None
+
+
+class EvalSpec(_Strict):
+    eval: Literal["heldout_loss", "perplexity", "exact_match"]
+    data: Ident
+    min: float | None = None
+    max: float | None = None
+
+
+class Ladder(_Strict):
+    enabled: bool
+    proxy_size: SizeName
+    tokens: Annotated[int, Field(ge=1, le=10**13)]
+    margin: Annotated[float, Field(ge=0, le=10)]
+    """The custom data may lose by at most this much on the battery."""
+
+
+class CheckpointPolicy(_Strict):
+    every_steps: Annotated[int, Field(ge=1, le=10**7)]
+    keep_last: Annotated[int, Field(ge=1, le=1000)]
+    storage: Annotated[str, Field(min_length=1, max_length=2048)]
+    """``booking`` (the booking's storage) or a URI inside it."""
+
+
+class DataPolicy(_Strict):
+    allowed_licenses: Annotated[list[str], Field(min_length=1)]
+    max_contamination: Annotated[float, Field(ge=0, le=1)]
+    """Largest accepted fraction of eval items found in training data."""
+
+
+class Budget(_Strict):
+    ceiling_usd: Annotated[float, Field(gt=0, le=1e9)]
+    """The run's whole cost may never cross this."""
+    max_incremental_cost_usd: Annotated[float, Field(gt=0, le=1e9)]
+    """Largest cost one approved action (the create, a restart) may add."""
+
+
+class Manifest(_Strict):
+    schema_: Literal["ito.training.manifest.v1"] = Field(alias="schema")
+    name: Ident
+    model: ModelRef
+    resources: Resources
+    data: Annotated[list[DataRef], Field(min_length=1, max_length=1000)]
+    curriculum: Annotated[list[CurriculumStage], Field(min_length=1, max_length=3)]
+    post_training: PostTraining
+    eval_batteries: dict[Ident, Annotated[list[EvalSpec], Field(min_length=1)]]
+    ladder: Ladder
+    checkpoint: CheckpointPolicy
+    data_policy: DataPolicy
+    budget: Budget
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=False)
+
+    def data_by_id(self) -> dict[str, DataRef]:
+        return {ref.id: ref for ref in self.data}
+
+
+def manifest_digest(raw: bytes) -> str:
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+def manifest_json_schema() -> dict[str, Any]:
+    schema = Manifest.model_json_schema(by_alias=True)
+    schema["$id"] = SCHEMA_ID
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    return schema
+
+
+def parse_manifest(raw: bytes) -> Manifest:
+    """Parse and validate manifest bytes, or raise the precise :class:`ItoError`."""
+    if len(raw) > MANIFEST_MAX_BYTES:
+        raise ItoError("manifest_too_large", max_bytes=MANIFEST_MAX_BYTES)
+    try:
+        document = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
+    except _DuplicateKey as exc:
+        raise ItoError("manifest_invalid", "the manifest repeats a JSON key",
+                       errors=[{"path": "$", "message": f"duplicate key {exc.key!r}"}]) from None
+    except (UnicodeDecodeError, ValueError):
+        raise ItoError("manifest_invalid", "the manifest is not UTF-8 JSON",
+                       errors=[{"path": "$", "message": "not valid UTF-8 JSON"}]) from None
+    findings = scan_json_value(document)
+    if findings:
+        raise ItoError(
+            "manifest_contains_secret",
+            "the manifest contains values that look like credentials; remove them and "
+            "reference secrets out of band",
+            findings=[{"path": f.path, "kind": f.kind} for f in findings],
+        )
+    if not isinstance(document, dict):
+        raise ItoError("manifest_invalid", errors=[{"path": "$", "message": "must be an object"}])
+    try:
+        manifest = Manifest.model_validate(document)
+    except ValidationError as exc:
+        raise ItoError("manifest_invalid", errors=_validation_errors(exc)) from None
+    problems = _cross_field_problems(manifest)
+    if problems:
+        raise ItoError("manifest_invalid",
+                       errors=[{"path": p, "message": m} for p, m in problems])
+    return manifest
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise _DuplicateKey(key)
+        result[key] = value
+    return result
+
+
+def _validation_errors(exc: ValidationError) -> list[dict[str, str]]:
+    errors = []
+    for err in exc.errors(include_url=False, include_input=False):
+        path = "$"
+        for part in err["loc"]:
+            path += f"[{part}]" if isinstance(part, int) else f".{part}"
+        errors.append({"path": path, "message": err["msg"]})
+    return errors
+
+
+def _cross_field_problems(m: Manifest) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    by_id: dict[str, DataRef] = {}
+    for i, ref in enumerate(m.data):
+        if ref.id in by_id:
+            problems.append((f"$.data[{i}].id", f"duplicate data id {ref.id!r}"))
+        by_id[ref.id] = ref
+        if ref.decontamination is not None:
+            for j, suite in enumerate(ref.decontamination.eval_suites):
+                if suite not in {d.id for d in m.data if d.role == "eval"}:
+                    problems.append((f"$.data[{i}].decontamination.eval_suites[{j}]",
+                                     f"{suite!r} is not an eval data id"))
+
+    size = SIZES[m.model.size]
+    seen_stages: list[str] = []
+    for i, stage in enumerate(m.curriculum):
+        path = f"$.curriculum[{i}]"
+        if stage.stage in seen_stages:
+            problems.append((f"{path}.stage", f"stage {stage.stage!r} appears twice"))
+        elif seen_stages and STAGE_ORDER.index(stage.stage) < STAGE_ORDER.index(seen_stages[-1]):
+            problems.append((f"{path}.stage", "stages must run pretrain → midtrain → long_context"))
+        seen_stages.append(stage.stage)
+        problems += _check_data(by_id, stage.data, {"pretrain", "midtrain"}, f"{path}.data")
+        if stage.seq_len > size.max_seq_len:
+            problems.append((f"{path}.seq_len",
+                             f"exceeds the {m.model.size} model's {size.max_seq_len} positions"))
+        problems += _check_battery(m, stage.battery, f"{path}.battery")
+
+    post = m.post_training
+    for name, recipe, role in (("sft", post.sft, "sft"), ("dpo", post.dpo, "dpo"),
+                               ("rlvr", post.rlvr, "rlvr")):
+        if recipe is None:
+            continue
+        path = f"$.post_training.{name}"
+        problems += _check_data(by_id, recipe.data, {role}, f"{path}.data")
+        problems += _check_battery(m, recipe.battery, f"{path}.battery")
+    if post.rlvr is not None:
+        dapo = post.rlvr.dapo
+        if dapo.clip_low > dapo.clip_high:
+            problems.append(("$.post_training.rlvr.dapo.clip_high", "must be ≥ clip_low"))
+        if dapo.overlong.soft_tokens >= dapo.overlong.max_tokens:
+            problems.append(("$.post_training.rlvr.dapo.overlong.soft_tokens",
+                             "must be smaller than max_tokens"))
+
+    for name, battery in m.eval_batteries.items():
+        for i, spec in enumerate(battery):
+            path = f"$.eval_batteries.{name}[{i}]"
+            allowed = {"eval"} if spec.eval == "exact_match" else {"pretrain", "midtrain", "eval"}
+            problems += _check_data(by_id, [spec.data], allowed, f"{path}.data")
+            if spec.eval == "exact_match":
+                if spec.min is None or spec.max is not None:
+                    problems.append((path, "exact_match gates take a 'min' threshold only"))
+                elif not 0 <= spec.min <= 1:
+                    problems.append((f"{path}.min", "must be within [0, 1]"))
+            elif spec.max is None or spec.min is not None:
+                problems.append((path, f"{spec.eval} gates take a 'max' threshold only"))
+
+    if any(ref.custom for ref in m.data) and not m.ladder.enabled:
+        problems.append(("$.ladder.enabled", "custom data requires the ladder decision job"))
+    if m.budget.max_incremental_cost_usd > m.budget.ceiling_usd:
+        problems.append(("$.budget.max_incremental_cost_usd", "must not exceed ceiling_usd"))
+    if m.resources.nodes > 1 and m.resources.fabrics == ["nvlink"]:
+        problems.append(("$.resources.fabrics", "nvlink does not join nodes"))
+    return problems
+
+
+def _check_data(
+    by_id: dict[str, DataRef], ids: list[str], roles: set[str], path: str
+) -> list[tuple[str, str]]:
+    problems = []
+    for j, data_id in enumerate(ids):
+        ref = by_id.get(data_id)
+        if ref is None:
+            problems.append((f"{path}[{j}]", f"no data with id {data_id!r}"))
+        elif ref.role not in roles:
+            problems.append((f"{path}[{j}]",
+                             f"data {data_id!r} has role {ref.role!r}, expected {sorted(roles)}"))
+    return problems
+
+
+def _check_battery(m: Manifest, battery: str, path: str) -> list[tuple[str, str]]:
+    if battery not in m.eval_batteries:
+        return [(path, f"no eval battery named {battery!r}")]
+    return []
+
+
+def manifest_summary(m: Manifest) -> dict[str, Any]:
+    """What a human approving this manifest needs to see at a glance."""
+    post = [name for name in ("sft", "dpo", "rlvr") if getattr(m.post_training, name) is not None]
+    return {
+        "name": m.name,
+        "model": {"family": m.model.family, "size": m.model.size, "revision": m.model.revision,
+                  "parameters": SIZES[m.model.size].parameters},
+        "resources": m.resources.model_dump(),
+        "stages": [s.stage for s in m.curriculum] + post,
+        "curriculum_tokens": sum(s.tokens for s in m.curriculum),
+        "data": [{"id": d.id, "role": d.role, "license": d.license, "custom": d.custom}
+                 for d in m.data],
+        "budget": m.budget.model_dump(),
+        "checkpoint": m.checkpoint.model_dump(),
+    }

@@ -1,0 +1,179 @@
+"""The arithmetic recipes: a synthetic "web" corpus, SFT/DPO/RLVR data on integer addition, and a
+held-out evaluation set kept disjoint from all training data.
+
+Generation is pure and seeded; :func:`build_recipe` returns file contents and the manifest
+document, and the caller writes them. The decontamination report is real: it records the 13-gram
+overlap between every training file and the held-out set, which is zero by construction and
+checked here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any
+
+__all__ = ["RECIPES", "Recipe", "build_recipe"]
+
+NGRAM = 13
+
+
+@dataclass(frozen=True)
+class Budgets:
+    pretrain_tokens: int
+    long_context_tokens: int
+    sft_tokens: int
+    dpo_tokens: int
+    rlvr_tokens: int
+    web_docs: int
+    every_steps: int
+
+
+RECIPES: dict[str, Budgets] = {
+    "demo": Budgets(pretrain_tokens=400_000, long_context_tokens=60_000, sft_tokens=60_000,
+                    dpo_tokens=40_000, rlvr_tokens=40_000, web_docs=3000, every_steps=50),
+    "test": Budgets(pretrain_tokens=20_000, long_context_tokens=4_000, sft_tokens=4_000,
+                    dpo_tokens=4_000, rlvr_tokens=4_000, web_docs=300, every_steps=10),
+}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    manifest: dict[str, Any]
+    files: dict[str, bytes]
+    """File name (relative to the output directory) → bytes."""
+
+
+_SUBJECTS = ["the model", "a student", "the engineer", "our cluster", "the scheduler",
+             "a careful reader", "the checkpoint", "the optimizer", "a tokenizer", "the batch"]
+_VERBS = ["adds", "counts", "writes", "reads", "checks", "stores", "sorts", "learns", "measures",
+          "repeats"]
+_OBJECTS = ["small numbers", "long sentences", "every token", "the loss curve", "two digits",
+            "a short story", "the gradient", "many shards", "the eval battery", "its own notes"]
+
+
+def _sentence(rng: random.Random) -> str:
+    a, b = rng.randint(0, 499), rng.randint(0, 499)
+    if rng.random() < 0.35:
+        return f"we know that {a} plus {b} makes {a + b} ."
+    return f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)} ."
+
+
+def _jsonl(rows: list[dict[str, Any]]) -> bytes:
+    return b"".join(json.dumps(row, sort_keys=True).encode() + b"\n" for row in rows)
+
+
+def _ngrams(text: str, n: int) -> set[tuple[str, ...]]:
+    words = text.split()
+    return {tuple(words[i:i + n]) for i in range(max(0, len(words) - n + 1))}
+
+
+def build_recipe(name: str, out_dir: str) -> Recipe:
+    """The recipe ``name`` with data URIs pointing into the absolute directory ``out_dir``."""
+    budgets = RECIPES[name]
+    rng = random.Random(20261202)
+    heldout_pairs = {(a, b) for a in range(500, 1000, 7) for b in range(500, 1000, 11)}
+    heldout = sorted(heldout_pairs)[:200]
+
+    def train_pair() -> tuple[int, int]:
+        return rng.randint(0, 499), rng.randint(0, 499)
+
+    web = [{"text": " ".join(_sentence(rng) for _ in range(rng.randint(4, 12)))}
+           for _ in range(budgets.web_docs)]
+    sft = []
+    for _ in range(400):
+        a, b = train_pair()
+        sft.append({"prompt": f"{a}+{b}=", "completion": f"{a + b}"})
+    prefs = []
+    for _ in range(300):
+        a, b = train_pair()
+        wrong = a + b + rng.choice([-10, -1, 1, 10])
+        prefs.append({"prompt": f"{a}+{b}=", "chosen": f"{a + b}", "rejected": f"{wrong}"})
+    prompts = []
+    for _ in range(300):
+        a, b = train_pair()
+        prompts.append({"prompt": f"{a}+{b}=", "answer": f"{a + b}"})
+    evals = [{"prompt": f"{a}+{b}=", "answer": f"{a + b}"} for a, b in heldout]
+
+    files = {
+        "web.jsonl": _jsonl(web),
+        "arith-sft.jsonl": _jsonl(sft),
+        "arith-prefs.jsonl": _jsonl(prefs),
+        "arith-prompts.jsonl": _jsonl(prompts),
+        "arith-heldout.jsonl": _jsonl(evals),
+    }
+    eval_grams: set[tuple[str, ...]] = set()
+    for row in evals:
+        eval_grams |= _ngrams(f"{row['prompt']} {row['answer']}", NGRAM)
+    report_rows = []
+    for fname in ("web.jsonl", "arith-sft.jsonl", "arith-prefs.jsonl", "arith-prompts.jsonl"):
+        grams: set[tuple[str, ...]] = set()
+        for line in files[fname].splitlines():
+            grams |= _ngrams(" ".join(str(v) for v in json.loads(line).values()), NGRAM)
+        overlap = len(grams & eval_grams)
+        assert overlap == 0, "generated training data overlaps the held-out set"
+        report_rows.append({"file": fname, "sha256": hashlib.sha256(files[fname]).hexdigest(),
+                            "overlapping_ngrams": overlap})
+    report = {"method": "ngram", "n": NGRAM, "eval_suites": ["arith-heldout"],
+              "eval_sha256": hashlib.sha256(files["arith-heldout.jsonl"]).hexdigest(),
+              "files": report_rows}
+    files["decontamination-report.json"] = json.dumps(report, indent=2).encode() + b"\n"
+    report_sha = hashlib.sha256(files["decontamination-report.json"]).hexdigest()
+
+    base = PurePosixPath(out_dir)
+    deco = {"eval_suites": ["arith-heldout"], "method": "ngram", "n": NGRAM,
+            "report_sha256": report_sha}
+
+    def ref(data_id: str, fname: str, role: str, license_: str, with_deco: bool) -> dict[str, Any]:
+        item: dict[str, Any] = {"id": data_id, "uri": f"file://{base / fname}",
+                                "sha256": hashlib.sha256(files[fname]).hexdigest(),
+                                "role": role, "license": license_, "custom": False}
+        if with_deco:
+            item["decontamination"] = dict(deco)
+        return item
+
+    manifest: dict[str, Any] = {
+        "schema": "ito.training.manifest.v1",
+        "name": f"{name}-arithmetic",
+        "model": {"family": "llama", "size": "tiny", "revision": "scratch"},
+        "resources": {"accelerators": ["cpu"], "nodes": 1, "gpus_per_node": 2,
+                      "fabrics": ["ethernet", "infiniband", "roce"]},
+        "data": [
+            ref("web", "web.jsonl", "pretrain", "cc-by-4.0", True),
+            ref("arith-sft", "arith-sft.jsonl", "sft", "mit", True),
+            ref("arith-prefs", "arith-prefs.jsonl", "dpo", "mit", True),
+            ref("arith-prompts", "arith-prompts.jsonl", "rlvr", "mit", True),
+            ref("arith-heldout", "arith-heldout.jsonl", "eval", "mit", False),
+        ],
+        "curriculum": [
+            {"stage": "pretrain", "data": ["web"], "tokens": budgets.pretrain_tokens,
+             "seq_len": 128, "battery": "core"},
+            {"stage": "long_context", "data": ["web"], "tokens": budgets.long_context_tokens,
+             "seq_len": 256, "battery": "core"},
+        ],
+        "post_training": {
+            "sft": {"data": ["arith-sft"], "epochs": 1, "max_tokens": budgets.sft_tokens,
+                    "battery": "arith"},
+            "dpo": {"data": ["arith-prefs"], "beta": 0.1, "max_tokens": budgets.dpo_tokens,
+                    "battery": "arith"},
+            "rlvr": {"algorithm": "grpo", "data": ["arith-prompts"],
+                     "rewards": ["exact_match_arith"], "group_size": 8, "max_staleness": 1,
+                     "max_tokens": budgets.rlvr_tokens, "battery": "arith",
+                     "dapo": {"clip_low": 0.2, "clip_high": 0.28, "dynamic_sampling": True,
+                              "token_level_loss": True,
+                              "overlong": {"max_tokens": 32, "soft_tokens": 8}}},
+        },
+        "eval_batteries": {
+            "core": [{"eval": "heldout_loss", "data": "web", "max": 8.0}],
+            "arith": [{"eval": "exact_match", "data": "arith-heldout", "min": 0.0}],
+        },
+        "ladder": {"enabled": False, "proxy_size": "tiny", "tokens": 10_000, "margin": 0.01},
+        "checkpoint": {"every_steps": budgets.every_steps, "keep_last": 2, "storage": "booking"},
+        "data_policy": {"allowed_licenses": ["cc-by-4.0", "mit", "apache-2.0"],
+                        "max_contamination": 0.0},
+        "budget": {"ceiling_usd": 5.0, "max_incremental_cost_usd": 2.0},
+    }
+    return Recipe(manifest=manifest, files=files)

@@ -1,0 +1,189 @@
+"""``ito-server``: migrate, serve, and the desk's operator commands (DESIGN §5.10).
+
+Operator commands act on the database directly (the operator holds it); every one takes
+``--json`` and prints the §4 envelope. ``--database-url`` defaults to the embedded SQLite file
+under ``$ITO_HOME``; ``ITO_DATABASE_URL`` sets it too.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime
+from typing import Annotated, Any
+
+import typer
+
+from ito.console import Output, run_app
+from ito.core.envelope import ok_envelope
+from ito.core.errors import ItoError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="ito-training server: API, migrations and desk operations.")
+account_app = typer.Typer(no_args_is_help=True, help="Accounts (tenants).")
+key_app = typer.Typer(no_args_is_help=True, help="API keys.")
+booking_app = typer.Typer(no_args_is_help=True, help="Bookings, as the desk records them.")
+app.add_typer(account_app, name="account")
+app.add_typer(key_app, name="key")
+app.add_typer(booking_app, name="booking")
+
+DatabaseUrl = Annotated[str | None, typer.Option("--database-url", envvar="ITO_DATABASE_URL",
+                                                  help="SQLAlchemy URL (default: embedded "
+                                                  "SQLite under $ITO_HOME).")]
+
+
+def _open(database_url: str | None, *, check_schema: bool = True) -> Any:
+    from ito.server.settings import load_settings
+    from ito.server.store.db import Database, require_current_schema
+
+    settings = load_settings(database_url)
+    if settings.is_embedded():
+        settings.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    db = Database(settings.resolved_database_url(), pool_size=settings.db_pool_size)
+    if check_schema:
+        require_current_schema(db)
+    return settings, db
+
+
+@app.command()
+def migrate(database_url: DatabaseUrl = None) -> None:
+    """Upgrade the database schema to the current version."""
+    from ito.server.store.db import migrate as run_migrations
+    from ito.server.store.db import schema_revision
+
+    _, db = _open(database_url, check_schema=False)
+    before, _ = schema_revision(db)
+    run_migrations(db)
+    after, _ = schema_revision(db)
+    db.dispose()
+    notice = "schema already current" if before == after else f"schema migrated to {after}"
+    Output.finish(ok_envelope({"from": before, "to": after}, notice, live_api_contacted=False))
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    no_worker: Annotated[bool, typer.Option("--no-worker", help="Do not run the in-process "
+                                            "worker.")] = False,
+    database_url: DatabaseUrl = None,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Serve the canonical API over HTTP."""
+    import uvicorn
+
+    from ito.server.app import create_app
+
+    settings, db = _open(database_url)
+    if settings.public_url == "http://127.0.0.1:8000" and (host, port) != ("127.0.0.1", 8000):
+        settings = settings.model_copy(update={"public_url": f"http://{host}:{port}"})
+    uvicorn.run(create_app(settings, db), host=host, port=port, log_level=log_level,
+                server_header=False)
+
+
+@account_app.command("create")
+def account_create(
+    name: Annotated[str, typer.Option(help="Display name of the tenant.")],
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Create an account (a tenant)."""
+    from ito.server.services.accounts import create_account
+
+    _, db = _open(database_url)
+    with db.write() as session:
+        account = create_account(session, name)
+        data = {"account_id": account.id, "name": account.name}
+    Output.finish(ok_envelope(data, "account created", live_api_contacted=False))
+
+
+@key_app.command("create")
+def key_create(
+    account: Annotated[str, typer.Option(help="Account id.")],
+    role: Annotated[str, typer.Option(help="requester | approver | worker | desk")],
+    name: Annotated[str | None, typer.Option(help="A label for the key.")] = None,
+    booking: Annotated[str | None, typer.Option(help="Booking a worker key is bound to.")] = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Mint an API key; it is shown once and only its hash is kept."""
+    from ito.server.services.credentials import create_key
+
+    settings, db = _open(database_url)
+    with db.write() as session:
+        minted = create_key(session, settings.pepper.get_secret_value(), account_id=account,
+                            role=role, name=name, booking_id=booking)
+    Output.finish(ok_envelope(
+        {"key_id": minted.key_id, "principal_id": minted.principal_id,
+         "key_prefix": minted.prefix, "role": role, "api_key": minted.api_key},
+        "key created; the api_key is shown once and never stored", live_api_contacted=False))
+
+
+@key_app.command("revoke")
+def key_revoke(key_id: str, database_url: DatabaseUrl = None) -> None:
+    """Revoke a key; its next request gets credential_revoked."""
+    from ito.server.services.credentials import revoke_key
+
+    _, db = _open(database_url)
+    with db.write() as session:
+        key = revoke_key(session, key_id)
+        data = {"key_id": key.id, "key_prefix": key.prefix, "revoked": True}
+    Output.finish(ok_envelope(data, "key revoked", live_api_contacted=False))
+
+
+def _when(value: str, field: str) -> datetime:
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise ItoError("invalid_arguments", f"--{field} is not an ISO 8601 time") from None
+    if parsed.tzinfo is None:
+        raise ItoError("invalid_arguments", f"--{field} needs a time zone (e.g. Z)")
+    return parsed
+
+
+@booking_app.command("create")
+def booking_create(
+    account: Annotated[str, typer.Option(help="Account id.")],
+    gpu: Annotated[str, typer.Option(help="h100 | h200 | a100 | b200 | cpu")],
+    nodes: Annotated[int, typer.Option(help="Booked nodes.")],
+    gpus_per_node: Annotated[int, typer.Option(help="Accelerators per node.")],
+    region: Annotated[str, typer.Option(help="Region name.")],
+    fabric: Annotated[str, typer.Option(help="infiniband | roce | ethernet | nvlink")],
+    start: Annotated[str, typer.Option(help="Term start, ISO 8601 with zone.")],
+    end: Annotated[str, typer.Option(help="Term end, ISO 8601 with zone.")],
+    rate_usd_per_gpu_hour: Annotated[float, typer.Option(help="Price per GPU-hour.")],
+    storage_uri: Annotated[str, typer.Option(help="Checkpoint storage of the booking.")],
+    storage_quota_gb: Annotated[float, typer.Option(help="Storage quota in GB.")] = 100.0,
+    state: Annotated[str, typer.Option(help="pending | completed")] = "pending",
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Record a booking the desk made."""
+    from ito.server.services.bookings import NewBooking, booking_dict, create_booking
+
+    new = NewBooking(account_id=account, gpu=gpu, nodes=nodes, gpus_per_node=gpus_per_node,
+                     region=region, fabric=fabric, term_start=_when(start, "start"),
+                     term_end=_when(end, "end"), rate_usd_per_gpu_hour=rate_usd_per_gpu_hour,
+                     storage_uri=storage_uri, storage_quota_gb=storage_quota_gb, state=state)
+    _, db = _open(database_url)
+    with db.write() as session:
+        data = booking_dict(create_booking(session, new))
+    Output.finish(ok_envelope(data, f"booking recorded ({data['state']})",
+                              live_api_contacted=False))
+
+
+@booking_app.command("set-state")
+def booking_set_state(
+    booking: str,
+    state: Annotated[str, typer.Option(help="completed | expired | revoked | released")],
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Move a booking to a new state, as the desk decided."""
+    from ito.server.services.bookings import booking_dict, set_booking_state
+
+    _, db = _open(database_url)
+    with db.write() as session:
+        data = booking_dict(set_booking_state(session, booking, state))
+    Output.finish(ok_envelope(data, f"booking is now {data['state']}",
+                              live_api_contacted=False))
+
+
+def main() -> None:
+    run_app(app, sys.argv[1:], "ito-server",
+            refusal_notice="refused; nothing was created or changed")

@@ -1,0 +1,1 @@
+"""Thin HTTP routers: parse, authorize through dependencies, call a service, wrap the envelope."""

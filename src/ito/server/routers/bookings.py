@@ -1,0 +1,34 @@
+"""Tenant-scoped booking reads and fresh eligibility."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from ito.core.envelope import ok_envelope
+from ito.server.routers.deps import Requester, State
+from ito.server.services.bookings import booking_dict, eligibility, get_booking, list_bookings
+
+router = APIRouter(prefix="/v1/bookings")
+
+
+@router.get("")
+def bookings_list(caller: Requester, state: State) -> dict[str, Any]:
+    with state.db.read() as session:
+        items = [booking_dict(b) for b in list_bookings(session, caller.account_id)]
+    return ok_envelope({"bookings": items}, f"{len(items)} booking(s)")
+
+
+@router.get("/{booking_id}")
+def bookings_show(booking_id: str, caller: Requester, state: State) -> dict[str, Any]:
+    with state.db.read() as session:
+        data = booking_dict(get_booking(session, caller.account_id, booking_id))
+    return ok_envelope(data, f"booking {booking_id} is {data['state']}")
+
+
+@router.get("/{booking_id}/eligibility")
+def bookings_eligibility(booking_id: str, caller: Requester, state: State) -> dict[str, Any]:
+    with state.db.read() as session:
+        record = eligibility(session, caller.account_id, booking_id)
+    return ok_envelope(record, "the booking is eligible for training, checked just now")

@@ -1,0 +1,71 @@
+"""Confirmations: requested by a requester, decided by a different, human approver."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from ito.core.envelope import ok_envelope
+from ito.server.routers.deps import Approver, Requester, RequesterOrApprover, State
+from ito.server.services.confirmations import (
+    confirmation_dict,
+    decide_confirmation,
+    get_confirmation,
+    request_confirmation,
+)
+
+router = APIRouter(prefix="/v1/confirmations")
+
+
+class ConfirmationRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    action: str
+    booking_id: str | None = None
+    manifest_id: str | None = None
+    run_id: str | None = None
+    checkpoint_step: int | None = None
+    ttl_seconds: int | None = Field(default=None, ge=1)
+
+
+@router.post("")
+def confirmations_create(body: ConfirmationRequest, caller: Requester,
+                         state: State) -> dict[str, Any]:
+    ttl = state.settings.confirmation_ttl_seconds
+    if body.ttl_seconds is not None:
+        ttl = min(ttl, body.ttl_seconds)
+    with state.db.write() as session:
+        confirmation = request_confirmation(
+            session, caller, action=body.action, ttl_seconds=ttl, booking_id=body.booking_id,
+            manifest_digest=body.manifest_id, run_id=body.run_id,
+            checkpoint_step=body.checkpoint_step)
+        data = confirmation_dict(confirmation, state.settings.public_url)
+    return ok_envelope(data, "confirmation requested and pending; a human approver must approve "
+                       "it out of band. The reference alone authorizes nothing")
+
+
+@router.get("/{ref}")
+def confirmations_show(ref: str, caller: RequesterOrApprover, state: State) -> dict[str, Any]:
+    with state.db.read() as session:
+        data = confirmation_dict(get_confirmation(session, caller.account_id, ref),
+                                 state.settings.public_url)
+    return ok_envelope(data, f"confirmation {ref} is {data['state']}")
+
+
+@router.post("/{ref}/approve")
+def confirmations_approve(ref: str, caller: Approver, state: State) -> dict[str, Any]:
+    with state.db.write() as session:
+        data = confirmation_dict(
+            decide_confirmation(session, caller, state.pepper, ref, approve=True),
+            state.settings.public_url)
+    return ok_envelope(data, "confirmation approved; it can be used once, before it expires")
+
+
+@router.post("/{ref}/reject")
+def confirmations_reject(ref: str, caller: Approver, state: State) -> dict[str, Any]:
+    with state.db.write() as session:
+        data = confirmation_dict(
+            decide_confirmation(session, caller, state.pepper, ref, approve=False),
+            state.settings.public_url)
+    return ok_envelope(data, "confirmation rejected; it can never be used")

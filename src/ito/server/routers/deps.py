@@ -1,0 +1,66 @@
+"""Dependencies shared by the routers: app state, the caller's identity, role checks, bodies."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from ito.core.errors import ItoError
+from ito.server.services.credentials import AuthContext, authenticate
+from ito.server.state import AppState
+
+__all__ = ["Caller", "State", "read_bounded_body", "require"]
+
+
+def _state(request: Request) -> AppState:
+    state: AppState = request.app.state.ito
+    return state
+
+
+State = Annotated[AppState, Depends(_state)]
+
+
+def _caller(request: Request, state: State) -> AuthContext:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ItoError("not_authenticated")
+    with state.db.read() as session:
+        return authenticate(session, state.pepper, token.strip())
+
+
+Caller = Annotated[AuthContext, Depends(_caller)]
+
+
+def require(*roles: str) -> Callable[[AuthContext], AuthContext]:
+    """A dependency that admits only callers holding one of ``roles``."""
+
+    def check(caller: Caller) -> AuthContext:
+        if caller.role not in roles:
+            raise ItoError("forbidden_scope", required=list(roles), role=caller.role)
+        return caller
+
+    return check
+
+
+Requester = Annotated[AuthContext, Depends(require("requester"))]
+Approver = Annotated[AuthContext, Depends(require("approver"))]
+Desk = Annotated[AuthContext, Depends(require("desk"))]
+RequesterOrApprover = Annotated[AuthContext, Depends(require("requester", "approver"))]
+
+
+async def read_bounded_body(request: Request, limit: int, code: str) -> bytes:
+    """The request body, refusing with ``code`` as soon as it passes ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ItoError(code, max_bytes=limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ItoError(code, max_bytes=limit)
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -1,0 +1,77 @@
+"""Run creation behind the five gates, and tenant-scoped run reads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from ito.core.envelope import ok_envelope
+from ito.server.routers.deps import Requester, State
+from ito.server.services.runs import (
+    CreateRunRequest,
+    create_run,
+    event_dict,
+    get_run,
+    list_events,
+    list_runs,
+    run_dict,
+)
+
+router = APIRouter(prefix="/v1/runs")
+
+
+class RunCreateBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    booking_id: str = Field(min_length=1, max_length=64)
+    manifest_id: str = Field(min_length=1, max_length=80)
+    confirmation_ref: str = Field(min_length=1, max_length=64)
+    idempotency_key: str
+    manifest_b64: str | None = None
+
+
+@router.post("")
+def runs_create(body: RunCreateBody, caller: Requester, state: State) -> dict[str, Any]:
+    result = create_run(state.db, caller, state.pepper, CreateRunRequest(
+        booking_id=body.booking_id, manifest_digest=body.manifest_id,
+        confirmation_ref=body.confirmation_ref, idempotency_key=body.idempotency_key,
+        manifest_b64=body.manifest_b64))
+    data = result.data | {"replayed": result.replayed}
+    if result.replayed:
+        notice = "replay: this idempotency key already created this run; nothing new was created"
+    else:
+        notice = "run created and queued; the confirmation was consumed"
+    return ok_envelope(data, notice)
+
+
+@router.get("")
+def runs_list(caller: Requester, state: State,
+              idempotency_key: str | None = Query(default=None, max_length=255),
+              booking_id: str | None = None,
+              limit: int = Query(default=50, ge=1, le=500)) -> dict[str, Any]:
+    with state.db.read() as session:
+        runs = [run_dict(r) for r in list_runs(session, caller.account_id,
+                                               idempotency_key=idempotency_key,
+                                               booking_id=booking_id, limit=limit)]
+    return ok_envelope({"runs": runs}, f"{len(runs)} run(s)")
+
+
+@router.get("/{run_id}")
+def runs_show(run_id: str, caller: Requester, state: State) -> dict[str, Any]:
+    with state.db.read() as session:
+        run = get_run(session, caller.account_id, run_id)
+        data = run_dict(run)
+        data["events"] = [event_dict(e) for e in list_events(session, caller.account_id, run.id)]
+    return ok_envelope(data, f"run {run_id} is {data['state']}")
+
+
+@router.get("/{run_id}/events")
+def runs_events(run_id: str, caller: Requester, state: State,
+                after: int = Query(default=0, ge=0),
+                limit: int = Query(default=200, ge=1, le=1000)) -> dict[str, Any]:
+    with state.db.read() as session:
+        events = [event_dict(e) for e in list_events(session, caller.account_id, run_id,
+                                                     after=after, limit=limit)]
+    cursor = events[-1]["id"] if events else after
+    return ok_envelope({"events": events, "next_cursor": cursor}, f"{len(events)} event(s)")

@@ -1,0 +1,1 @@
+"""The logic and the SQL, one module per resource; the caller passes the session in."""

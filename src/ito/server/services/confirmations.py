@@ -1,0 +1,191 @@
+"""Confirmations: a separate, single-use human approval bound to account, requester, action,
+target, manifest digest and cost (DESIGN §5.5).
+
+The reference ``cfr_…`` authorizes nothing by itself. Approval mints the capability — an HMAC,
+under the server pepper, over every binding and the approver — which never leaves the server;
+using a confirmation recomputes it, so a binding changed after approval (by anyone, even in the
+database) no longer matches. It is consumed in the transaction that creates the workload.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import math
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from ito.core.errors import ItoError
+from ito.core.gates import check_eligibility, check_resources
+from ito.core.states import ConfirmationAction, ConfirmationState, RunState
+from ito.server.ids import new_id
+from ito.server.services.bookings import booking_dict, booking_view, get_booking
+from ito.server.services.credentials import AuthContext, hmac_hex
+from ito.server.services.manifests import load_manifest
+from ito.server.store.tables import Confirmation, Run, utcnow
+
+__all__ = [
+    "confirmation_dict",
+    "decide_confirmation",
+    "get_confirmation",
+    "mark_consumed",
+    "request_confirmation",
+    "usable_confirmation",
+]
+
+
+def request_confirmation(
+    session: Session, ctx: AuthContext, *, action: str, ttl_seconds: int,
+    booking_id: str | None = None, manifest_digest: str | None = None,
+    run_id: str | None = None, checkpoint_step: int | None = None,
+) -> Confirmation:
+    try:
+        act = ConfirmationAction(action)
+    except ValueError:
+        raise ItoError("invalid_arguments", "unknown confirmation action",
+                       allowed=[a.value for a in ConfirmationAction]) from None
+    now = utcnow()
+    details: dict[str, Any] = {}
+    if act is ConfirmationAction.train_create:
+        if not booking_id or not manifest_digest or run_id:
+            raise ItoError("invalid_arguments", "train confirmations need a booking and a "
+                           "manifest, and no run")
+        booking = get_booking(session, ctx.account_id, booking_id)
+        view = booking_view(booking)
+        # Stale, revoked, released or incomplete bookings fail closed before any confirmation.
+        check_eligibility(view, now)
+        row, manifest = load_manifest(session, ctx.account_id, manifest_digest)
+        result = check_resources(manifest, view, now)
+        cost = max(0.01, math.ceil(result.estimate.cost_usd * 100) / 100)
+        target_id = booking.id
+        details = {"booking": booking_dict(booking), "manifest_summary": row.summary,
+                   "estimate": {k: v for k, v in result.estimate.to_dict().items()
+                                if k != "stages"}}
+    else:
+        if not run_id or booking_id or manifest_digest:
+            raise ItoError("invalid_arguments", "run confirmations name a run and nothing else")
+        run = session.scalar(select(Run).where(Run.id == run_id,
+                                               Run.account_id == ctx.account_id))
+        if run is None:
+            raise ItoError("run_not_found")
+        if act is ConfirmationAction.run_cancel and not RunState(run.state).is_cancellable():
+            raise ItoError("run_not_cancellable", state=run.state)
+        if act is ConfirmationAction.run_restart:
+            if checkpoint_step is None:
+                raise ItoError("invalid_arguments", "a restart names the checkpoint step")
+            details["checkpoint_step"] = checkpoint_step
+        target_id, cost, manifest_digest = run.id, 0.0, run.manifest_digest
+        details["run"] = {"run_id": run.id, "state": run.state, "booking_id": run.booking_id}
+    confirmation = Confirmation(
+        id=new_id("cfr"), account_id=ctx.account_id, requester_id=ctx.principal_id,
+        action=act.value, target_kind=act.target_kind, target_id=target_id,
+        manifest_digest=manifest_digest, cost_usd=cost, details=details,
+        state=ConfirmationState.pending.value, created_at=now,
+        expires_at=now + timedelta(seconds=ttl_seconds),
+    )
+    session.add(confirmation)
+    session.flush()
+    return confirmation
+
+
+def get_confirmation(
+    session: Session, account_id: str, ref: str, *, for_update: bool = False
+) -> Confirmation:
+    query = select(Confirmation).where(Confirmation.id == ref,
+                                       Confirmation.account_id == account_id)
+    if for_update:
+        query = query.with_for_update()
+    confirmation = session.scalar(query)
+    if confirmation is None:
+        raise ItoError("confirmation_not_found")
+    return confirmation
+
+
+def decide_confirmation(
+    session: Session, ctx: AuthContext, pepper: str, ref: str, *, approve: bool
+) -> Confirmation:
+    confirmation = get_confirmation(session, ctx.account_id, ref, for_update=True)
+    if confirmation.requester_id == ctx.principal_id:
+        raise ItoError("self_approval_forbidden")
+    now = utcnow()
+    if confirmation.state == ConfirmationState.pending.value and now >= confirmation.expires_at:
+        raise ItoError("confirmation_expired")
+    if confirmation.state != ConfirmationState.pending.value:
+        raise ItoError("confirmation_not_pending", state=confirmation.state)
+    confirmation.decided_at = now
+    confirmation.approver_id = ctx.principal_id
+    if approve:
+        confirmation.state = ConfirmationState.approved.value
+        confirmation.capability_hash = _seal(pepper, confirmation)
+    else:
+        confirmation.state = ConfirmationState.rejected.value
+    return confirmation
+
+
+def usable_confirmation(
+    session: Session, account_id: str, pepper: str, ref: str, now: datetime
+) -> Confirmation:
+    """Gate 3's state checks: approved, unexpired, unconsumed, capability intact."""
+    confirmation = get_confirmation(session, account_id, ref)
+    state = confirmation.state
+    if state == ConfirmationState.consumed.value:
+        raise ItoError("confirmation_consumed")
+    if state == ConfirmationState.rejected.value:
+        raise ItoError("confirmation_rejected")
+    if now >= confirmation.expires_at:
+        raise ItoError("confirmation_expired")
+    if state == ConfirmationState.pending.value:
+        raise ItoError("confirmation_pending")
+    expected = _seal(pepper, confirmation)
+    if not confirmation.capability_hash or not hmac.compare_digest(
+        confirmation.capability_hash, expected
+    ):
+        raise ItoError("confirmation_mismatch", "the confirmation's bindings changed after "
+                       "approval")
+    return confirmation
+
+
+def mark_consumed(session: Session, confirmation: Confirmation, run_id: str,
+                  now: datetime) -> None:
+    """Consume exactly once: a conditional update that only one transaction can win."""
+    result = session.execute(
+        update(Confirmation)
+        .where(Confirmation.id == confirmation.id,
+               Confirmation.state == ConfirmationState.approved.value)
+        .values(state=ConfirmationState.consumed.value, consumed_at=now,
+                consumed_by_run_id=run_id)
+        .execution_options(synchronize_session=False)
+    )
+    if getattr(result, "rowcount", 0) != 1:
+        raise ItoError("confirmation_consumed")
+
+
+def _seal(pepper: str, c: Confirmation) -> str:
+    bindings = [c.id, c.account_id, c.requester_id, c.action, c.target_kind, c.target_id,
+                c.manifest_digest, f"{c.cost_usd:.6f}", c.expires_at.isoformat(), c.approver_id]
+    return hmac_hex(pepper, "capability:" + json.dumps(bindings))
+
+
+def confirmation_dict(c: Confirmation, public_url: str, now: datetime | None = None
+                      ) -> dict[str, Any]:
+    now = now or utcnow()
+    state = c.state
+    if state in ("pending", "approved") and now >= c.expires_at:
+        state = "expired"
+    return {
+        "confirmation_ref": c.id,
+        "action": c.action,
+        "target": {"kind": c.target_kind, "id": c.target_id},
+        "manifest_id": c.manifest_digest,
+        "cost_usd": c.cost_usd,
+        "state": state,
+        "expires_at": c.expires_at.isoformat(),
+        "created_at": c.created_at.isoformat(),
+        "decided_at": c.decided_at.isoformat() if c.decided_at else None,
+        "approval_url": f"{public_url.rstrip('/')}/ui/confirmations/{c.id}",
+        "approve_command": f"ito approve {c.id}",
+        "details": c.details,
+    }

@@ -1,0 +1,103 @@
+"""API keys: minted once, stored as a peppered HMAC beside a short public prefix, revocable.
+
+A key reads ``ito_<role>_<prefix>_<secret>``. The prefix (``ito_req_AbCdEfGh``) is public: it
+names the key in logs and finds its row; only the HMAC of the whole key is stored, so a database
+dump authorizes nothing. Comparison is constant-time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import string
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ito.core.errors import ItoError
+from ito.server.ids import new_id
+from ito.server.store.tables import Account, ApiKey, Booking, Principal, utcnow
+
+__all__ = ["ROLES", "AuthContext", "authenticate", "create_key", "hmac_hex", "revoke_key"]
+
+ROLES = ("requester", "approver", "worker", "desk")
+_ROLE_TAG = {"requester": "req", "approver": "apr", "worker": "wrk", "desk": "dsk"}
+_ALPHABET = string.ascii_letters + string.digits
+
+
+def hmac_hex(pepper: str, value: str) -> str:
+    return hmac.new(pepper.encode(), value.encode(), hashlib.sha256).hexdigest()
+
+
+@dataclass(frozen=True)
+class AuthContext:
+    """Who is calling: resolved from a credential on every request, never cached."""
+
+    account_id: str
+    principal_id: str
+    role: str
+    key_id: str
+    key_prefix: str
+    booking_id: str | None
+
+
+@dataclass(frozen=True)
+class MintedKey:
+    key_id: str
+    principal_id: str
+    prefix: str
+    api_key: str
+
+
+def create_key(
+    session: Session, pepper: str, *, account_id: str, role: str, name: str | None = None,
+    booking_id: str | None = None,
+) -> MintedKey:
+    if role not in ROLES:
+        raise ItoError("invalid_arguments", f"role must be one of {', '.join(ROLES)}")
+    if session.get(Account, account_id) is None:
+        raise ItoError("account_not_found")
+    if role == "worker":
+        booking = session.get(Booking, booking_id) if booking_id else None
+        if booking is None or booking.account_id != account_id:
+            raise ItoError("booking_not_found", "a worker key needs a booking of this account")
+    elif booking_id is not None:
+        raise ItoError("invalid_arguments", "only worker keys are bound to a booking")
+    principal = Principal(id=new_id("prn"), account_id=account_id, role=role,
+                          name=name or f"{role} key", booking_id=booking_id)
+    session.add(principal)
+    session.flush()
+    prefix = f"ito_{_ROLE_TAG[role]}_" + "".join(secrets.choice(_ALPHABET) for _ in range(8))
+    api_key = f"{prefix}_{secrets.token_urlsafe(32)}"
+    key = ApiKey(id=new_id("key"), account_id=account_id, principal_id=principal.id,
+                 prefix=prefix, secret_hash=hmac_hex(pepper, api_key), role=role,
+                 booking_id=booking_id)
+    session.add(key)
+    session.flush()
+    return MintedKey(key_id=key.id, principal_id=principal.id, prefix=prefix, api_key=api_key)
+
+
+def authenticate(session: Session, pepper: str, presented: str) -> AuthContext:
+    """Resolve a presented key, or raise ``not_authenticated`` / ``credential_revoked``."""
+    parts = presented.split("_")
+    if len(parts) < 4 or parts[0] != "ito":
+        raise ItoError("not_authenticated")
+    prefix = "_".join(parts[:3])
+    key = session.scalar(select(ApiKey).where(ApiKey.prefix == prefix))
+    if key is None or not hmac.compare_digest(key.secret_hash, hmac_hex(pepper, presented)):
+        raise ItoError("not_authenticated")
+    if key.revoked_at is not None:
+        raise ItoError("credential_revoked", key_prefix=key.prefix)
+    return AuthContext(account_id=key.account_id, principal_id=key.principal_id, role=key.role,
+                       key_id=key.id, key_prefix=key.prefix, booking_id=key.booking_id)
+
+
+def revoke_key(session: Session, key_id: str) -> ApiKey:
+    key = session.get(ApiKey, key_id)
+    if key is None:
+        raise ItoError("key_not_found")
+    if key.revoked_at is None:
+        key.revoked_at = utcnow()
+    return key

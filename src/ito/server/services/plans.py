@@ -1,0 +1,60 @@
+"""``plan``: what creating a run would do, computed from the same checks — and nothing written
+(DESIGN §5.4). The session is a read transaction; no row of any kind is added."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from ito.core.errors import ItoError
+from ito.core.gates import check_resources, eligibility_record
+from ito.core.manifest import manifest_digest, manifest_summary, parse_manifest
+from ito.core.pricing import estimate_cost
+from ito.server.services.bookings import booking_view, get_booking
+from ito.server.store.tables import utcnow
+
+__all__ = ["plan_run"]
+
+
+def plan_run(session: Session, account_id: str, booking_id: str, raw: bytes) -> dict[str, Any]:
+    booking = get_booking(session, account_id, booking_id)
+    manifest = parse_manifest(raw)
+    view = booking_view(booking)
+    now = utcnow()
+    refusals: list[dict[str, Any]] = []
+
+    try:
+        eligibility: dict[str, Any] = eligibility_record(view, now)
+    except ItoError as exc:
+        eligibility = {"eligible": False, "booking_id": booking.id, "checked_at": now.isoformat(),
+                       "error": exc.to_error_body()}
+        refusals.append(exc.to_error_body())
+
+    checks: dict[str, Any]
+    try:
+        result = check_resources(manifest, view, now)
+        estimate = result.estimate
+        checks = {"ok": True, "checkpoint_uri": result.checkpoint_uri,
+                  "checkpoint_bytes_reserved": result.checkpoint_bytes}
+    except ItoError as exc:
+        estimate = estimate_cost(manifest, accelerator=view.gpu, nodes=view.nodes,
+                                 gpus_per_node=view.gpus_per_node,
+                                 rate_usd_per_gpu_hour=view.rate_usd_per_gpu_hour)
+        checks = {"ok": False, "error": exc.to_error_body()}
+        refusals.append(exc.to_error_body())
+
+    stages = [{"stage": s.stage, "tokens": s.tokens, "seq_len": s.seq_len,
+               "estimated_seconds": round(s.seconds, 1)} for s in estimate.stages]
+    return {
+        "ready": not refusals,
+        "booking_id": booking.id,
+        "manifest_id": manifest_digest(raw),
+        "validation": {"ok": True, "schema": "ito.training.manifest.v1"},
+        "summary": manifest_summary(manifest),
+        "eligibility": eligibility,
+        "checks": checks,
+        "stage_plan": stages,
+        "cost": {k: v for k, v in estimate.to_dict().items() if k != "stages"},
+        "refusals": refusals,
+    }

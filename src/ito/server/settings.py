@@ -1,0 +1,74 @@
+"""Server settings: one pydantic-settings object, built by the caller and passed to
+``create_app``; nothing is read at import.
+
+The pepper that keys every stored hash comes from ``ITO_PEPPER`` in production. On the embedded
+default (SQLite under ``$ITO_HOME``) a random pepper is generated once into
+``$ITO_HOME/server-pepper`` (mode 0600). An example or short pepper is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["ServerSettings", "default_ito_home", "load_settings"]
+
+_EXAMPLE_PEPPERS = {"change-me", "changeme", "example", "pepper", "secret", "test"}
+
+
+def default_ito_home() -> Path:
+    return Path(os.environ.get("ITO_HOME") or Path.home() / ".ito")
+
+
+class ServerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ITO_", extra="ignore")
+
+    home: Path = Field(default_factory=default_ito_home)
+    """State directory of the embedded default (database, pepper, logs)."""
+    database_url: str = ""
+    """SQLAlchemy URL; empty means the embedded SQLite file ``$ITO_HOME/ito.db``."""
+    pepper: SecretStr = SecretStr("")
+    """Key of the HMACs that stand in for stored secrets. Required outside the embedded default."""
+    public_url: str = "http://127.0.0.1:8000"
+    """Base URL humans reach the web pages at (approval links)."""
+    confirmation_ttl_seconds: int = Field(default=900, ge=1, le=24 * 3600)
+    """Default life of a pending confirmation (15 minutes)."""
+    db_pool_size: int = Field(default=10, ge=1, le=200)
+
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.home / 'ito.db'}"
+
+    def is_embedded(self) -> bool:
+        return not self.database_url or self.database_url.startswith("sqlite")
+
+
+def load_settings(database_url: str | None = None) -> ServerSettings:
+    """Build settings from the environment, then make sure the pepper is usable."""
+    settings = ServerSettings()
+    if database_url:
+        settings = settings.model_copy(update={"database_url": database_url})
+    pepper = settings.pepper.get_secret_value()
+    if not pepper:
+        if not settings.is_embedded():
+            raise SystemExit("ITO_PEPPER must be set when the database is not the embedded SQLite")
+        pepper = _embedded_pepper(settings.home)
+    if pepper.lower() in _EXAMPLE_PEPPERS or len(pepper) < 16:
+        raise SystemExit("ITO_PEPPER is an example value or shorter than 16 characters; refusing")
+    return settings.model_copy(update={"pepper": SecretStr(pepper)})
+
+
+def _embedded_pepper(home: Path) -> str:
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = home / "server-pepper"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_text().strip()
+    value = secrets.token_urlsafe(32)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(value + "\n")
+    return value
