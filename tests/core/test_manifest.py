@@ -1,0 +1,258 @@
+"""The manifest parser: strict schema, exact-bytes digest, size bound, secret refusal and the
+cross-field checks, each refusal carrying the JSON path of what is wrong (DESIGN §5.3)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from ito.core.errors import ItoError
+from ito.core.manifest import (
+    MANIFEST_MAX_BYTES,
+    Manifest,
+    manifest_digest,
+    manifest_json_schema,
+    parse_manifest,
+)
+from ito.recipes import build_recipe
+
+Doc = dict[str, Any]
+
+
+@pytest.fixture
+def doc(tmp_path: Any) -> Doc:
+    # A JSON round trip, not deepcopy: the recipe shares lists between entries.
+    return json.loads(json.dumps(build_recipe("test", str(tmp_path)).manifest))
+
+
+def _raw(document: Any) -> bytes:
+    return json.dumps(document).encode()
+
+
+def _refusal(raw: bytes) -> ItoError:
+    with pytest.raises(ItoError) as info:
+        parse_manifest(raw)
+    return info.value
+
+
+def _paths(exc: ItoError) -> list[str]:
+    return [err["path"] for err in exc.details["errors"]]
+
+
+# --- valid manifests and the digest ---------------------------------------------------------
+
+
+def test_the_test_recipe_parses_into_a_manifest(doc: Doc) -> None:
+    manifest = parse_manifest(_raw(doc))
+    assert isinstance(manifest, Manifest)
+    assert manifest.name == doc["name"]
+    assert [stage.stage for stage in manifest.curriculum] == ["pretrain", "long_context"]
+    assert set(manifest.data_by_id()) == {d["id"] for d in doc["data"]}
+
+
+def test_digest_is_sha256_of_the_exact_bytes(doc: Doc) -> None:
+    raw = _raw(doc)
+    assert manifest_digest(raw) == "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+def test_a_whitespace_change_gives_a_different_digest_of_an_equally_valid_manifest(
+    doc: Doc,
+) -> None:
+    compact = json.dumps(doc, separators=(",", ":")).encode()
+    indented = json.dumps(doc, indent=2).encode()
+    parse_manifest(compact)
+    parse_manifest(indented)
+    assert manifest_digest(compact) != manifest_digest(indented)
+
+
+def test_a_manifest_of_exactly_the_size_bound_is_accepted(doc: Doc) -> None:
+    raw = _raw(doc)
+    padded = raw + b" " * (MANIFEST_MAX_BYTES - len(raw))
+    assert len(padded) == MANIFEST_MAX_BYTES
+    parse_manifest(padded)
+
+
+def test_a_manifest_one_byte_over_the_size_bound_is_too_large(doc: Doc) -> None:
+    raw = _raw(doc)
+    padded = raw + b" " * (MANIFEST_MAX_BYTES + 1 - len(raw))
+    assert _refusal(padded).code == "manifest_too_large"
+
+
+# --- strict schema --------------------------------------------------------------------------
+
+
+def test_an_unknown_top_level_field_is_refused_with_its_path(doc: Doc) -> None:
+    doc["extra"] = 1
+    exc = _refusal(_raw(doc))
+    assert exc.code == "manifest_invalid"
+    assert "$.extra" in _paths(exc)
+
+
+def test_an_unknown_nested_field_is_refused_with_its_path(doc: Doc) -> None:
+    doc["model"]["layers"] = 2
+    exc = _refusal(_raw(doc))
+    assert exc.code == "manifest_invalid"
+    assert "$.model.layers" in _paths(exc)
+
+
+def test_a_number_written_as_a_string_is_not_coerced(doc: Doc) -> None:
+    doc["budget"]["ceiling_usd"] = "5.0"
+    exc = _refusal(_raw(doc))
+    assert exc.code == "manifest_invalid"
+    assert "$.budget.ceiling_usd" in _paths(exc)
+
+
+def test_an_error_inside_a_list_is_reported_with_its_index(doc: Doc) -> None:
+    doc["data"][2]["sha256"] = "not-a-digest"
+    exc = _refusal(_raw(doc))
+    assert exc.code == "manifest_invalid"
+    assert "$.data[2].sha256" in _paths(exc)
+
+
+def test_every_reported_error_has_a_path_and_a_message(doc: Doc) -> None:
+    doc["extra"] = 1
+    doc["budget"]["ceiling_usd"] = "5.0"
+    exc = _refusal(_raw(doc))
+    assert len(exc.details["errors"]) >= 2
+    for err in exc.details["errors"]:
+        assert err["path"].startswith("$")
+        assert isinstance(err["message"], str) and err["message"]
+
+
+def test_a_repeated_json_key_is_refused(doc: Doc) -> None:
+    raw = _raw(doc)
+    duplicated = b'{"name": "other-name", ' + raw[1:]
+    exc = _refusal(duplicated)
+    assert exc.code == "manifest_invalid"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"\xff\xfe{}", b'{"name": "caf\xe9"}', b"{not json", b"", b'{"a": 1} trailing'],
+    ids=["bad-utf8-bom", "latin1-byte", "broken-json", "empty", "trailing-garbage"],
+)
+def test_bytes_that_are_not_utf8_json_are_refused(raw: bytes) -> None:
+    assert _refusal(raw).code == "manifest_invalid"
+
+
+@pytest.mark.parametrize("document", [[], "text", 3, None])
+def test_a_json_document_that_is_not_an_object_is_refused(document: Any) -> None:
+    exc = _refusal(_raw(document))
+    assert exc.code == "manifest_invalid"
+    assert _paths(exc) == ["$"]
+
+
+# --- secrets --------------------------------------------------------------------------------
+
+PEM = ("-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAzQ8mYpl3xPq7Uv\n"
+       "-----END RSA PRIVATE KEY-----")
+
+
+def _set(path: tuple[Any, ...], value: Any) -> Callable[[Doc], None]:
+    def apply(doc: Doc) -> None:
+        target: Any = doc
+        for part in path[:-1]:
+            target = target[part]
+        target[path[-1]] = value
+    return apply
+
+
+SECRET_CASES = [
+    ("pem", _set(("name",), PEM), "MIIEowIBAAKCAQEAzQ8mYpl3xPq7Uv", "$.name", "private_key"),
+    ("bearer", _set(("checkpoint", "storage"), "Bearer abcDEF123456ghiJKL789"),
+     "abcDEF123456ghiJKL789", "$.checkpoint.storage", "bearer_token"),
+    ("aws", _set(("data", 0, "license"), "AKIAQWERTYUIOPASDFGH"),
+     "AKIAQWERTYUIOPASDFGH", "$.data[0].license", "cloud_key"),
+    ("password-known-place", _set(("model", "password"), "CorrectHorse42"),
+     "CorrectHorse42", "$.model.password", "password_field"),
+    ("password-unknown-field", _set(("extra",), {"nested": {"password": "CorrectHorse42"}}),
+     "CorrectHorse42", "$.extra.nested.password", "password_field"),
+    ("uri-userinfo", _set(("data", 1, "uri"), "s3://alice:Sup3rS3cretPw@bucket.example/x"),
+     "Sup3rS3cretPw", "$.data[1].uri", "uri_userinfo"),
+]
+
+
+@pytest.mark.parametrize(("mutate", "secret", "path", "kind"),
+                         [case[1:] for case in SECRET_CASES],
+                         ids=[case[0] for case in SECRET_CASES])
+def test_a_credential_anywhere_is_refused_naming_where_but_never_echoing_it(
+    doc: Doc, mutate: Callable[[Doc], None], secret: str, path: str, kind: str
+) -> None:
+    mutate(doc)
+    exc = _refusal(_raw(doc))
+    assert exc.code == "manifest_contains_secret"
+    assert {"path": path, "kind": kind} in exc.details["findings"]
+    for rendered in (str(exc), repr(exc), exc.message, repr(exc.details),
+                     json.dumps(exc.to_error_body())):
+        assert secret not in rendered
+
+
+def test_secrets_are_refused_before_the_schema_so_an_unknown_field_cannot_hide_one(
+    doc: Doc,
+) -> None:
+    doc["api_key"] = "k-123456789"
+    assert _refusal(_raw(doc)).code == "manifest_contains_secret"
+
+
+# --- cross-field checks ---------------------------------------------------------------------
+
+
+def _swap_stages(doc: Doc) -> None:
+    doc["curriculum"].reverse()
+
+
+def _exact_match_with_max(doc: Doc) -> None:
+    doc["eval_batteries"]["arith"][0] = {"eval": "exact_match", "data": "arith-heldout",
+                                         "max": 0.5}
+
+
+def _clip_inverted(doc: Doc) -> None:
+    doc["post_training"]["rlvr"]["dapo"].update(clip_low=0.3, clip_high=0.2)
+
+
+CROSS_FIELD_CASES = [
+    ("unknown-data-id", _set(("curriculum", 0, "data"), ["nope"]), "$.curriculum[0].data[0]"),
+    ("stage-order", _swap_stages, "$.curriculum[1].stage"),
+    ("battery-missing", _set(("curriculum", 0, "battery"), "absent"),
+     "$.curriculum[0].battery"),
+    ("exact-match-with-max", _exact_match_with_max, "$.eval_batteries.arith[0]"),
+    ("custom-without-ladder", _set(("data", 0, "custom"), True), "$.ladder.enabled"),
+    ("clip-low-above-high", _clip_inverted, "$.post_training.rlvr.dapo.clip_high"),
+    ("incremental-above-ceiling", _set(("budget", "max_incremental_cost_usd"), 6.0),
+     "$.budget.max_incremental_cost_usd"),
+    ("wrong-role", _set(("post_training", "sft", "data"), ["web"]),
+     "$.post_training.sft.data[0]"),
+    ("seq-len-over-model", _set(("curriculum", 1, "seq_len"), 4096), "$.curriculum[1].seq_len"),
+]
+
+
+@pytest.mark.parametrize(("mutate", "path"), [case[1:] for case in CROSS_FIELD_CASES],
+                         ids=[case[0] for case in CROSS_FIELD_CASES])
+def test_a_cross_field_inconsistency_is_refused_with_its_path(
+    doc: Doc, mutate: Callable[[Doc], None], path: str
+) -> None:
+    mutate(doc)
+    exc = _refusal(_raw(doc))
+    assert exc.code == "manifest_invalid"
+    assert path in _paths(exc)
+
+
+def test_custom_data_is_accepted_when_the_ladder_is_enabled(doc: Doc) -> None:
+    doc["data"][0]["custom"] = True
+    doc["ladder"]["enabled"] = True
+    assert parse_manifest(_raw(doc)).ladder.enabled
+
+
+# --- published schema -----------------------------------------------------------------------
+
+
+def test_the_published_schema_is_named_and_closed() -> None:
+    schema = manifest_json_schema()
+    assert schema["$id"] == "ito.training.manifest.v1"
+    assert schema["additionalProperties"] is False
+    assert "schema" in schema["properties"]
+    assert "schema" in schema["required"]
