@@ -488,17 +488,17 @@ async def ito_rounds(s: ItoSetup, server: Server, args: argparse.Namespace,
 
     # Flow round.
     created: list[str] = []
-    cpu0, t0 = server.cpu(), time.perf_counter()
+    cpu0, own0, t0 = server.cpu(), time.process_time(), time.perf_counter()
     await asyncio.gather(*(flow_client(i, s, rec, args, tag, deadline, created, all_keys)
                            for i in range(args.clients)))
     wall = time.perf_counter() - t0
-    cpu1 = server.cpu()
+    cpu1, own1 = server.cpu(), time.process_time()
     expected = args.clients * args.runs_per_client
     out["flow"] = {"runs_expected": expected, "runs_created": len(created),
                    "wall_s": round(wall, 3),
                    "runs_per_s": round(len(created) / wall, 2) if wall > 0 else None,
                    "requests": sum(len(v) for v in rec.latencies.values()),
-                   "server_cpu_s": _delta(cpu0, cpu1)}
+                   "server_cpu_s": _delta(cpu0, cpu1), "bench_cpu_s": round(own1 - own0, 2)}
 
     # Create burst: confirmations prepared first, then only POST /v1/runs.
     burst_created: list[str] = []
@@ -509,15 +509,15 @@ async def ito_rounds(s: ItoSetup, server: Server, args: argparse.Namespace,
                                               burst_created, all_keys, ends))
              for i in range(args.clients)]
     await ready.wait()
-    cpu0, t0 = server.cpu(), time.perf_counter()
+    cpu0, own0, t0 = server.cpu(), time.process_time(), time.perf_counter()
     go.set()
     await asyncio.gather(*tasks)
     wall = (max(ends) if ends else time.perf_counter()) - t0
-    cpu1 = server.cpu()
+    cpu1, own1 = server.cpu(), time.process_time()
     out["burst"] = {"runs_expected": expected, "runs_created": len(burst_created),
                     "wall_s": round(wall, 3),
                     "runs_per_s": round(len(burst_created) / wall, 2) if wall > 0 else None,
-                    "server_cpu_s": _delta(cpu0, cpu1)}
+                    "server_cpu_s": _delta(cpu0, cpu1), "bench_cpu_s": round(own1 - own0, 2)}
 
     # Duplicate round: groups sharing one idempotency key, fired together.
     group_size = max(2, args.clients // max(1, args.dup_keys))
@@ -591,6 +591,14 @@ async def _judge_dups(s: ItoSetup, rec: Recorder, args: argparse.Namespace,
             "anomalies": anomalies}
 
 
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
+def _per(total_s: float | None, n: int) -> float | None:
+    return None if total_s is None else total_s * 1000.0 / n
+
+
 def _delta(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else round(b - a, 2)
 
@@ -640,29 +648,40 @@ def baseline_rows(url: str) -> int | None:
 
 async def baseline_round(base_url: str, server: Server, args: argparse.Namespace,
                          deadline: float) -> dict[str, Any]:
+    """Same shape as the create burst: every client opens its connection and warms the server
+    with one untimed insert, then all fire ``--runs-per-client`` inserts together."""
     rec = Recorder()
     tag = secrets.token_hex(3)
+    ready = asyncio.Barrier(args.clients + 1)
+    go = asyncio.Event()
+    ends: list[float] = []
 
-    async def client_task(index: int, n: int, r: Recorder) -> None:
+    async def client_task(index: int) -> None:
         async with new_client(base_url, args.request_timeout_s) as client:
-            for i in range(n):
+            await call(client, Recorder(), "warm", "POST", "/insert", token="-",
+                       json={"key": f"{tag}-warm-c{index}"})
+            await ready.wait()
+            await go.wait()
+            for i in range(args.runs_per_client):
                 if time.monotonic() > deadline:
-                    r.add("insert.skipped_deadline", 0.0, "skipped")
-                    return
-                await call(client, r, "insert", "POST", "/insert", token="-",
+                    rec.add("insert.skipped_deadline", 0.0, "skipped")
+                    break
+                await call(client, rec, "insert", "POST", "/insert", token="-",
                            json={"key": f"{tag}-c{index}-{i}"})
+            ends.append(time.perf_counter())
 
-    await client_task(-1, 3, Recorder())  # warm-up, untimed
-    cpu0, t0 = server.cpu(), time.perf_counter()
-    await asyncio.gather(*(client_task(i, args.runs_per_client, rec)
-                           for i in range(args.clients)))
-    wall = time.perf_counter() - t0
-    cpu1 = server.cpu()
+    tasks = [asyncio.create_task(client_task(i)) for i in range(args.clients)]
+    await ready.wait()
+    cpu0, own0, t0 = server.cpu(), time.process_time(), time.perf_counter()
+    go.set()
+    await asyncio.gather(*tasks)
+    wall = (max(ends) if ends else time.perf_counter()) - t0
+    cpu1, own1 = server.cpu(), time.process_time()
     ok = rec.outcomes.get("insert", Counter()).get("200", 0)
     return {"requests": args.clients * args.runs_per_client, "inserted": ok,
             "wall_s": round(wall, 3), "inserts_per_s": round(ok / wall, 2) if wall > 0 else None,
-            "server_cpu_s": _delta(cpu0, cpu1), "insert": rec.summary("insert"),
-            "server_errors": rec.server_errors()}
+            "server_cpu_s": _delta(cpu0, cpu1), "bench_cpu_s": round(own1 - own0, 2),
+            "insert": rec.summary("insert"), "server_errors": rec.server_errors()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -718,6 +737,10 @@ def bench_backend(backend: Backend, args: argparse.Namespace, manifest: bytes, d
     result["ratio_gated_create"] = round(burst / bare, 3) if bare and burst else None
     result["ratio_full_flow"] = round(flow / bare, 3) if bare and flow else None
     ito = result["ito"]
+    result["server_cpu_ms_per_gated_create"] = _round(_per(ito["burst"]["server_cpu_s"],
+                                                           max(1, ito["burst"]["runs_created"])))
+    result["server_cpu_ms_per_bare_insert"] = _round(_per(result["baseline"]["server_cpu_s"],
+                                                          max(1, result["baseline"]["inserted"])))
     result["duplicates"] = max(ito["api_duplicates"], result["db"]["duplicate_runs"])
     result["elapsed_s"] = round(time.monotonic() - t0, 2)
     return result
@@ -768,9 +791,14 @@ def print_report(results: list[dict[str, Any]], args: argparse.Namespace) -> Non
                   f"{_fmt(p50):>8} {_fmt(p99):>8}")
         print(f"{r['backend']:9} ratio gated create / bare insert = {_fmt(r['ratio_gated_create'])}"
               f";  full flow / bare insert = {_fmt(r['ratio_full_flow'])}")
-        print(f"{r['backend']:9} server CPU s: flow {_fmt(ito['flow']['server_cpu_s'])}, "
-              f"burst {_fmt(ito['burst']['server_cpu_s'])}, "
-              f"baseline {_fmt(base['server_cpu_s'])}")
+        n_runs = max(1, ito["burst"]["runs_created"])
+        n_rows = max(1, base["inserted"])
+        print(f"{r['backend']:9} CPU s server/bench: flow {_fmt(ito['flow']['server_cpu_s'])}/"
+              f"{_fmt(ito['flow']['bench_cpu_s'])}, burst {_fmt(ito['burst']['server_cpu_s'])}/"
+              f"{_fmt(ito['burst']['bench_cpu_s'])}, baseline {_fmt(base['server_cpu_s'])}/"
+              f"{_fmt(base['bench_cpu_s'])}; server CPU ms per create "
+              f"{_fmt(_per(ito['burst']['server_cpu_s'], n_runs))} vs per bare insert "
+              f"{_fmt(_per(base['server_cpu_s'], n_rows))}")
         dup = ito["dup"]
         print(f"{r['backend']:9} duplicates: {r['duplicates']} (API over {ito['keys_checked']} "
               f"keys: {ito['api_duplicates']}, DB: {r['db']['duplicate_runs']}); dup round "

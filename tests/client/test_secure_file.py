@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,21 @@ def test_a_symlink_higher_up_the_path_is_refused(tmp_path: Path) -> None:
     assert _code(tmp_path / "alias" / "a" / "b" / "m.json") == "manifest_symlink"
 
 
+def test_a_symlink_swapped_in_after_the_path_check_fails_the_open(
+    tmp_path: Path, manifest: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = secure_file._refuse_symlink_components
+    decoy = _write(tmp_path / "decoy.json")
+
+    def check_then_swap(path: str) -> None:
+        original(path)
+        manifest.unlink()
+        manifest.symlink_to(decoy)
+
+    monkeypatch.setattr(secure_file, "_refuse_symlink_components", check_then_swap)
+    assert _code(manifest) == "manifest_symlink"
+
+
 def test_a_missing_manifest_is_not_found(tmp_path: Path) -> None:
     assert _code(tmp_path / "missing.json") == "manifest_not_found"
 
@@ -112,6 +128,14 @@ def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo, 0o600)
     assert _code(fifo) == "manifest_not_regular_file"
+
+
+def test_a_unix_socket_is_not_a_regular_file(tmp_path: Path) -> None:
+    path = tmp_path / "sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(path))
+        path.chmod(0o600)
+        assert _code(path) == "manifest_not_regular_file"
 
 
 def test_a_character_device_is_not_a_regular_file() -> None:

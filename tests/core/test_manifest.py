@@ -26,7 +26,8 @@ Doc = dict[str, Any]
 @pytest.fixture
 def doc(tmp_path: Any) -> Doc:
     # A JSON round trip, not deepcopy: the recipe shares lists between entries.
-    return json.loads(json.dumps(build_recipe("test", str(tmp_path)).manifest))
+    document: Doc = json.loads(json.dumps(build_recipe("test", str(tmp_path)).manifest))
+    return document
 
 
 def _raw(document: Any) -> bytes:
@@ -106,6 +107,14 @@ def test_a_number_written_as_a_string_is_not_coerced(doc: Doc) -> None:
     assert "$.budget.ceiling_usd" in _paths(exc)
 
 
+@pytest.mark.parametrize("value", [True, 2000.0, "2000"], ids=["bool", "float", "string"])
+def test_an_integer_field_accepts_only_json_integers(doc: Doc, value: Any) -> None:
+    doc["curriculum"][0]["tokens"] = value
+    exc = _refusal(_raw(doc))
+    assert exc.code == "manifest_invalid"
+    assert "$.curriculum[0].tokens" in _paths(exc)
+
+
 def test_an_error_inside_a_list_is_reported_with_its_index(doc: Doc) -> None:
     doc["data"][2]["sha256"] = "not-a-digest"
     exc = _refusal(_raw(doc))
@@ -128,6 +137,24 @@ def test_a_repeated_json_key_is_refused(doc: Doc) -> None:
     duplicated = b'{"name": "other-name", ' + raw[1:]
     exc = _refusal(duplicated)
     assert exc.code == "manifest_invalid"
+
+
+def test_a_key_repeated_deep_inside_the_document_is_refused(doc: Doc) -> None:
+    raw = _raw(doc).replace(b'"family": "llama"', b'"family": "llama", "family": "llama"', 1)
+    assert raw != _raw(doc)
+    assert _refusal(raw).code == "manifest_invalid"
+
+
+@pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity"])
+def test_non_json_number_constants_are_refused(doc: Doc, constant: bytes) -> None:
+    raw = _raw(doc).replace(b'"max": 8.0', b'"max": ' + constant, 1)
+    assert raw != _raw(doc)
+    assert _refusal(raw).code == "manifest_invalid"
+
+
+def test_deeply_nested_json_within_the_size_bound_is_refused_as_invalid() -> None:
+    depth = 100_000
+    assert _refusal(b"[" * depth + b"]" * depth).code == "manifest_invalid"
 
 
 @pytest.mark.parametrize(
@@ -198,6 +225,22 @@ def test_secrets_are_refused_before_the_schema_so_an_unknown_field_cannot_hide_o
     assert _refusal(_raw(doc)).code == "manifest_contains_secret"
 
 
+@pytest.mark.parametrize("duplicated", [False, True], ids=["unknown-key", "duplicated-key"])
+def test_a_credential_used_as_a_key_is_refused_without_echoing_it(
+    doc: Doc, duplicated: bool
+) -> None:
+    secret = "AKIAQWERTYUIOPASDFGH"
+    doc["extra"] = {secret: 1}
+    raw = _raw(doc)
+    if duplicated:
+        raw = raw.replace(b'{"' + secret.encode() + b'": 1}',
+                          b'{"' + secret.encode() + b'": 1, "' + secret.encode() + b'": 2}')
+    exc = _refusal(raw)
+    assert exc.code in {"manifest_contains_secret", "manifest_invalid"}
+    assert secret not in json.dumps(exc.to_error_body())
+    assert secret not in str(exc)
+
+
 # --- cross-field checks ---------------------------------------------------------------------
 
 
@@ -214,6 +257,10 @@ def _clip_inverted(doc: Doc) -> None:
     doc["post_training"]["rlvr"]["dapo"].update(clip_low=0.3, clip_high=0.2)
 
 
+def _nvlink_two_nodes(doc: Doc) -> None:
+    doc["resources"].update(nodes=2, fabrics=["nvlink"])
+
+
 CROSS_FIELD_CASES = [
     ("unknown-data-id", _set(("curriculum", 0, "data"), ["nope"]), "$.curriculum[0].data[0]"),
     ("stage-order", _swap_stages, "$.curriculum[1].stage"),
@@ -226,6 +273,16 @@ CROSS_FIELD_CASES = [
      "$.budget.max_incremental_cost_usd"),
     ("wrong-role", _set(("post_training", "sft", "data"), ["web"]),
      "$.post_training.sft.data[0]"),
+    ("nvlink-between-nodes", _nvlink_two_nodes, "$.resources.fabrics"),
+    ("duplicate-data-id", _set(("data", 1, "id"), "web"), "$.data[1].id"),
+    ("decontaminated-against-non-eval", _set(("data", 0, "decontamination", "eval_suites"),
+                                             ["arith-sft"]),
+     "$.data[0].decontamination.eval_suites[0]"),
+    ("exact-match-min-above-one", _set(("eval_batteries", "arith", 0, "min"), 1.5),
+     "$.eval_batteries.arith[0].min"),
+    ("soft-tokens-not-below-max", _set(("post_training", "rlvr", "dapo", "overlong",
+                                        "soft_tokens"), 32),
+     "$.post_training.rlvr.dapo.overlong.soft_tokens"),
     ("seq-len-over-model", _set(("curriculum", 1, "seq_len"), 4096), "$.curriculum[1].seq_len"),
 ]
 

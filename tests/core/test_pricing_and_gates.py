@@ -20,7 +20,7 @@ from ito.core.gates import (
     validate_idempotency_key,
 )
 from ito.core.manifest import Manifest, parse_manifest
-from ito.core.pricing import STAGE_OVERHEAD_SECONDS, estimate_cost
+from ito.core.pricing import STAGE_OVERHEAD_SECONDS, CostEstimate, estimate_cost
 from ito.recipes import build_recipe
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -31,7 +31,8 @@ Doc = dict[str, Any]
 @pytest.fixture
 def doc(tmp_path: Any) -> Doc:
     # A JSON round trip, not deepcopy: the recipe shares lists between entries.
-    return json.loads(json.dumps(build_recipe("test", str(tmp_path)).manifest))
+    document: Doc = json.loads(json.dumps(build_recipe("test", str(tmp_path)).manifest))
+    return document
 
 
 def _manifest(doc: Doc, mutate: Callable[[Doc], None] | None = None) -> Manifest:
@@ -60,12 +61,12 @@ def _code(fn: Callable[[], object]) -> str:
 # --- cost estimate --------------------------------------------------------------------------
 
 
-def _estimate(manifest: Manifest, gpus_per_node: int = 2, rate: float = 2.5) -> Any:
+def _estimate(manifest: Manifest, gpus_per_node: int = 2, rate: float = 2.5) -> CostEstimate:
     return estimate_cost(manifest, accelerator="cpu", nodes=1, gpus_per_node=gpus_per_node,
                          rate_usd_per_gpu_hour=rate)
 
 
-def _compute_seconds(estimate: Any) -> float:
+def _compute_seconds(estimate: CostEstimate) -> float:
     return sum(s.seconds - STAGE_OVERHEAD_SECONDS for s in estimate.stages if s.flops > 0)
 
 

@@ -105,6 +105,13 @@ def test_a_credential_used_as_a_key_is_found() -> None:
     assert [f.kind for f in findings] == ["cloud_key"]
 
 
+def test_a_credential_used_as_a_key_does_not_appear_in_any_finding_path() -> None:
+    secret = "AKIAQWERTYUIOPASDFGH"
+    findings = scan_json_value({"extra": {secret: {"password": "x"}}})
+    assert findings
+    assert all(secret not in f.path for f in findings)
+
+
 def test_numbers_and_booleans_are_never_credentials() -> None:
     assert scan_json_value({"tokens": 2000, "max_tokens": 32, "custom": False,
                             "beta": 0.1, "n": None}) == []

@@ -8,6 +8,7 @@ reads a clock: ``now`` is passed in.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -191,5 +192,5 @@ def validate_idempotency_key(key: str) -> None:
 
 def idempotency_fingerprint(action: str, target: str, manifest_digest: str | None,
                             confirmation_ref: str) -> str:
-    material = "\x1f".join([action, target, manifest_digest or "", confirmation_ref])
+    material = json.dumps([action, target, manifest_digest, confirmation_ref])
     return hashlib.sha256(material.encode()).hexdigest()

@@ -52,7 +52,7 @@ assert set(SIZES) == {"tiny", "150m", "1b", "8b"}
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 class ModelRef(_Strict):
@@ -209,7 +209,8 @@ class Manifest(_Strict):
     data_policy: DataPolicy
     budget: Budget
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=False)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=False,
+                              allow_inf_nan=False)
 
     def data_by_id(self) -> dict[str, DataRef]:
         return {ref.id: ref for ref in self.data}
@@ -231,10 +232,20 @@ def parse_manifest(raw: bytes) -> Manifest:
     if len(raw) > MANIFEST_MAX_BYTES:
         raise ItoError("manifest_too_large", max_bytes=MANIFEST_MAX_BYTES)
     try:
-        document = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
-    except _DuplicateKey as exc:
+        return _parse(raw)
+    except RecursionError:
+        raise ItoError("manifest_invalid", "the manifest nests too deeply",
+                       errors=[{"path": "$", "message": "nesting too deep"}]) from None
+
+
+def _parse(raw: bytes) -> Manifest:
+    try:
+        document = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys,
+                              parse_constant=_no_constant)
+    except _DuplicateKey:
+        # The key itself is not echoed: it might be the very credential being smuggled.
         raise ItoError("manifest_invalid", "the manifest repeats a JSON key",
-                       errors=[{"path": "$", "message": f"duplicate key {exc.key!r}"}]) from None
+                       errors=[{"path": "$", "message": "duplicate key"}]) from None
     except (UnicodeDecodeError, ValueError):
         raise ItoError("manifest_invalid", "the manifest is not UTF-8 JSON",
                        errors=[{"path": "$", "message": "not valid UTF-8 JSON"}]) from None
@@ -263,6 +274,10 @@ class _DuplicateKey(ValueError):
     def __init__(self, key: str) -> None:
         super().__init__(key)
         self.key = key
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -65,10 +65,17 @@ def scan_json_value(value: Any, path: str = "$") -> list[Finding]:
     found: list[Finding] = []
     if isinstance(value, dict):
         for key, child in value.items():
-            child_path = f"{path}.{key}" if _plain_key(key) else f"{path}[{json.dumps(key)}]"
+            key_findings = scan_text(str(key))
+            if key_findings:
+                # A credential used as a key must not reappear in the path that reports it.
+                child_path = f"{path}[<redacted key>]"
+                found.extend(Finding(f.kind, child_path) for f in key_findings)
+            elif _plain_key(key):
+                child_path = f"{path}.{key}"
+            else:
+                child_path = f"{path}[{json.dumps(key)}]"
             if _SECRET_FIELD.match(str(key)) and child not in (None, "", [], {}):
                 found.append(Finding("password_field", child_path))
-            found.extend(scan_text(str(key), child_path))
             found.extend(scan_json_value(child, child_path))
     elif isinstance(value, list):
         for index, child in enumerate(value):

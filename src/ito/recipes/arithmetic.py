@@ -124,15 +124,15 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
     report_sha = hashlib.sha256(files["decontamination-report.json"]).hexdigest()
 
     base = PurePosixPath(out_dir)
-    deco = {"eval_suites": ["arith-heldout"], "method": "ngram", "n": NGRAM,
-            "report_sha256": report_sha}
+    deco: dict[str, Any] = {"eval_suites": ["arith-heldout"], "method": "ngram", "n": NGRAM,
+                            "report_sha256": report_sha}
 
     def ref(data_id: str, fname: str, role: str, license_: str, with_deco: bool) -> dict[str, Any]:
         item: dict[str, Any] = {"id": data_id, "uri": f"file://{base / fname}",
                                 "sha256": hashlib.sha256(files[fname]).hexdigest(),
                                 "role": role, "license": license_, "custom": False}
         if with_deco:
-            item["decontamination"] = dict(deco)
+            item["decontamination"] = {**deco, "eval_suites": list(deco["eval_suites"])}
         return item
 
     manifest: dict[str, Any] = {

@@ -13,7 +13,7 @@ import binascii
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -94,6 +94,13 @@ def _create_in_transaction(
     raw: bytes | None, fingerprint: str,
 ) -> CreateRunResult:
     now = utcnow()
+    if not db.is_sqlite:
+        # Serialise holders of the same key (SQLite's BEGIN IMMEDIATE already serialises all
+        # writers): a second request waits for the first to commit, then sees its key below
+        # and replays, instead of racing it through the gates and tripping on the consumed
+        # confirmation. A wait past the lock timeout answers idempotency_in_progress.
+        session.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"),
+                        {"k": f"{ctx.account_id}\x1f{ACTION}\x1f{req.idempotency_key}"})
     existing = _find_key(session, ctx.account_id, req.idempotency_key)
     if existing is not None:
         return _replay(session, existing, fingerprint)
