@@ -519,25 +519,30 @@ async def ito_rounds(s: ItoSetup, server: Server, args: argparse.Namespace,
                     "runs_per_s": round(len(burst_created) / wall, 2) if wall > 0 else None,
                     "server_cpu_s": _delta(cpu0, cpu1), "bench_cpu_s": round(own1 - own0, 2)}
 
-    # Duplicate round: groups sharing one idempotency key, fired together.
+    # Duplicate rounds: groups sharing one idempotency key, fired together.
     group_size = max(2, args.clients // max(1, args.dup_keys))
     groups = max(1, args.clients // group_size)
-    shared: dict[int, str | None] = {}
-    async with new_client(s.base_url, args.request_timeout_s) as client:
-        for g in range(groups):
-            shared[g] = await confirm_and_approve(client, rec, s) if g % 2 == 0 else None
     results: list[dict[str, Any]] = []
-    ready = asyncio.Barrier(groups * group_size + 1)
-    go = asyncio.Event()
-    tasks = [asyncio.create_task(dup_client(g * group_size + j, g,
-                                            "same" if g % 2 == 0 else "conflict", shared[g],
-                                            s, rec, args, tag, ready, go, results))
-             for g in range(groups) for j in range(group_size)]
-    await ready.wait()
-    go.set()
-    await asyncio.gather(*tasks)
-    all_keys.extend(f"bench-{tag}-dup-g{g}" for g in range(groups))
-    out["dup"] = await _judge_dups(s, rec, args, results, groups, group_size)
+    for round_no in range(args.dup_rounds):
+        if time.monotonic() > deadline:
+            break
+        ids = [round_no * groups + g for g in range(groups)]
+        shared: dict[int, str | None] = {}
+        async with new_client(s.base_url, args.request_timeout_s) as client:
+            for g in ids:
+                shared[g] = await confirm_and_approve(client, rec, s) if g % 2 == 0 else None
+        ready = asyncio.Barrier(groups * group_size + 1)
+        go = asyncio.Event()
+        tasks = [asyncio.create_task(dup_client(j * groups + g % groups, g,
+                                                "same" if g % 2 == 0 else "conflict",
+                                                shared[g], s, rec, args, tag, ready, go,
+                                                results))
+                 for g in ids for j in range(group_size)]
+        await ready.wait()
+        go.set()
+        await asyncio.gather(*tasks)
+        all_keys.extend(f"bench-{tag}-dup-g{g}" for g in ids)
+    out["dup"] = await _judge_dups(s, rec, args, results, group_size)
 
     # Runs per idempotency key, through the API.
     counts = await count_by_key(s, rec, args, all_keys)
@@ -551,13 +556,15 @@ async def ito_rounds(s: ItoSetup, server: Server, args: argparse.Namespace,
 
 
 async def _judge_dups(s: ItoSetup, rec: Recorder, args: argparse.Namespace,
-                      results: list[dict[str, Any]], groups: int, group_size: int
-                      ) -> dict[str, Any]:
+                      results: list[dict[str, Any]], group_size: int) -> dict[str, Any]:
     anomalies: list[str] = []
     outcome_counts: Counter[str] = Counter()
     leftover_refs: list[str] = []
-    for g in range(groups):
+    group_ids = sorted({r["group"] for r in results})
+    for g in group_ids:
         mine = [r for r in results if r["group"] == g]
+        if len(mine) != group_size:
+            anomalies.append(f"group {g}: {len(mine)} of {group_size} clients reported")
         mode = mine[0]["mode"] if mine else "?"
         outcome_counts.update(f"{mode}:{r['result']}" for r in mine)
         created = [r for r in mine if r["result"] == "created"]
@@ -585,7 +592,7 @@ async def _judge_dups(s: ItoSetup, rec: Recorder, args: argparse.Namespace,
     if consumed_by_refusals:
         anomalies.append(f"{consumed_by_refusals} refused creates left their confirmation "
                          "not approved")
-    return {"groups": groups, "group_size": group_size,
+    return {"groups": len(group_ids), "group_size": group_size, "rounds": args.dup_rounds,
             "outcomes": dict(sorted(outcome_counts.items())),
             "refused_confirmations_checked": len(leftover_refs),
             "anomalies": anomalies}
@@ -801,8 +808,8 @@ def print_report(results: list[dict[str, Any]], args: argparse.Namespace) -> Non
               f"{_fmt(_per(base['server_cpu_s'], n_rows))}")
         dup = ito["dup"]
         print(f"{r['backend']:9} duplicates: {r['duplicates']} (API over {ito['keys_checked']} "
-              f"keys: {ito['api_duplicates']}, DB: {r['db']['duplicate_runs']}); dup round "
-              f"{dup['groups']}x{dup['group_size']}: {dup['outcomes']}")
+              f"keys: {ito['api_duplicates']}, DB: {r['db']['duplicate_runs']}); dup rounds "
+              f"{dup['groups']} groups x {dup['group_size']}: {dup['outcomes']}")
         if dup["anomalies"]:
             print(f"{r['backend']:9} dup-round anomalies: {dup['anomalies']}")
         print(f"{r['backend']:9} db: {r['db']}")
@@ -830,6 +837,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--polls", type=int, default=3, help="status polls after each create")
     parser.add_argument("--dup-keys", type=int, default=8,
                         help="idempotency keys shared in the duplicate round")
+    parser.add_argument("--dup-rounds", type=int, default=3,
+                        help="how many times the duplicate round is fired (new keys each time)")
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument("--pg-admin-url", default=DEFAULT_PG_ADMIN_URL,
                         help="loopback PostgreSQL URL used to create and drop the bench database")
@@ -838,8 +847,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="overall deadline: no new work starts after it")
     args = parser.parse_args(argv)
     if not 1 <= args.clients <= 512 or not 1 <= args.runs_per_client <= 1000 \
-            or not 0 <= args.polls <= 100 or not 1 <= args.dup_keys <= args.clients:
-        parser.error("out-of-range --clients / --runs-per-client / --polls / --dup-keys")
+            or not 0 <= args.polls <= 100 or not 1 <= args.dup_keys <= args.clients \
+            or not 0 <= args.dup_rounds <= 50:
+        parser.error("out-of-range --clients / --runs-per-client / --polls / --dup-keys / "
+                     "--dup-rounds")
     args.backend_list = [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = set(args.backend_list) - {"sqlite", "postgres"}
     if unknown or not args.backend_list:

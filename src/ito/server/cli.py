@@ -74,6 +74,9 @@ def serve(
     from ito.server.app import create_app
 
     settings, db = _open(database_url)
+    if not no_worker:
+        typer.echo("warning: the in-process worker is not part of this build yet; runs stay "
+                   "queued until an ito-worker leases them", err=True)
     if settings.public_url == "http://127.0.0.1:8000" and (host, port) != ("127.0.0.1", 8000):
         settings = settings.model_copy(update={"public_url": f"http://{host}:{port}"})
     uvicorn.run(create_app(settings, db), host=host, port=port, log_level=log_level,

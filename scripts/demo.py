@@ -1,0 +1,143 @@
+"""The README's main job: one gated run, end to end, on the embedded default.
+
+Everything is real and runs as separate processes: ``ito-server`` (SQLite under ./.ito-demo,
+served on a free loopback port) and the ``ito`` client. Keys travel only in the environment
+(``ITO_API_KEY``), never in arguments, and are never printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+HOME = ROOT / ".ito-demo"
+
+
+def step(title: str) -> None:
+    print(f"\n\033[1m── {title}\033[0m", flush=True)
+
+
+def run(args: list[str], env: dict[str, str], *, show: bool = True) -> dict[str, Any]:
+    shown = " ".join(a if not a.startswith("ito_") else "<key>" for a in args)
+    print(f"$ {shown}", flush=True)
+    proc = subprocess.run([str(BIN / args[0]), *args[1:], "--json"], env=env,
+                          capture_output=True, text=True, check=False)
+    envelope: dict[str, Any] = json.loads(proc.stdout)
+    print(f"  → {envelope['notice']}", flush=True)
+    if not envelope["ok"]:
+        print(json.dumps(envelope["error"], indent=2), file=sys.stderr)
+        raise SystemExit(f"demo stopped: {envelope['error']['code']}")
+    if show:
+        data = {k: v for k, v in envelope["data"].items() if k != "api_key"}
+        print("    " + json.dumps(data, indent=None)[:400], flush=True)
+    return dict(envelope["data"])
+
+
+def main() -> None:
+    shutil.rmtree(HOME, ignore_errors=True)
+    HOME.mkdir(mode=0o700)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ITO_")}
+    server_env = base | {"ITO_HOME": str(HOME)}
+
+    step("1. The desk: schema, an account, a requester and an approver key, a booking")
+    run(["ito-server", "migrate"], server_env)
+    account = run(["ito-server", "account", "create", "--name", "demo-buyer"],
+                  server_env)["account_id"]
+    requester = run(["ito-server", "key", "create", "--account", account, "--role",
+                     "requester", "--name", "agent"], server_env)["api_key"]
+    approver = run(["ito-server", "key", "create", "--account", account, "--role",
+                    "approver", "--name", "human"], server_env)["api_key"]
+    now = datetime.now(UTC)
+    booking = run(["ito-server", "booking", "create", "--account", account, "--gpu", "cpu",
+                   "--nodes", "1", "--gpus-per-node", "2", "--region", "local",
+                   "--fabric", "ethernet", "--start", (now - timedelta(minutes=5)).isoformat(),
+                   "--end", (now + timedelta(days=1)).isoformat(),
+                   "--rate-usd-per-gpu-hour", "0.50",
+                   "--storage-uri", f"file://{HOME / 'storage'}", "--state", "completed"],
+                  server_env)["booking_id"]
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    step(f"2. The canonical API on {url}")
+    log = (HOME / "server.log").open("wb")
+    server = subprocess.Popen([str(BIN / "ito-server"), "serve", "--host", "127.0.0.1",
+                               "--port", str(port)], env=server_env | {"ITO_PUBLIC_URL": url},
+                              stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_healthy(url, server)
+        client = base | {"ITO_API_URL": url, "ITO_HOME": str(HOME / "client")}
+        agent = client | {"ITO_API_KEY": requester}
+        human = client | {"ITO_API_KEY": approver}
+        manifest = HOME / "manifests" / "demo" / "manifest.json"
+
+        step("3. The agent: a reviewed manifest, eligibility, a plan (creates nothing)")
+        run(["ito", "manifest", "init", "--recipe", "demo", "--out", str(manifest.parent)],
+            client)
+        run(["ito", "bookings", "eligibility", booking], agent)
+        plan = run(["ito", "plan", "--booking", booking, "--manifest", str(manifest)], agent,
+                   show=False)
+        print(f"    ready={plan['ready']} cost=${plan['cost']['cost_usd']:.4f} "
+              f"(ceiling ${plan['cost']['ceiling_usd']}) "
+              f"stages={[s['stage'] for s in plan['stage_plan']]}")
+
+        step("4. The agent asks for a confirmation; a human approves it out of band")
+        confirmation = run(["ito", "confirm", "--action", "train", "--booking", booking,
+                            "--manifest", str(manifest)], agent, show=False)
+        ref = confirmation["confirmation_ref"]
+        print(f"    {ref}: ${confirmation['cost_usd']} bound, expires "
+              f"{confirmation['expires_at']}")
+        run(["ito", "approve", ref], human, show=False)
+
+        step("5. The agent creates the run behind the five gates (and retries safely)")
+        created = run(["ito", "train", "--booking", booking, "--manifest", str(manifest),
+                       "--confirmation-ref", ref, "--idempotency-key", "demo-run-1"], agent)
+        replay = run(["ito", "train", "--booking", booking, "--manifest", str(manifest),
+                      "--confirmation-ref", ref, "--idempotency-key", "demo-run-1"], agent,
+                     show=False)
+        assert replay["run_id"] == created["run_id"]
+
+        step("6. Status")
+        status = run(["ito", "status", "--run", created["run_id"]], agent, show=False)
+        print(f"    run {status['run_id']} is {status['state']}; events: "
+              f"{[e['kind'] for e in status['events']]}")
+        print("\nDone. The run is queued: every gate passed and nothing else was created.")
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+def _wait_healthy(url: str, server: subprocess.Popen[bytes]) -> None:
+    import httpx
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"the server exited; see {HOME / 'server.log'}")
+        try:
+            if httpx.get(url + "/v1/health", timeout=1).status_code == 200:
+                print("    healthy")
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit("the server did not become healthy within 30 s")
+
+
+if __name__ == "__main__":
+    main()
