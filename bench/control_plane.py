@@ -13,17 +13,28 @@ database that is dropped at the end) this script:
 3. **create burst**: the same clients first get the same number of confirmations approved
    (untimed), then all fire only ``POST /v1/runs`` — the gated create alone, comparable one for
    one with the baseline's insert;
-4. **duplicate round**: groups of clients fire ``POST /v1/runs`` with the same idempotency key at
-   the same moment — in "same" groups with identical bodies (exactly one run, the others replay
-   it), in "conflict" groups each with its own approved confirmation (exactly one run, the
-   others ``idempotency_key_reused`` and their confirmations left unconsumed);
-5. counts runs per idempotency key through the API and in the database (duplicates must be 0);
+4. **duplicate rounds** (``--dup-rounds``, new keys each time): groups of clients fire
+   ``POST /v1/runs`` with one shared idempotency key, each after a random delay up to
+   ``--dup-jitter-ms`` (so some arrive while the first is committing) — in "same" groups with
+   identical bodies (exactly one run; the others must replay it, retrying only on the retryable
+   ``idempotency_in_progress``), in "conflict" groups each with its own approved confirmation
+   (exactly one run; the others ``idempotency_key_reused``, their confirmations still
+   ``approved``, i.e. nothing consumed);
+5. counts runs per idempotency key through the API (``GET /v1/runs?idempotency_key=``) and in
+   the database (duplicates must be 0), and scans the server log for tracebacks and lock errors;
 6. stops the server, then serves ``bench/baseline_app.py`` (FastAPI + SQLAlchemy, one
-   ``POST /insert`` of one row, same backend) and hammers it with the same concurrency and the
-   same number of requests.
+   ``POST /insert`` of one row, same backend) and hammers it like the create burst: same
+   concurrency, same number of requests, connections opened and warmed before the clock starts.
 
-It prints a table and, last, one JSON line with every figure. Loopback only; every loop is
-bounded in count and time; every subprocess it starts is stopped in ``finally``.
+``ratio_gated_create`` = create-burst runs/s ÷ bare inserts/s (one request each);
+``ratio_full_flow`` = flow-round runs/s (about 8 requests per run) ÷ bare inserts/s. The load
+generator shares the machine's cores with the server; its own CPU time is reported beside the
+server's, and server CPU per create vs per insert is the figure least sensitive to that.
+
+It prints a table and, last, one JSON line with every figure; the exit status is 1 when a
+backend failed, a duplicate run exists or a duplicate round misbehaved. Loopback only; every
+loop is bounded in count and time (``--max-seconds``); every subprocess it starts is stopped,
+and the PostgreSQL database dropped, in ``finally``.
 
 Usage: ``.venv/bin/python bench/control_plane.py [--clients 64] [--runs-per-client 2]
 [--backends sqlite,postgres]``.
@@ -38,6 +49,7 @@ import ipaddress
 import json
 import math
 import os
+import random
 import re
 import secrets
 import shutil
@@ -434,6 +446,10 @@ async def dup_client(index: int, group: int, mode: str, shared_ref: str | None, 
         ref = shared_ref if mode == "same" else await confirm_and_approve(client, rec, s)
         await ready.wait()
         await go.wait()
+        if args.dup_jitter_ms > 0:
+            # Spread the identical requests over a short window, as retries of a request still
+            # in flight would arrive, so some land while the first one is committing.
+            await asyncio.sleep(random.uniform(0.0, args.dup_jitter_ms / 1000.0))
         outcome: dict[str, Any] = {"client": index, "group": group, "mode": mode, "ref": ref,
                                    "key": key}
         if ref is None:
@@ -839,6 +855,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="idempotency keys shared in the duplicate round")
     parser.add_argument("--dup-rounds", type=int, default=3,
                         help="how many times the duplicate round is fired (new keys each time)")
+    parser.add_argument("--dup-jitter-ms", type=float, default=50.0,
+                        help="each duplicate-round request starts after a random delay up to "
+                        "this (0: all at once)")
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument("--pg-admin-url", default=DEFAULT_PG_ADMIN_URL,
                         help="loopback PostgreSQL URL used to create and drop the bench database")
@@ -848,7 +867,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not 1 <= args.clients <= 512 or not 1 <= args.runs_per_client <= 1000 \
             or not 0 <= args.polls <= 100 or not 1 <= args.dup_keys <= args.clients \
-            or not 0 <= args.dup_rounds <= 50:
+            or not 0 <= args.dup_rounds <= 50 or not 0 <= args.dup_jitter_ms <= 5000:
         parser.error("out-of-range --clients / --runs-per-client / --polls / --dup-keys / "
                      "--dup-rounds")
     args.backend_list = [b.strip() for b in args.backends.split(",") if b.strip()]

@@ -247,8 +247,8 @@ def confirm(
                                  "--manifest"))
         read = _read(manifest)
         client = _client()
-        _api(client, "POST", "/v1/manifests", content=read.raw, mutation=True)
-        body |= {"booking_id": booking, "manifest_id": read.digest}
+        body |= {"booking_id": booking, "manifest_id": read.digest,
+                 "manifest_b64": base64.b64encode(read.raw).decode()}
     else:
         if not run or booking or manifest:
             _local_fail(ItoError("invalid_arguments", f"--action {action} needs --run only"))

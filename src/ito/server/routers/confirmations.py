@@ -8,7 +8,14 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from ito.core.envelope import ok_envelope
-from ito.server.routers.deps import Approver, Requester, RequesterOrApprover, State
+from ito.core.manifest import MANIFEST_MAX_BYTES
+from ito.server.routers.deps import (
+    Approver,
+    Requester,
+    RequesterOrApprover,
+    State,
+    decode_manifest_b64,
+)
 from ito.server.services.confirmations import (
     confirmation_dict,
     decide_confirmation,
@@ -27,6 +34,8 @@ class ConfirmationRequest(BaseModel):
     run_id: str | None = None
     checkpoint_step: int | None = None
     ttl_seconds: int | None = Field(default=None, ge=1)
+    manifest_b64: str | None = Field(default=None, max_length=2 * MANIFEST_MAX_BYTES)
+    """The manifest's bytes; stored with the confirmation if the server lacks them."""
 
 
 @router.post("")
@@ -35,11 +44,12 @@ def confirmations_create(body: ConfirmationRequest, caller: Requester,
     ttl = state.settings.confirmation_ttl_seconds
     if body.ttl_seconds is not None:
         ttl = min(ttl, body.ttl_seconds)
+    raw = decode_manifest_b64(body.manifest_b64) if body.manifest_b64 is not None else None
     with state.db.write() as session:
         confirmation = request_confirmation(
             session, caller, action=body.action, ttl_seconds=ttl, booking_id=body.booking_id,
             manifest_digest=body.manifest_id, run_id=body.run_id,
-            checkpoint_step=body.checkpoint_step)
+            checkpoint_step=body.checkpoint_step, manifest_raw=raw)
         data = confirmation_dict(confirmation, state.settings.public_url)
     return ok_envelope(data, "confirmation requested and pending; a human approver must approve "
                        "it out of band. The reference alone authorizes nothing")

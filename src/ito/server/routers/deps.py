@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from ito.core.errors import ItoError
+from ito.core.manifest import MANIFEST_MAX_BYTES
 from ito.server.services.credentials import AuthContext, authenticate
 from ito.server.state import AppState
 
-__all__ = ["Caller", "State", "read_bounded_body", "require"]
+__all__ = ["Caller", "State", "decode_manifest_b64", "read_bounded_body", "require"]
 
 
 def _state(request: Request) -> AppState:
@@ -49,6 +52,17 @@ Requester = Annotated[AuthContext, Depends(require("requester"))]
 Approver = Annotated[AuthContext, Depends(require("approver"))]
 Desk = Annotated[AuthContext, Depends(require("desk"))]
 RequesterOrApprover = Annotated[AuthContext, Depends(require("requester", "approver"))]
+
+
+def decode_manifest_b64(value: str) -> bytes:
+    """Manifest bytes sent inside a JSON body, bounded like an upload."""
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ItoError("invalid_arguments", "manifest bytes are not base64") from None
+    if len(raw) > MANIFEST_MAX_BYTES:
+        raise ItoError("manifest_too_large", max_bytes=MANIFEST_MAX_BYTES)
+    return raw
 
 
 async def read_bounded_body(request: Request, limit: int, code: str) -> bytes:

@@ -9,7 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from ito.core.envelope import ok_envelope
 from ito.core.errors import ItoError
-from ito.core.manifest import MANIFEST_MAX_BYTES
+from ito.core.manifest import MANIFEST_MAX_BYTES, manifest_digest
 from ito.server.routers.deps import Requester, State, read_bounded_body
 from ito.server.services.manifests import find_manifest, manifest_dict, store_manifest
 from ito.server.services.plans import plan_run
@@ -22,6 +22,10 @@ async def manifests_upload(request: Request, caller: Requester, state: State) ->
     raw = await read_bounded_body(request, MANIFEST_MAX_BYTES, "manifest_too_large")
 
     def work() -> tuple[dict[str, Any], bool]:
+        with state.db.read() as session:
+            known = find_manifest(session, caller.account_id, manifest_digest(raw))
+            if known is not None:
+                return manifest_dict(known), False
         with state.db.write() as session:
             row, created = store_manifest(session, caller.account_id, raw)
             return manifest_dict(row), created

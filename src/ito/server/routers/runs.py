@@ -8,7 +8,8 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from ito.core.envelope import ok_envelope
-from ito.server.routers.deps import Requester, State
+from ito.core.manifest import MANIFEST_MAX_BYTES
+from ito.server.routers.deps import Requester, State, decode_manifest_b64
 from ito.server.services.runs import (
     CreateRunRequest,
     create_run,
@@ -28,7 +29,7 @@ class RunCreateBody(BaseModel):
     manifest_id: str = Field(min_length=1, max_length=80)
     confirmation_ref: str = Field(min_length=1, max_length=64)
     idempotency_key: str
-    manifest_b64: str | None = None
+    manifest_b64: str | None = Field(default=None, max_length=2 * MANIFEST_MAX_BYTES)
 
 
 @router.post("")
@@ -36,7 +37,8 @@ def runs_create(body: RunCreateBody, caller: Requester, state: State) -> dict[st
     result = create_run(state.db, caller, state.pepper, CreateRunRequest(
         booking_id=body.booking_id, manifest_digest=body.manifest_id,
         confirmation_ref=body.confirmation_ref, idempotency_key=body.idempotency_key,
-        manifest_b64=body.manifest_b64))
+        manifest_raw=decode_manifest_b64(body.manifest_b64)
+        if body.manifest_b64 is not None else None))
     data = result.data | {"replayed": result.replayed}
     if result.replayed:
         notice = "replay: this idempotency key already created this run; nothing new was created"

@@ -20,11 +20,13 @@ from sqlalchemy.orm import Session
 
 from ito.core.errors import ItoError
 from ito.core.gates import check_eligibility, check_resources
+from ito.core.manifest import manifest_digest as _digest
+from ito.core.manifest import parse_manifest
 from ito.core.states import ConfirmationAction, ConfirmationState, RunState
 from ito.server.ids import new_id
 from ito.server.services.bookings import booking_dict, booking_view, get_booking
 from ito.server.services.credentials import AuthContext, hmac_hex
-from ito.server.services.manifests import load_manifest
+from ito.server.services.manifests import load_manifest, store_manifest
 from ito.server.store.tables import Confirmation, Run, utcnow
 
 __all__ = [
@@ -41,7 +43,10 @@ def request_confirmation(
     session: Session, ctx: AuthContext, *, action: str, ttl_seconds: int,
     booking_id: str | None = None, manifest_digest: str | None = None,
     run_id: str | None = None, checkpoint_step: int | None = None,
+    manifest_raw: bytes | None = None,
 ) -> Confirmation:
+    """A pending confirmation. For ``train.create`` the manifest may come along as bytes; it is
+    then stored in this same transaction, so a refused request leaves nothing behind."""
     try:
         act = ConfirmationAction(action)
     except ValueError:
@@ -57,7 +62,15 @@ def request_confirmation(
         view = booking_view(booking)
         # Stale, revoked, released or incomplete bookings fail closed before any confirmation.
         check_eligibility(view, now)
-        row, manifest = load_manifest(session, ctx.account_id, manifest_digest)
+        # Stored in this transaction: if any later check refuses, the row goes with it.
+        if manifest_raw is not None:
+            if _digest(manifest_raw) != manifest_digest:
+                raise ItoError("manifest_digest_mismatch", "the manifest bytes do not hash to "
+                               "the presented digest")
+            row, _ = store_manifest(session, ctx.account_id, manifest_raw)
+        else:
+            row, _ = load_manifest(session, ctx.account_id, manifest_digest)
+        manifest = parse_manifest(row.content)
         result = check_resources(manifest, view, now)
         cost = max(0.01, math.ceil(result.estimate.cost_usd * 100) / 100)
         target_id = booking.id

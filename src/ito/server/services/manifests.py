@@ -16,11 +16,12 @@ __all__ = ["find_manifest", "load_manifest", "manifest_dict", "store_manifest"]
 
 def store_manifest(session: Session, account_id: str, raw: bytes) -> tuple[ManifestRow, bool]:
     """Validate and store; the same bytes again are a no-op. Returns (row, created)."""
-    manifest = parse_manifest(raw)
     digest = manifest_digest(raw)
     existing = find_manifest(session, account_id, digest)
     if existing is not None:
+        # Same digest, same bytes: already validated when first stored.
         return existing, False
+    manifest = parse_manifest(raw)
     row = ManifestRow(account_id=account_id, digest=digest, content=raw, size_bytes=len(raw),
                       summary=manifest_summary(manifest))
     session.add(row)

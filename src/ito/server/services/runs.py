@@ -8,8 +8,6 @@ fingerprint replays that run before any gate is looked at.
 
 from __future__ import annotations
 
-import base64
-import binascii
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +61,7 @@ class CreateRunRequest:
     manifest_digest: str
     confirmation_ref: str
     idempotency_key: str
-    manifest_b64: str | None = None
+    manifest_raw: bytes | None = None
     """The manifest's bytes, sent only when the server did not have them."""
 
 
@@ -173,16 +171,12 @@ def _create_in_transaction(
 
 
 def _decode_manifest(req: CreateRunRequest) -> bytes | None:
-    if req.manifest_b64 is None:
+    if req.manifest_raw is None:
         return None
-    try:
-        raw = base64.b64decode(req.manifest_b64, validate=True)
-    except (binascii.Error, ValueError):
-        raise ItoError("invalid_arguments", "manifest bytes are not base64") from None
-    if manifest_digest(raw) != req.manifest_digest:
+    if manifest_digest(req.manifest_raw) != req.manifest_digest:
         raise ItoError("manifest_digest_mismatch", "the manifest bytes do not hash to the "
                        "presented digest")
-    return raw
+    return req.manifest_raw
 
 
 def _confirmation_for(session: Session, account_id: str, ref: str) -> Confirmation:
