@@ -7,19 +7,19 @@ before any network call. Heavy modules are never imported: ``ito --help`` starts
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 
 from ito.client.capabilities import capabilities as capability_contract
 from ito.client.config import ClientConfig, load_config
+from ito.client.credentials import resolve_token
+from ito.client.operations import Operations
 from ito.client.secure_file import SecureRead, read_manifest_securely
-from ito.client.transport import ApiClient, ApiRefusal, TransportFailure
 from ito.console import Output, run_app
 from ito.core.envelope import ok_envelope
 from ito.core.errors import ItoError
@@ -34,35 +34,8 @@ app.add_typer(manifest_app, name="manifest")
 app.add_typer(runs_app, name="runs")
 app.add_typer(bookings_app, name="bookings")
 
-ACTIONS = {"train": "train.create", "cancel": "run.cancel", "cleanup": "run.cleanup",
-           "restart": "run.restart_from_checkpoint"}
-
-
-# --- plumbing ------------------------------------------------------------------------------------
-
-def _client() -> ApiClient:
-    return ApiClient(load_config())
-
-
-def _api(client: ApiClient, method: str, path: str, *, mutation: bool = False,
-         **kwargs: Any) -> dict[str, Any]:
-    """The ok envelope, or finish the command with the API's refusal or the transport error."""
-    try:
-        return client.request(method, path, mutation=mutation, **kwargs)
-    except ApiRefusal as refusal:
-        Output.finish(refusal.envelope)
-    except TransportFailure as failure:
-        _transport_failed(failure, mutation)
-
-
-def _transport_failed(failure: TransportFailure, mutation: bool) -> NoReturn:
-    if not failure.live_api_contacted:
-        notice = "the API could not be reached; nothing was sent"
-    elif mutation:
-        notice = "the request may have been applied but no answer came back"
-    else:
-        notice = "the API did not answer in time; nothing was changed"
-    Output.fail(failure.error, live_api_contacted=failure.live_api_contacted, notice=notice)
+def _local_fail(error: ItoError) -> NoReturn:
+    Output.fail(error, live_api_contacted=False)
 
 
 def _read(path: str) -> SecureRead:
@@ -71,10 +44,6 @@ def _read(path: str) -> SecureRead:
     except ItoError as exc:
         Output.fail(exc, live_api_contacted=False, notice="the manifest was refused before "
                     "anything was sent; nothing was created")
-
-
-def _local_fail(error: ItoError) -> NoReturn:
-    Output.fail(error, live_api_contacted=False)
 
 
 # --- local commands ------------------------------------------------------------------------------
@@ -90,11 +59,12 @@ def capabilities() -> None:
 def config() -> None:
     """Print the configuration in effect (the key only by its public prefix)."""
     cfg: ClientConfig = load_config()
+    token, source = resolve_token(cfg.api_url)
     Output.finish(ok_envelope({
         "api_url": cfg.api_url, "connect_timeout_s": cfg.connect_timeout,
         "timeout_s": cfg.timeout,
-        "credential": {"source": "ITO_API_KEY" if cfg.api_key else None,
-                       "key_prefix": cfg.key_prefix},
+        "credential": {"source": source,
+                       "key_prefix": "_".join(token.split("_")[:3]) if token else None},
     }, "configuration from the environment; nothing was sent", live_api_contacted=False))
 
 
@@ -166,11 +136,16 @@ def manifest_validate(path: str) -> None:
 
 # --- API commands --------------------------------------------------------------------------------
 
+def _ops() -> Operations:
+    config = load_config()
+    token, _ = resolve_token(config.api_url)
+    return Operations(config, token)
+
+
 @app.command()
 def auth() -> None:
-    """Validate the credential in use; never starts a login."""
-    client = _client()
-    Output.finish(_api(client, "GET", "/v1/me"))
+    """Validate the credential in use (ITO_API_KEY or the stored login); never starts a login."""
+    Output.finish(_ops().auth())
 
 
 @app.command()
@@ -180,37 +155,25 @@ def status(
                                                         "with.")] = None,
 ) -> None:
     """This account's bookings and recent runs, or one run."""
-    if run and idempotency_key:
-        _local_fail(ItoError("invalid_arguments", "give --run or --idempotency-key, not both"))
-    client = _client()
-    if run:
-        Output.finish(_api(client, "GET", f"/v1/runs/{run}"))
-    if idempotency_key is not None:
-        envelope = _api(client, "GET", "/v1/runs", params={"idempotency_key": idempotency_key})
-        runs = envelope["data"]["runs"]
-        if not runs:
-            Output.fail(ItoError("run_not_found", "no run has this idempotency key"),
-                        live_api_contacted=True, notice="no run was found; nothing was changed")
-        Output.finish(ok_envelope(runs[0], f"run {runs[0]['run_id']} is {runs[0]['state']}"))
-    Output.finish(_api(client, "GET", "/v1/status"))
+    Output.finish(_ops().status(run=run, idempotency_key=idempotency_key))
 
 
 @bookings_app.command("list")
 def bookings_list() -> None:
     """Bookings of this account."""
-    Output.finish(_api(_client(), "GET", "/v1/bookings"))
+    Output.finish(_ops().bookings())
 
 
 @bookings_app.command("show")
 def bookings_show(booking: str) -> None:
     """One booking."""
-    Output.finish(_api(_client(), "GET", f"/v1/bookings/{booking}"))
+    Output.finish(_ops().bookings(booking))
 
 
 @bookings_app.command("eligibility")
 def bookings_eligibility(booking: str) -> None:
     """Fresh training eligibility of a booking."""
-    Output.finish(_api(_client(), "GET", f"/v1/bookings/{booking}/eligibility"))
+    Output.finish(_ops().bookings(booking, eligibility=True))
 
 
 @app.command()
@@ -219,10 +182,7 @@ def plan(
     manifest: Annotated[str, typer.Option(help="Absolute path of the reviewed manifest.")],
 ) -> None:
     """What creating the run would do, and cost. Creates nothing."""
-    read = _read(manifest)
-    client = _client()
-    Output.finish(_api(client, "POST", "/v1/plans", params={"booking_id": booking},
-                       content=read.raw))
+    Output.finish(_ops().plan(booking, manifest))
 
 
 @app.command()
@@ -236,39 +196,20 @@ def confirm(
                                                     "server's default.")] = None,
 ) -> None:
     """Request a single-use confirmation; a human approves it out of band."""
-    if action not in ACTIONS:
-        _local_fail(ItoError("invalid_arguments", f"action must be one of {sorted(ACTIONS)}"))
-    body: dict[str, Any] = {"action": ACTIONS[action]}
-    if ttl_seconds is not None:
-        body["ttl_seconds"] = ttl_seconds
-    if action == "train":
-        if not booking or not manifest or run:
-            _local_fail(ItoError("invalid_arguments", "--action train needs --booking and "
-                                 "--manifest"))
-        read = _read(manifest)
-        client = _client()
-        body |= {"booking_id": booking, "manifest_id": read.digest,
-                 "manifest_b64": base64.b64encode(read.raw).decode()}
-    else:
-        if not run or booking or manifest:
-            _local_fail(ItoError("invalid_arguments", f"--action {action} needs --run only"))
-        body["run_id"] = run
-        if checkpoint is not None:
-            body["checkpoint_step"] = checkpoint
-        client = _client()
-    Output.finish(_api(client, "POST", "/v1/confirmations", json=body, mutation=True))
+    Output.finish(_ops().confirm(action, booking=booking, manifest=manifest, run=run,
+                                 checkpoint=checkpoint, ttl_seconds=ttl_seconds))
 
 
 @app.command()
 def approve(ref: str) -> None:
     """Approve a confirmation (approver credential only)."""
-    Output.finish(_api(_client(), "POST", f"/v1/confirmations/{ref}/approve", mutation=True))
+    Output.finish(_ops().decide(ref, approve=True))
 
 
 @app.command()
 def reject(ref: str) -> None:
     """Reject a confirmation (approver credential only)."""
-    Output.finish(_api(_client(), "POST", f"/v1/confirmations/{ref}/reject", mutation=True))
+    Output.finish(_ops().decide(ref, approve=False))
 
 
 @app.command()
@@ -279,53 +220,7 @@ def train(
     idempotency_key: Annotated[str, typer.Option(help="Your stable retry key.")],
 ) -> None:
     """Create a run behind the five gates. Retrying with the same key never makes a second."""
-    from ito.core.gates import validate_idempotency_key
-
-    try:
-        validate_idempotency_key(idempotency_key)
-    except ItoError as exc:
-        _local_fail(exc)
-    read = _read(manifest)
-    client = _client()
-    body: dict[str, Any] = {"booking_id": booking, "manifest_id": read.digest,
-                            "confirmation_ref": confirmation_ref,
-                            "idempotency_key": idempotency_key}
-    try:
-        client.request("GET", f"/v1/manifests/{read.digest}")
-    except ApiRefusal as refusal:
-        if refusal.code != "manifest_not_found":
-            Output.finish(refusal.envelope)
-        body["manifest_b64"] = base64.b64encode(read.raw).decode()
-    except TransportFailure as failure:
-        _transport_failed(failure, mutation=False)
-    try:
-        Output.finish(client.request("POST", "/v1/runs", json=body, mutation=True))
-    except ApiRefusal as refusal:
-        Output.finish(refusal.envelope)
-    except TransportFailure as failure:
-        if failure.error.code != "transport_ambiguous":
-            _transport_failed(failure, mutation=True)
-        _recover_lost_create(client, idempotency_key)
-
-
-def _recover_lost_create(client: ApiClient, key: str) -> NoReturn:
-    """The create may have committed: look the run up by its key before anything else."""
-    try:
-        envelope = client.request("GET", "/v1/runs", params={"idempotency_key": key})
-    except (ApiRefusal, TransportFailure):
-        envelope = None
-    runs = envelope["data"]["runs"] if envelope else []
-    if runs:
-        run = runs[0]
-        Output.finish(ok_envelope(
-            {"booking_id": run["booking_id"], "run_id": run["run_id"],
-             "manifest_id": run["manifest_id"], "idempotency_key": key, "state": run["state"],
-             "stage": run["stage"], "replayed": True, "recovered_after_lost_response": True},
-            "the response was lost; the run was found by its idempotency key (no second run "
-            "was created)"))
-    Output.fail(ItoError("transport_ambiguous", idempotency_key=key), live_api_contacted=True,
-                notice="the request may have been applied; retry 'ito train' with the same "
-                       "--idempotency-key to get the one run")
+    Output.finish(_ops().train(booking, manifest, confirmation_ref, idempotency_key))
 
 
 @runs_app.command("list")
@@ -334,16 +229,13 @@ def runs_list(
     limit: Annotated[int, typer.Option(help="Most recent N runs.")] = 50,
 ) -> None:
     """Runs of this account, newest first."""
-    params: dict[str, Any] = {"limit": limit}
-    if booking:
-        params["booking_id"] = booking
-    Output.finish(_api(_client(), "GET", "/v1/runs", params=params))
+    Output.finish(_ops().runs(booking=booking, limit=limit))
 
 
 @runs_app.command("show")
 def runs_show(run: str) -> None:
     """One run with its state events."""
-    Output.finish(_api(_client(), "GET", f"/v1/runs/{run}"))
+    Output.finish(_ops().runs(run))
 
 
 # --- entry point ---------------------------------------------------------------------------------

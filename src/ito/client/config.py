@@ -1,8 +1,8 @@
 """Client configuration, from the environment only (never from arguments: no secret there).
 
-``ITO_API_URL`` (default ``http://127.0.0.1:8000``), ``ITO_API_KEY`` (the one way to pass a key
-non-interactively), ``ITO_CONNECT_TIMEOUT`` (seconds, default 5) and ``ITO_TIMEOUT`` (overall
-deadline of one request in seconds, default 30).
+``ITO_API_URL`` (default ``http://127.0.0.1:8000``), ``ITO_CONNECT_TIMEOUT`` (seconds,
+default 5) and ``ITO_TIMEOUT`` (overall deadline of one request in seconds, default 30). The
+credential is resolved separately (:mod:`ito.client.credentials`).
 """
 
 from __future__ import annotations
@@ -22,16 +22,8 @@ DEFAULT_TIMEOUT = 30.0
 @dataclass(frozen=True)
 class ClientConfig:
     api_url: str
-    api_key: str | None
     connect_timeout: float
     timeout: float
-
-    @property
-    def key_prefix(self) -> str | None:
-        """The public part of the key, safe to print."""
-        if not self.api_key:
-            return None
-        return "_".join(self.api_key.split("_")[:3])
 
 
 def _seconds(name: str, default: float) -> float:
@@ -53,5 +45,5 @@ def load_config() -> ClientConfig:
         raise ItoError("client_not_configured", "ITO_API_URL must be an http(s) URL")
     connect = _seconds("ITO_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT)
     overall = _seconds("ITO_TIMEOUT", DEFAULT_TIMEOUT)
-    return ClientConfig(api_url=url.rstrip("/"), api_key=os.environ.get("ITO_API_KEY") or None,
-                        connect_timeout=connect, timeout=max(overall, connect))
+    return ClientConfig(api_url=url.rstrip("/"), connect_timeout=connect,
+                        timeout=max(overall, connect))

@@ -41,11 +41,9 @@ class ApiRefusal(Exception):
 
 
 class ApiClient:
-    def __init__(self, config: ClientConfig, *, require_key: bool = True) -> None:
-        if require_key and not config.api_key:
-            raise ItoError("not_authenticated", "no credential: set ITO_API_KEY or run "
-                           "'ito login'")
+    def __init__(self, config: ClientConfig, token: str | None) -> None:
         self.config = config
+        self.token = token
 
     def request(self, method: str, path: str, *, json: Any = None, content: bytes | None = None,
                 params: dict[str, Any] | None = None, mutation: bool = False) -> dict[str, Any]:
@@ -56,8 +54,8 @@ class ApiClient:
                     params: dict[str, Any] | None, mutation: bool) -> dict[str, Any]:
         cfg = self.config
         headers = {"user-agent": f"ito/{__version__}", "accept": "application/json"}
-        if cfg.api_key:
-            headers["authorization"] = f"Bearer {cfg.api_key}"
+        if self.token:
+            headers["authorization"] = f"Bearer {self.token}"
         if content is not None:
             headers["content-type"] = "application/octet-stream"
         timeout = httpx.Timeout(cfg.timeout, connect=cfg.connect_timeout)

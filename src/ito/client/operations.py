@@ -1,0 +1,241 @@
+"""Every client operation, returning its §4 envelope — the one implementation behind ``ito``
+(which prints it) and ``ito-mcp`` (which returns it as a tool result).
+
+An operation never raises for anything a user, the API or the network can cause: a refusal is
+an error envelope with ``live_api_contacted`` telling whether any byte may have reached the API.
+Manifests are read securely (§6.1) before any network call. A lost response to ``train`` is
+resolved by looking the run up by its idempotency key (§6.2), never by creating again.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ito.client.config import ClientConfig
+from ito.client.secure_file import SecureRead, read_manifest_securely
+from ito.client.transport import ApiClient, ApiRefusal, TransportFailure
+from ito.core.envelope import error_envelope, ok_envelope
+from ito.core.errors import ItoError
+
+__all__ = ["ACTIONS", "Envelope", "Operations"]
+
+Envelope = dict[str, Any]
+ACTIONS = {"train": "train.create", "cancel": "run.cancel", "cleanup": "run.cleanup",
+           "restart": "run.restart_from_checkpoint"}
+_F = TypeVar("_F", bound=Callable[..., Envelope])
+
+
+class _Stop(Exception):
+    """Carries the final envelope out of an operation."""
+
+    def __init__(self, envelope: Envelope) -> None:
+        super().__init__(envelope.get("notice"))
+        self.envelope = envelope
+
+
+def _operation(method: _F) -> _F:
+    def wrapper(*args: Any, **kwargs: Any) -> Envelope:
+        try:
+            return method(*args, **kwargs)
+        except _Stop as stop:
+            return stop.envelope
+        except ItoError as exc:
+            return error_envelope(exc, "refused before anything was sent; nothing was created",
+                                  live_api_contacted=False)
+
+    wrapper.__name__ = method.__name__
+    wrapper.__doc__ = method.__doc__
+    return wrapper  # type: ignore[return-value]
+
+
+def _local_refusal(error: ItoError, notice: str | None = None) -> _Stop:
+    return _Stop(error_envelope(error, notice or "refused before anything was sent; nothing "
+                                "was created", live_api_contacted=False))
+
+
+def _transport_stop(failure: TransportFailure, mutation: bool) -> _Stop:
+    if not failure.live_api_contacted:
+        notice = "the API could not be reached; nothing was sent"
+    elif mutation:
+        notice = "the request may have been applied but no answer came back"
+    else:
+        notice = "the API did not answer in time; nothing was changed"
+    return _Stop(error_envelope(failure.error, notice,
+                                live_api_contacted=failure.live_api_contacted))
+
+
+class Operations:
+    """The canonical client's operations for one configuration and credential."""
+
+    def __init__(self, config: ClientConfig, token: str | None) -> None:
+        self.config = config
+        self.token = token
+
+    # --- plumbing -------------------------------------------------------------------------
+
+    def _client(self) -> ApiClient:
+        if not self.token:
+            raise _local_refusal(ItoError("not_authenticated", "no credential: set ITO_API_KEY "
+                                          "or run 'ito login'"), "nothing was sent")
+        return ApiClient(self.config, self.token)
+
+    def _call(self, method: str, path: str, *, mutation: bool = False,
+              **kwargs: Any) -> Envelope:
+        client = self._client()
+        try:
+            return client.request(method, path, mutation=mutation, **kwargs)
+        except ApiRefusal as refusal:
+            raise _Stop(refusal.envelope) from None
+        except TransportFailure as failure:
+            raise _transport_stop(failure, mutation) from None
+
+    @staticmethod
+    def _read(path: str) -> SecureRead:
+        try:
+            return read_manifest_securely(path)
+        except ItoError as exc:
+            raise _local_refusal(exc, "the manifest was refused before anything was sent; "
+                                 "nothing was created") from None
+
+    # --- reads ----------------------------------------------------------------------------
+
+    @_operation
+    def auth(self) -> Envelope:
+        """Validate the credential in use; never starts a login."""
+        return self._call("GET", "/v1/me")
+
+    @_operation
+    def status(self, run: str | None = None, idempotency_key: str | None = None) -> Envelope:
+        """This account's bookings and recent runs, or one run."""
+        if run and idempotency_key:
+            raise _local_refusal(ItoError("invalid_arguments", "give a run or an idempotency "
+                                          "key, not both"))
+        if run:
+            return self._call("GET", f"/v1/runs/{run}")
+        if idempotency_key is not None:
+            runs = self._call("GET", "/v1/runs",
+                              params={"idempotency_key": idempotency_key})["data"]["runs"]
+            if not runs:
+                raise _Stop(error_envelope(ItoError("run_not_found", "no run has this "
+                                                    "idempotency key"),
+                                           "no run was found; nothing was changed",
+                                           live_api_contacted=True))
+            return ok_envelope(runs[0], f"run {runs[0]['run_id']} is {runs[0]['state']}")
+        return self._call("GET", "/v1/status")
+
+    @_operation
+    def bookings(self, booking: str | None = None, eligibility: bool = False) -> Envelope:
+        """Bookings of this account, one booking, or its fresh eligibility."""
+        if booking is None:
+            return self._call("GET", "/v1/bookings")
+        suffix = "/eligibility" if eligibility else ""
+        return self._call("GET", f"/v1/bookings/{booking}{suffix}")
+
+    @_operation
+    def runs(self, run: str | None = None, booking: str | None = None,
+             limit: int = 50) -> Envelope:
+        """Runs of this account (newest first), or one run with its events."""
+        if run is not None:
+            return self._call("GET", f"/v1/runs/{run}")
+        params: dict[str, Any] = {"limit": limit}
+        if booking:
+            params["booking_id"] = booking
+        return self._call("GET", "/v1/runs", params=params)
+
+    @_operation
+    def plan(self, booking: str, manifest: str) -> Envelope:
+        """What creating the run would do, and cost. Creates nothing."""
+        read = self._read(manifest)
+        return self._call("POST", "/v1/plans", params={"booking_id": booking},
+                          content=read.raw)
+
+    # --- requests and mutations -----------------------------------------------------------
+
+    @_operation
+    def confirm(self, action: str, booking: str | None = None, manifest: str | None = None,
+                run: str | None = None, checkpoint: int | None = None,
+                ttl_seconds: int | None = None) -> Envelope:
+        """Request a single-use confirmation; a human approves it out of band."""
+        if action not in ACTIONS:
+            raise _local_refusal(ItoError("invalid_arguments",
+                                          f"action must be one of {sorted(ACTIONS)}"))
+        body: dict[str, Any] = {"action": ACTIONS[action]}
+        if ttl_seconds is not None:
+            body["ttl_seconds"] = ttl_seconds
+        if action == "train":
+            if not booking or not manifest or run:
+                raise _local_refusal(ItoError("invalid_arguments", "a train confirmation "
+                                              "needs a booking and a manifest"))
+            read = self._read(manifest)
+            body |= {"booking_id": booking, "manifest_id": read.digest,
+                     "manifest_b64": base64.b64encode(read.raw).decode()}
+        else:
+            if not run or booking or manifest:
+                raise _local_refusal(ItoError("invalid_arguments",
+                                              f"a {action} confirmation names a run only"))
+            body["run_id"] = run
+            if checkpoint is not None:
+                body["checkpoint_step"] = checkpoint
+        return self._call("POST", "/v1/confirmations", json=body, mutation=True)
+
+    @_operation
+    def decide(self, ref: str, approve: bool) -> Envelope:
+        """Approve or reject a confirmation (approver credential only; never an MCP tool)."""
+        verb = "approve" if approve else "reject"
+        return self._call("POST", f"/v1/confirmations/{ref}/{verb}", mutation=True)
+
+    @_operation
+    def train(self, booking: str, manifest: str, confirmation_ref: str,
+              idempotency_key: str) -> Envelope:
+        """Create a run behind the five gates; a retry with the same key returns the same run."""
+        from ito.core.gates import validate_idempotency_key
+
+        validate_idempotency_key(idempotency_key)
+        read = self._read(manifest)
+        client = self._client()
+        body: dict[str, Any] = {"booking_id": booking, "manifest_id": read.digest,
+                                "confirmation_ref": confirmation_ref,
+                                "idempotency_key": idempotency_key}
+        try:
+            client.request("GET", f"/v1/manifests/{read.digest}")
+        except ApiRefusal as refusal:
+            if refusal.code != "manifest_not_found":
+                raise _Stop(refusal.envelope) from None
+            body["manifest_b64"] = base64.b64encode(read.raw).decode()
+        except TransportFailure as failure:
+            raise _transport_stop(failure, mutation=False) from None
+        try:
+            return client.request("POST", "/v1/runs", json=body, mutation=True)
+        except ApiRefusal as refusal:
+            raise _Stop(refusal.envelope) from None
+        except TransportFailure as failure:
+            if failure.error.code != "transport_ambiguous":
+                raise _transport_stop(failure, mutation=True) from None
+            return self._recover_lost_create(client, idempotency_key)
+
+    def _recover_lost_create(self, client: ApiClient, key: str) -> Envelope:
+        """The create may have committed: look the run up by its key before anything else."""
+        try:
+            envelope = client.request("GET", "/v1/runs", params={"idempotency_key": key})
+        except ApiRefusal as refusal:
+            if refusal.code == "credential_revoked":
+                raise _Stop(refusal.envelope) from None
+            envelope = None
+        except TransportFailure:
+            envelope = None
+        runs = envelope["data"]["runs"] if envelope else []
+        if runs:
+            run = runs[0]
+            return ok_envelope(
+                {"booking_id": run["booking_id"], "run_id": run["run_id"],
+                 "manifest_id": run["manifest_id"], "idempotency_key": key,
+                 "state": run["state"], "stage": run["stage"], "replayed": True,
+                 "recovered_after_lost_response": True},
+                "the response was lost; the run was found by its idempotency key (no second "
+                "run was created)")
+        raise _Stop(error_envelope(
+            ItoError("transport_ambiguous", idempotency_key=key),
+            "the request may have been applied; retry with the same idempotency key to get the "
+            "one run", live_api_contacted=True))
