@@ -97,6 +97,14 @@ REGISTRY: dict[str, ErrorSpec] = {
     "run_not_cancellable": _s(409, "the run cannot be cancelled in its current state"),
     "invalid_transition": _s(409, "that state change is not allowed"),
     "rate_limited": _s(429, "too many requests", True),
+    # --- device login (RFC 8628 §3.5 error responses) and web sign-in ------------------------
+    "authorization_pending": _s(400, "the device code has not been approved yet", True),
+    "slow_down": _s(429, "polling too fast; wait longer between polls", True),
+    "access_denied": _s(403, "the device login was denied"),
+    "device_code_expired": _s(410, "the device code expired; start the login again"),
+    "device_code_not_found": _s(404, "unknown device code"),
+    "invalid_credentials": _s(401, "wrong email or password"),
+    "csrf_failed": _s(403, "the form's CSRF token is missing or wrong"),
     "store_busy": _s(503, "the store is busy; retry", True),
     "store_not_migrated": _s(503, "the database schema is not at the expected version; run "
                              "'ito-server migrate'"),
