@@ -143,6 +143,29 @@ def _ops() -> Operations:
 
 
 @app.command()
+def login(
+    no_browser: Annotated[bool, typer.Option("--no-browser", help="Print the URL instead of "
+                                             "opening a browser.")] = False,
+) -> None:
+    """Sign in with the device authorization grant; the token goes to the OS keyring."""
+    from ito.client.login import device_login
+
+    def announce(message: str) -> None:
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+
+    Output.finish(device_login(load_config(), open_browser=not no_browser, announce=announce))
+
+
+@app.command()
+def logout() -> None:
+    """Revoke the stored login on the server, then delete it here."""
+    from ito.client.login import logout as do_logout
+
+    Output.finish(do_logout(load_config()))
+
+
+@app.command()
 def auth() -> None:
     """Validate the credential in use (ITO_API_KEY or the stored login); never starts a login."""
     Output.finish(_ops().auth())
