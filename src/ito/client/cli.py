@@ -261,6 +261,72 @@ def runs_show(run: str) -> None:
     Output.finish(_ops().runs(run))
 
 
+@runs_app.command("logs")
+def runs_logs(
+    run: str,
+    since: Annotated[int, typer.Option(help="Cursor: only lines after it.")] = 0,
+    follow: Annotated[bool, typer.Option("--follow", help="Keep printing until the run "
+                                         "ends.")] = False,
+) -> None:
+    """Log lines of a run, in stable cursor order."""
+    ops = _ops()
+    if not follow:
+        Output.finish(ops.logs(run, since=since))
+    from ito.client.follow import follow_logs
+
+    Output.finish(follow_logs(ops, run, since, json_mode=Output.json_mode))
+
+
+@runs_app.command("metrics")
+def runs_metrics(
+    run: str,
+    name: Annotated[str | None, typer.Option(help="Only this metric (e.g. loss).")] = None,
+) -> None:
+    """Metric points of a run."""
+    Output.finish(_ops().metrics(run, name=name))
+
+
+@runs_app.command("checkpoints")
+def runs_checkpoints(run: str) -> None:
+    """Committed checkpoints of a run."""
+    Output.finish(_ops().checkpoints(run))
+
+
+@runs_app.command("cancel")
+def runs_cancel(
+    run: str,
+    confirmation_ref: Annotated[str, typer.Option(help="An approved run.cancel "
+                                                  "confirmation.")],
+    idempotency_key: Annotated[str, typer.Option(help="Your stable retry key.")],
+) -> None:
+    """Cancel a run (needs its own confirmation and idempotency key)."""
+    Output.finish(_ops().cancel(run, confirmation_ref, idempotency_key))
+
+
+@runs_app.command("cleanup")
+def runs_cleanup(
+    run: str,
+    confirmation_ref: Annotated[str, typer.Option(help="An approved run.cleanup "
+                                                  "confirmation.")],
+    idempotency_key: Annotated[str, typer.Option(help="Your stable retry key.")],
+) -> None:
+    """Delete a finished run's checkpoints and scratch data (never the booking)."""
+    Output.finish(_ops().cleanup(run, confirmation_ref, idempotency_key))
+
+
+@runs_app.command("watch")
+def runs_watch(
+    run: str,
+    interval: Annotated[float, typer.Option(help="Seconds between polls.")] = 2.0,
+) -> None:
+    """Follow a run until it ends: progress bars for humans, one envelope per change with
+    --json."""
+    from ito.client.follow import watch_run
+
+    Output.finish(watch_run(_ops(), run, interval=max(interval, 0.2),
+                            json_mode=Output.json_mode))
+
+
 # --- entry point ---------------------------------------------------------------------------------
 
 _SECRET_OPTIONS = ("--api-key", "--token", "--password", "--secret", "--bearer", "--key")

@@ -239,3 +239,55 @@ class Operations:
             ItoError("transport_ambiguous", idempotency_key=key),
             "the request may have been applied; retry with the same idempotency key to get the "
             "one run", live_api_contacted=True))
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    @_operation
+    def logs(self, run: str, since: int | None = None, limit: int = 500) -> Envelope:
+        """Log lines of a run after the cursor ``since``, in stable order."""
+        return self._call("GET", f"/v1/runs/{run}/logs",
+                          params={"since": since or 0, "limit": limit})
+
+    @_operation
+    def metrics(self, run: str, name: str | None = None, since: int | None = None) -> Envelope:
+        """Metric points of a run (optionally one metric)."""
+        params: dict[str, Any] = {"since": since or 0}
+        if name:
+            params["name"] = name
+        return self._call("GET", f"/v1/runs/{run}/metrics", params=params)
+
+    @_operation
+    def checkpoints(self, run: str) -> Envelope:
+        """Committed checkpoints of a run."""
+        return self._call("GET", f"/v1/runs/{run}/checkpoints")
+
+    @_operation
+    def cancel(self, run: str, confirmation_ref: str, idempotency_key: str) -> Envelope:
+        """Cancel a run behind its own confirmation and idempotency key."""
+        return self._run_action(run, "cancel", confirmation_ref, idempotency_key)
+
+    @_operation
+    def cleanup(self, run: str, confirmation_ref: str, idempotency_key: str) -> Envelope:
+        """Delete a finished run's checkpoints and scratch data; never touches the booking."""
+        return self._run_action(run, "cleanup", confirmation_ref, idempotency_key)
+
+    def _run_action(self, run: str, verb: str, ref: str, key: str) -> Envelope:
+        from ito.core.gates import validate_idempotency_key
+
+        validate_idempotency_key(key)
+        body = {"confirmation_ref": ref, "idempotency_key": key}
+        client = self._client()
+        try:
+            return client.request("POST", f"/v1/runs/{run}/{verb}", json=body, mutation=True)
+        except ApiRefusal as refusal:
+            raise _Stop(refusal.envelope) from None
+        except TransportFailure as failure:
+            if failure.error.code != "transport_ambiguous":
+                raise _transport_stop(failure, mutation=True) from None
+        # The answer was lost: the run's state says whether the action was applied.
+        state = self._call("GET", f"/v1/runs/{run}")["data"]
+        raise _Stop(error_envelope(
+            ItoError("transport_ambiguous", idempotency_key=key, run_state=state["state"],
+                     cleanup_state=state["cleanup_state"]),
+            f"the {verb} may have been applied (the run is now {state['state']}); retry with "
+            "the same idempotency key", live_api_contacted=True))

@@ -10,6 +10,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from ito.core.envelope import ok_envelope
 from ito.core.manifest import MANIFEST_MAX_BYTES
 from ito.server.routers.deps import Requester, State, decode_manifest_b64
+from ito.server.services.lifecycle import (
+    apply_run_action,
+    checkpoint_dict,
+    list_checkpoints,
+    list_logs,
+    list_metrics,
+)
 from ito.server.services.runs import (
     CreateRunRequest,
     create_run,
@@ -77,3 +84,62 @@ def runs_events(run_id: str, caller: Requester, state: State,
                                                      after=after, limit=limit)]
     cursor = events[-1]["id"] if events else after
     return ok_envelope({"events": events, "next_cursor": cursor}, f"{len(events)} event(s)")
+
+
+class RunActionBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    confirmation_ref: str = Field(min_length=1, max_length=64)
+    idempotency_key: str
+
+
+def _action(run_id: str, action: str, body: RunActionBody, caller: Requester,
+            state: State) -> dict[str, Any]:
+    data, replayed = apply_run_action(state.db, caller, state.pepper, run_id=run_id,
+                                      action=action, confirmation_ref=body.confirmation_ref,
+                                      idempotency_key=body.idempotency_key)
+    verb = "cancel" if action == "run.cancel" else "cleanup"
+    if replayed:
+        notice = f"replay: this idempotency key already requested the {verb}; nothing new"
+    else:
+        notice = f"{verb} confirmed and applied; the confirmation was consumed"
+    return ok_envelope(data | {"replayed": replayed}, notice)
+
+
+@router.post("/{run_id}/cancel")
+def runs_cancel(run_id: str, body: RunActionBody, caller: Requester,
+                state: State) -> dict[str, Any]:
+    return _action(run_id, "run.cancel", body, caller, state)
+
+
+@router.post("/{run_id}/cleanup")
+def runs_cleanup(run_id: str, body: RunActionBody, caller: Requester,
+                 state: State) -> dict[str, Any]:
+    return _action(run_id, "run.cleanup", body, caller, state)
+
+
+@router.get("/{run_id}/logs")
+def runs_logs(run_id: str, caller: Requester, state: State,
+              since: int = Query(default=0, ge=0),
+              limit: int = Query(default=500, ge=1, le=5000)) -> dict[str, Any]:
+    with state.db.read() as session:
+        lines, cursor = list_logs(session, caller.account_id, run_id, since=since, limit=limit)
+    return ok_envelope({"lines": lines, "next_cursor": cursor}, f"{len(lines)} line(s)")
+
+
+@router.get("/{run_id}/metrics")
+def runs_metrics(run_id: str, caller: Requester, state: State,
+                 name: str | None = Query(default=None, max_length=64),
+                 since: int = Query(default=0, ge=0),
+                 limit: int = Query(default=5000, ge=1, le=50000)) -> dict[str, Any]:
+    with state.db.read() as session:
+        points, cursor = list_metrics(session, caller.account_id, run_id, name=name,
+                                      since=since, limit=limit)
+    return ok_envelope({"points": points, "next_cursor": cursor}, f"{len(points)} point(s)")
+
+
+@router.get("/{run_id}/checkpoints")
+def runs_checkpoints(run_id: str, caller: Requester, state: State) -> dict[str, Any]:
+    with state.db.read() as session:
+        rows = [checkpoint_dict(r) for r in list_checkpoints(session, caller.account_id,
+                                                             run_id)]
+    return ok_envelope({"checkpoints": rows}, f"{len(rows)} checkpoint(s)")

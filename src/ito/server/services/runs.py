@@ -11,9 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, text
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ito.core.errors import ItoError
@@ -29,6 +27,7 @@ from ito.server.ids import new_id
 from ito.server.services.bookings import booking_view, get_booking
 from ito.server.services.confirmations import mark_consumed, usable_confirmation
 from ito.server.services.credentials import AuthContext
+from ito.server.services.idempotency import find_key, lock_key, replayable, reserve_key
 from ito.server.services.manifests import find_manifest, store_manifest
 from ito.server.store.db import Database
 from ito.server.store.tables import (
@@ -48,6 +47,7 @@ __all__ = [
     "get_run",
     "list_events",
     "list_runs",
+    "record_event",
     "run_dict",
     "transition_run",
 ]
@@ -92,14 +92,8 @@ def _create_in_transaction(
     raw: bytes | None, fingerprint: str,
 ) -> CreateRunResult:
     now = utcnow()
-    if not db.is_sqlite:
-        # Serialise holders of the same key (SQLite's BEGIN IMMEDIATE already serialises all
-        # writers): a second request waits for the first to commit, then sees its key below
-        # and replays, instead of racing it through the gates and tripping on the consumed
-        # confirmation. A wait past the lock timeout answers idempotency_in_progress.
-        session.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"),
-                        {"k": f"{ctx.account_id}\x1f{ACTION}\x1f{req.idempotency_key}"})
-    existing = _find_key(session, ctx.account_id, req.idempotency_key)
+    lock_key(session, db, ctx.account_id, ACTION, req.idempotency_key)
+    existing = find_key(session, ctx.account_id, ACTION, req.idempotency_key)
     if existing is not None:
         return _replay(session, existing, fingerprint)
 
@@ -134,9 +128,10 @@ def _create_in_transaction(
 
     # Gate 4: reserve the key. Concurrent holders of the same key wait here for the winner's
     # commit (unique constraint / database lock), then replay its run.
-    reserved = _reserve_key(session, db, ctx.account_id, req.idempotency_key, fingerprint)
+    reserved = reserve_key(session, db, ctx.account_id, ACTION, req.idempotency_key,
+                           fingerprint)
     if reserved is None:
-        existing = _find_key(session, ctx.account_id, req.idempotency_key)
+        existing = find_key(session, ctx.account_id, ACTION, req.idempotency_key)
         assert existing is not None
         return _replay(session, existing, fingerprint)
 
@@ -161,7 +156,7 @@ def _create_in_transaction(
     )
     session.add(run)
     session.flush()
-    _event(session, run, "created", "run created behind all five gates", to_state="queued",
+    record_event(session, run, "created", "run created behind all five gates", to_state="queued",
            data={"confirmation_ref": confirmation.id, "cost_usd": checked.estimate.cost_usd,
                  "idempotency_key": req.idempotency_key})
     data = _create_data(run)
@@ -187,36 +182,10 @@ def _confirmation_for(session: Session, account_id: str, ref: str) -> Confirmati
     return confirmation
 
 
-def _find_key(session: Session, account_id: str, key: str) -> IdempotencyRecord | None:
-    return session.scalar(select(IdempotencyRecord).where(
-        IdempotencyRecord.account_id == account_id, IdempotencyRecord.action == ACTION,
-        IdempotencyRecord.key == key))
-
-
-def _reserve_key(session: Session, db: Database, account_id: str, key: str,
-                 fingerprint: str) -> IdempotencyRecord | None:
-    insert = sqlite_insert if db.is_sqlite else pg_insert
-    statement = (
-        insert(IdempotencyRecord)
-        .values(account_id=account_id, action=ACTION, key=key, fingerprint=fingerprint,
-                created_at=utcnow())
-        .on_conflict_do_nothing(index_elements=["account_id", "action", "key"])
-        .returning(IdempotencyRecord.id)
-    )
-    inserted = session.execute(statement).scalar_one_or_none()
-    if inserted is None:
-        return None
-    return session.get(IdempotencyRecord, inserted)
-
-
 def _replay(session: Session, record: IdempotencyRecord, fingerprint: str) -> CreateRunResult:
-    if record.fingerprint != fingerprint:
-        raise ItoError("idempotency_key_reused", idempotency_key=record.key)
-    if record.run_id is None or record.response is None:
-        raise ItoError("idempotency_in_progress", idempotency_key=record.key)
+    data = replayable(record, fingerprint)
     run = session.get(Run, record.run_id)
     assert run is not None
-    data = dict(record.response)
     data["state"] = run.state
     data["stage"] = run.stage
     return CreateRunResult(data=data, replayed=True)
@@ -242,11 +211,11 @@ def transition_run(session: Session, run: Run, target: RunState, *, reason: str,
     run.updated_at = now
     if target.is_terminal():
         run.finished_at = now
-    return _event(session, run, "state", reason, from_state=current.value,
+    return record_event(session, run, "state", reason, from_state=current.value,
                   to_state=target.value, data=data or {})
 
 
-def _event(session: Session, run: Run, kind: str, message: str, *,
+def record_event(session: Session, run: Run, kind: str, message: str, *,
            from_state: str | None = None, to_state: str | None = None,
            data: dict[str, Any] | None = None) -> RunEvent:
     event = RunEvent(run_id=run.id, account_id=run.account_id, kind=kind, from_state=from_state,

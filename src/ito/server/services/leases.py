@@ -1,0 +1,229 @@
+"""The worker side of a run (DESIGN §7.1): leasing queued runs of the worker's booking, renewing
+the lease by heartbeat (and accounting the time held), ingesting what the run reports, finishing
+it, and turning expired leases into ``recovering`` so another attempt resumes the run.
+
+Every state change goes through :func:`ito.server.services.runs.transition_run`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ito.core.errors import ItoError
+from ito.core.states import RunState
+from ito.server.services.credentials import AuthContext
+from ito.server.services.runs import record_event, transition_run
+from ito.server.store.runtime_tables import CheckpointRow, RunLease, RunLog, RunMetric
+from ito.server.store.tables import Booking, ManifestRow, Run, utcnow
+
+__all__ = [
+    "LeaseSettings",
+    "expire_leases",
+    "finish_run",
+    "heartbeat",
+    "lease_for",
+    "lease_next",
+    "report",
+]
+
+_LEASABLE = (RunState.queued.value, RunState.recovering.value)
+_MAX_LOG_CHARS = 4000
+
+
+class LeaseSettings:
+    def __init__(self, ttl_seconds: float, heartbeat_seconds: float) -> None:
+        self.ttl = timedelta(seconds=ttl_seconds)
+        self.heartbeat_seconds = heartbeat_seconds
+
+
+def lease_for(session: Session, run: Run) -> RunLease:
+    lease = session.get(RunLease, run.id)
+    if lease is None:
+        lease = RunLease(run_id=run.id, account_id=run.account_id, booking_id=run.booking_id,
+                         attempt=0, busy_seconds=0.0, productive_seconds=0.0, interruptions=0,
+                         cost_usd=0.0, bytes_freed=0, updated_at=utcnow())
+        session.add(lease)
+        session.flush()
+    return lease
+
+
+def expire_leases(session: Session, now: datetime, booking_id: str | None = None) -> int:
+    """Runs whose holder stopped heartbeating go ``recovering``; returns how many."""
+    query = select(RunLease).where(RunLease.lease_expires_at.is_not(None),
+                                   RunLease.lease_expires_at < now)
+    if booking_id is not None:
+        query = query.where(RunLease.booking_id == booking_id)
+    expired = 0
+    for lease in session.scalars(query.with_for_update()):
+        run = session.get(Run, lease.run_id)
+        assert run is not None
+        lease.lease_expires_at = None
+        lease.worker_principal_id = None
+        if run.state in (RunState.running.value, RunState.awaiting_approval.value):
+            lease.interruptions += 1
+            transition_run(session, run, RunState.recovering,
+                           reason="the worker stopped heartbeating; the run will resume from "
+                                  "its last committed checkpoint",
+                           data={"attempt": lease.attempt})
+            expired += 1
+        elif run.state == RunState.cancelling.value:
+            transition_run(session, run, RunState.cancelled,
+                           reason="cancelled; the worker is gone")
+    return expired
+
+
+def lease_next(session: Session, worker: AuthContext, settings: LeaseSettings,
+               now: datetime) -> dict[str, Any] | None:
+    """The oldest leasable run of the worker's booking, now held by this worker."""
+    assert worker.booking_id is not None
+    expire_leases(session, now, worker.booking_id)
+    run = session.scalar(
+        select(Run).where(Run.booking_id == worker.booking_id,
+                          Run.account_id == worker.account_id, Run.state.in_(_LEASABLE))
+        .order_by(Run.created_at, Run.id).limit(1).with_for_update(skip_locked=True))
+    if run is None:
+        return None
+    lease = lease_for(session, run)
+    resuming = run.state == RunState.recovering.value
+    lease.attempt += 1
+    lease.worker_principal_id = worker.principal_id
+    lease.lease_expires_at = now + settings.ttl
+    lease.last_heartbeat_at = now
+    lease.updated_at = now
+    transition_run(session, run, RunState.running,
+                   reason=f"leased by a worker (attempt {lease.attempt})"
+                          + ("; resuming from the last committed checkpoint" if resuming else ""),
+                   data={"attempt": lease.attempt})
+    manifest = session.scalar(select(ManifestRow).where(
+        ManifestRow.account_id == run.account_id, ManifestRow.digest == run.manifest_digest))
+    booking = session.get(Booking, run.booking_id)
+    assert manifest is not None and booking is not None
+    return {
+        "run_id": run.id, "attempt": lease.attempt, "resuming": resuming,
+        "manifest_b64": _b64(manifest.content), "manifest_id": run.manifest_digest,
+        "checkpoint_uri": run.checkpoint_uri,
+        "booking": {"booking_id": booking.id, "gpu": booking.gpu, "nodes": booking.nodes,
+                    "gpus_per_node": booking.gpus_per_node,
+                    "node_inventory": booking.node_inventory},
+        "lease_ttl_s": settings.ttl.total_seconds(),
+        "heartbeat_s": settings.heartbeat_seconds,
+    }
+
+
+def _held(session: Session, worker: AuthContext, run_id: str, attempt: int) -> tuple[Run,
+                                                                                      RunLease]:
+    run = session.scalar(select(Run).where(Run.id == run_id, Run.booking_id == worker.booking_id,
+                                           Run.account_id == worker.account_id)
+                         .with_for_update())
+    if run is None:
+        raise ItoError("run_not_found")
+    lease = session.get(RunLease, run.id)
+    if lease is None or lease.attempt != attempt or lease.worker_principal_id != \
+            worker.principal_id or lease.lease_expires_at is None:
+        raise ItoError("lease_lost", run_id=run.id, attempt=attempt)
+    return run, lease
+
+
+def heartbeat(session: Session, worker: AuthContext, settings: LeaseSettings, run_id: str,
+              attempt: int, now: datetime) -> dict[str, Any]:
+    """Renew the lease, account the time held since the last beat, say what the run must do."""
+    run, lease = _held(session, worker, run_id, attempt)
+    booking = session.get(Booking, run.booking_id)
+    assert booking is not None
+    if lease.last_heartbeat_at is not None:
+        held = min((now - lease.last_heartbeat_at).total_seconds(), settings.ttl.total_seconds())
+        lease.busy_seconds += max(held, 0.0)
+        lease.cost_usd += max(held, 0.0) / 3600.0 * booking.nodes * booking.gpus_per_node \
+            * booking.rate_usd_per_gpu_hour
+    lease.last_heartbeat_at = now
+    lease.lease_expires_at = now + settings.ttl
+    lease.updated_at = now
+    ceiling = float(run.estimate.get("ceiling_usd", 0.0))
+    next_interval = settings.heartbeat_seconds / 3600.0 * booking.nodes \
+        * booking.gpus_per_node * booking.rate_usd_per_gpu_hour
+    stop = None
+    if run.state == RunState.cancelling.value:
+        stop = "cancel"
+    elif ceiling and lease.cost_usd + next_interval > ceiling:
+        stop = "budget"
+    return {"run_id": run.id, "state": run.state, "stop": stop,
+            "lease_expires_at": lease.lease_expires_at.isoformat(),
+            "cost_usd": round(lease.cost_usd, 6)}
+
+
+def report(session: Session, worker: AuthContext, run_id: str, attempt: int,
+           events: list[dict[str, Any]]) -> dict[str, int]:
+    """Ingest a batch of the pipeline's events, in order."""
+    run, lease = _held(session, worker, run_id, attempt)
+    counts = {"logs": 0, "metrics": 0, "checkpoints": 0, "events": 0}
+    for item in events:
+        kind = item.get("type")
+        if kind == "log":
+            session.add(RunLog(run_id=run.id, account_id=run.account_id, attempt=attempt,
+                               level=str(item.get("level", "info"))[:10],
+                               message=str(item.get("message", ""))[:_MAX_LOG_CHARS]))
+            counts["logs"] += 1
+        elif kind == "metric":
+            for name, value in (item.get("values") or {}).items():
+                if isinstance(value, int | float) and value == value:  # drops None and NaN
+                    session.add(RunMetric(run_id=run.id, account_id=run.account_id,
+                                          attempt=attempt, stage=str(item.get("stage")),
+                                          step=int(item.get("step", 0)), name=str(name)[:64],
+                                          value=float(value)))
+                    counts["metrics"] += 1
+        elif kind == "checkpoint":
+            session.add(CheckpointRow(run_id=run.id, account_id=run.account_id,
+                                      attempt=attempt, stage=str(item["stage"]),
+                                      step=int(item["step"]), path=str(item["path"]),
+                                      bytes=int(item.get("bytes", 0)),
+                                      seconds=float(item.get("seconds", 0.0))))
+            if "productive_seconds" in item:
+                lease.productive_seconds = max(lease.productive_seconds,
+                                               float(item["productive_seconds"]))
+            record_event(session, run, "checkpoint", f"checkpoint committed at step "
+                         f"{item['step']} ({item['stage']})",
+                         data={k: item[k] for k in ("stage", "step", "bytes", "seconds")
+                               if k in item})
+            counts["checkpoints"] += 1
+        elif kind == "stage":
+            if item.get("status") == "started":
+                run.stage = str(item["stage"])
+            record_event(session, run, "stage", f"stage {item['stage']} {item.get('status')}",
+                         data={"stage": item["stage"], "status": item.get("status")})
+            counts["events"] += 1
+        elif kind == "gate":
+            record_event(session, run, "gate",
+                         f"eval gate of {item.get('stage')} "
+                         f"{'passed' if item.get('passed') else 'FAILED'}",
+                         data={k: item.get(k) for k in ("stage", "battery", "results",
+                                                        "passed")})
+            counts["events"] += 1
+    session.flush()
+    return counts
+
+
+def finish_run(session: Session, worker: AuthContext, run_id: str, attempt: int, status: str,
+               failure_code: str | None, message: str) -> dict[str, Any]:
+    run, lease = _held(session, worker, run_id, attempt)
+    targets = {"succeeded": RunState.succeeded, "failed": RunState.failed,
+               "gate_failed": RunState.gate_failed, "cancelled": RunState.cancelled}
+    if status not in targets:
+        raise ItoError("invalid_arguments", "status must be one of " + ", ".join(targets))
+    target = targets[status]
+    if run.state == RunState.cancelling.value and target is not RunState.cancelled:
+        target = RunState.cancelled
+    transition_run(session, run, target, reason=message[:500], failure_code=failure_code,
+                   data={"attempt": attempt})
+    lease.lease_expires_at = None
+    lease.worker_principal_id = None
+    return {"run_id": run.id, "state": run.state}
+
+
+def _b64(raw: bytes) -> str:
+    import base64
+
+    return base64.b64encode(raw).decode()

@@ -1,0 +1,189 @@
+"""The requester's lifecycle operations on a run (DESIGN §5.9): logs, metrics and checkpoints
+(tenant-scoped, cursor-paginated), and the two confirmed mutations — cancel and cleanup — each
+with its own confirmation and idempotency key, consumed in the transaction that applies it.
+
+Cleanup never touches the booking: it asks the booking's worker to delete the run's checkpoints
+and scratch data and records the bytes freed; the run's record, events and logs stay.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ito.core.errors import ItoError
+from ito.core.gates import idempotency_fingerprint, validate_idempotency_key
+from ito.core.states import CleanupState, ConfirmationAction, RunState
+from ito.server.services.confirmations import mark_consumed, usable_confirmation
+from ito.server.services.credentials import AuthContext
+from ito.server.services.idempotency import find_key, lock_key, replayable, reserve_key
+from ito.server.services.leases import lease_for
+from ito.server.services.runs import get_run, record_event, transition_run
+from ito.server.store.db import Database
+from ito.server.store.runtime_tables import CheckpointRow, RunLog, RunMetric
+from ito.server.store.tables import Run, utcnow
+
+__all__ = [
+    "CLEANUP_TRANSITIONS",
+    "apply_run_action",
+    "checkpoint_dict",
+    "list_checkpoints",
+    "list_logs",
+    "list_metrics",
+    "mark_cleaned",
+]
+
+CLEANUP_TRANSITIONS = {CleanupState.none: {CleanupState.cleaning},
+                       CleanupState.cleaning: {CleanupState.cleaned},
+                       CleanupState.cleaned: set()}
+
+
+def list_logs(session: Session, account_id: str, run_id: str, *, since: int = 0,
+              limit: int = 500) -> tuple[list[dict[str, Any]], int]:
+    get_run(session, account_id, run_id)
+    rows = list(session.scalars(
+        select(RunLog).where(RunLog.run_id == run_id, RunLog.account_id == account_id,
+                             RunLog.id > since).order_by(RunLog.id).limit(limit)))
+    lines = [{"cursor": r.id, "attempt": r.attempt, "level": r.level, "message": r.message,
+              "at": r.created_at.isoformat()} for r in rows]
+    return lines, rows[-1].id if rows else since
+
+
+def list_metrics(session: Session, account_id: str, run_id: str, *, name: str | None = None,
+                 since: int = 0, limit: int = 5000) -> tuple[list[dict[str, Any]], int]:
+    get_run(session, account_id, run_id)
+    query = select(RunMetric).where(RunMetric.run_id == run_id,
+                                    RunMetric.account_id == account_id, RunMetric.id > since)
+    if name is not None:
+        query = query.where(RunMetric.name == name)
+    rows = list(session.scalars(query.order_by(RunMetric.id).limit(limit)))
+    points = [{"cursor": r.id, "attempt": r.attempt, "stage": r.stage, "step": r.step,
+               "name": r.name, "value": r.value} for r in rows]
+    return points, rows[-1].id if rows else since
+
+
+def list_checkpoints(session: Session, account_id: str, run_id: str) -> list[CheckpointRow]:
+    get_run(session, account_id, run_id)
+    return list(session.scalars(
+        select(CheckpointRow).where(CheckpointRow.run_id == run_id,
+                                    CheckpointRow.account_id == account_id)
+        .order_by(CheckpointRow.step, CheckpointRow.id)))
+
+
+def checkpoint_dict(row: CheckpointRow) -> dict[str, Any]:
+    return {"stage": row.stage, "step": row.step, "path": row.path, "bytes": row.bytes,
+            "seconds": row.seconds, "attempt": row.attempt,
+            "committed_at": row.created_at.isoformat(),
+            "deleted": row.deleted_at is not None}
+
+
+def apply_run_action(db: Database, ctx: AuthContext, pepper: str, *, run_id: str, action: str,
+                     confirmation_ref: str, idempotency_key: str) -> tuple[dict[str, Any], bool]:
+    """Cancel or clean up a run behind its own confirmation and idempotency key."""
+    act = ConfirmationAction(action)
+    assert act in (ConfirmationAction.run_cancel, ConfirmationAction.run_cleanup)
+    validate_idempotency_key(idempotency_key)
+    fingerprint = idempotency_fingerprint(act.value, run_id, None, confirmation_ref)
+    try:
+        with db.write() as session:
+            lock_key(session, db, ctx.account_id, act.value, idempotency_key)
+            existing = find_key(session, ctx.account_id, act.value, idempotency_key)
+            if existing is not None:
+                data = replayable(existing, fingerprint)
+                run = get_run(session, ctx.account_id, run_id)
+                return data | {"state": run.state, "cleanup_state": run.cleanup_state}, True
+            run = get_run(session, ctx.account_id, run_id)
+            now = utcnow()
+            confirmation = usable_confirmation(session, ctx.account_id, pepper,
+                                               confirmation_ref, now)
+            if confirmation.action != act.value or confirmation.target_id != run.id:
+                raise ItoError("confirmation_mismatch", "the confirmation approves another "
+                               "action or run", bound_action=confirmation.action,
+                               bound_target=confirmation.target_id)
+            if act is ConfirmationAction.run_cancel:
+                if not RunState(run.state).is_cancellable():
+                    raise ItoError("run_not_cancellable", state=run.state)
+            elif not RunState(run.state).is_terminal():
+                raise ItoError("run_not_terminal", state=run.state)
+            elif run.cleanup_state != CleanupState.none.value:
+                raise ItoError("invalid_transition", "the run is already cleaned or being "
+                               "cleaned", cleanup_state=run.cleanup_state)
+            record = reserve_key(session, db, ctx.account_id, act.value, idempotency_key,
+                                 fingerprint)
+            if record is None:
+                raise ItoError("idempotency_in_progress", idempotency_key=idempotency_key)
+            mark_consumed(session, confirmation, run.id, now)
+            if act is ConfirmationAction.run_cancel:
+                _cancel(session, run)
+            else:
+                _request_cleanup(session, run)
+            data = {"run_id": run.id, "booking_id": run.booking_id, "state": run.state,
+                    "cleanup_state": run.cleanup_state, "idempotency_key": idempotency_key}
+            record.run_id = run.id
+            record.response = data
+            return data, False
+    except ItoError as exc:
+        if exc.code == "store_busy":
+            raise ItoError("idempotency_in_progress", idempotency_key=idempotency_key) from None
+        raise
+
+
+def _cancel(session: Session, run: Run) -> None:
+    lease = lease_for(session, run)
+    lease.cancel_requested_at = utcnow()
+    held = lease.lease_expires_at is not None and run.state in (
+        RunState.running.value, RunState.awaiting_approval.value)
+    transition_run(session, run, RunState.cancelling, reason="cancel confirmed by a human")
+    if not held:
+        # Nothing is executing it: queued, or recovering with no worker holding it.
+        transition_run(session, run, RunState.cancelled, reason="cancelled before any worker "
+                       "held it")
+
+
+def _request_cleanup(session: Session, run: Run) -> None:
+    _cleanup_transition(session, run, CleanupState.cleaning)
+    lease_for(session, run).cleanup_requested_at = utcnow()
+
+
+def _cleanup_transition(session: Session, run: Run, target: CleanupState) -> None:
+    current = CleanupState(run.cleanup_state)
+    if target not in CLEANUP_TRANSITIONS[current]:
+        raise ItoError("invalid_transition", current=current.value, target=target.value)
+    run.cleanup_state = target.value
+    run.updated_at = utcnow()
+    record_event(session, run, "cleanup", f"cleanup {target.value}",
+                 data={"cleanup_state": target.value})
+
+
+def mark_cleaned(session: Session, worker: AuthContext, run_id: str,
+                 bytes_freed: int, paths: list[str]) -> dict[str, Any]:
+    """The worker deleted the run's checkpoints and scratch data."""
+    run = session.scalar(select(Run).where(Run.id == run_id, Run.booking_id == worker.booking_id,
+                                           Run.account_id == worker.account_id)
+                         .with_for_update())
+    if run is None:
+        raise ItoError("run_not_found")
+    if run.cleanup_state != CleanupState.cleaning.value:
+        raise ItoError("invalid_transition", "no cleanup was requested for this run")
+    now = utcnow()
+    lease = lease_for(session, run)
+    lease.bytes_freed += max(int(bytes_freed), 0)
+    for row in session.scalars(select(CheckpointRow).where(CheckpointRow.run_id == run.id,
+                                                           CheckpointRow.deleted_at.is_(None))):
+        row.deleted_at = now
+    run.cleanup_state = CleanupState.cleaned.value
+    run.updated_at = now
+    record_event(session, run, "cleanup", f"cleaned: {bytes_freed} bytes freed",
+                 data={"cleanup_state": "cleaned", "bytes_freed": int(bytes_freed),
+                       "paths": paths[:20]})
+    return {"run_id": run.id, "cleanup_state": run.cleanup_state,
+            "bytes_freed": lease.bytes_freed}
+
+
+def cleanup_jobs(session: Session, worker: AuthContext) -> list[dict[str, Any]]:
+    runs = session.scalars(select(Run).where(Run.booking_id == worker.booking_id,
+                                             Run.account_id == worker.account_id,
+                                             Run.cleanup_state == CleanupState.cleaning.value))
+    return [{"run_id": r.id, "checkpoint_uri": r.checkpoint_uri} for r in runs]

@@ -1,0 +1,84 @@
+"""Tables of the runtime: who holds a run (the lease), and what the run reports — log lines,
+metrics, checkpoints — plus lifecycle requests (cancel, cleanup). Every row carries
+``account_id`` like the rest of the store."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from ito.server.store.tables import Base, UTCDateTime, utcnow
+
+__all__ = ["CheckpointRow", "RunLease", "RunLog", "RunMetric"]
+
+_ID = BigInteger().with_variant(Integer, "sqlite")
+
+
+class RunLease(Base):
+    """One row per run: the current holder, the attempt, and what the run has asked for."""
+
+    __tablename__ = "run_leases"
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
+    booking_id: Mapped[str] = mapped_column(ForeignKey("bookings.id"), index=True)
+    worker_principal_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    cleanup_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    proposal: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """A human-gated action the run proposes (loss spike: restart from checkpoint S)."""
+    busy_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    """Wall seconds the run held the booking's accelerators, over all attempts."""
+    productive_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    """Training seconds whose progress survived into the committed state."""
+    interruptions: Mapped[int] = mapped_column(Integer, default=0)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    bytes_freed: Mapped[int] = mapped_column(BigInteger, default=0)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class RunLog(Base):
+    __tablename__ = "run_logs"
+    __table_args__ = (Index("ix_run_logs_run_id_id", "run_id", "id"),)
+    id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    level: Mapped[str] = mapped_column(String(10))
+    message: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class RunMetric(Base):
+    __tablename__ = "run_metrics"
+    __table_args__ = (Index("ix_run_metrics_run_id_name", "run_id", "name", "id"),)
+    id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    stage: Mapped[str] = mapped_column(String(30))
+    step: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(64))
+    value: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class CheckpointRow(Base):
+    __tablename__ = "checkpoints"
+    __table_args__ = (Index("ix_checkpoints_run_id_step", "run_id", "step"),)
+    id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    stage: Mapped[str] = mapped_column(String(30))
+    step: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(String(2048))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    seconds: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
