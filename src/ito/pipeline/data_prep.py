@@ -1,0 +1,425 @@
+"""Data preparation (DESIGN §7.4): verify, normalise, deduplicate, decontaminate, write.
+
+:func:`prepare_data` runs on rank 0 before training. For every data reference of the manifest it
+reads the bytes, checks them against the manifest's sha256, parses the JSONL rows and normalises
+their text; then it removes exact duplicates in every data set, every training row that overlaps
+an item of the manifest's eval data (:mod:`ito.pipeline.decontam`), and near duplicates in every
+training data set — in that order. It writes one prepared shard per data set and a provenance
+report to ``<workdir>/prepared/``.
+
+Guarantees:
+
+* Every check happens before anything is written: a digest mismatch, an unreadable or malformed
+  file, a licence outside the policy or contamination above ``data_policy.max_contamination``
+  refuses with an :class:`ItoError` and leaves the work directory untouched.
+* Each file is written to a temporary name and renamed into place. ``provenance.json`` is removed
+  first and written last, so its presence means every shard it lists is complete; the output
+  digests it records are those of the bytes written.
+* The output depends only on the input bytes and the parameters: rows keep their input order and
+  are serialised as canonical JSON, so two runs give byte-identical shards and reports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import unicodedata
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
+
+from ito.core.errors import ItoError
+from ito.pipeline.decontam import DEFAULT_NGRAM, EvalIndex
+from ito.pipeline.dedup import NearDedup, exact_duplicates, near_duplicates
+
+if TYPE_CHECKING:
+    from ito.core.manifest import DataRef, Manifest
+
+__all__ = [
+    "PREPARED_DIR",
+    "PROVENANCE_FILE",
+    "PROVENANCE_SCHEMA",
+    "DatasetReport",
+    "EvalContamination",
+    "NearDedup",
+    "PrepReport",
+    "normalise_row",
+    "normalise_text",
+    "prepare_data",
+    "prepared_dir",
+    "row_text",
+    "shard_path",
+]
+
+PREPARED_DIR = "prepared"
+PROVENANCE_FILE = "provenance.json"
+PROVENANCE_SCHEMA = "ito.data_prep.provenance.v1"
+
+_FIELD_ORDER = ("prompt", "completion", "chosen", "answer", "rejected")
+"""Order in which the fields of a row without ``text`` are joined into its text, so that a
+prompt is followed by its answer (``"503+511= 1014"``) in training and eval rows alike."""
+
+
+# --- pure helpers -----------------------------------------------------------------------------
+
+def normalise_text(text: str) -> str:
+    """Unicode NFKC, every run of whitespace collapsed to one space, stripped."""
+    return " ".join(unicodedata.normalize("NFKC", text).split())
+
+
+def normalise_row(row: dict[str, Any]) -> dict[str, Any]:
+    """The row with ``text`` normalised, or — in rows without ``text`` (SFT, DPO, RLVR, eval) —
+    every top-level string field normalised. Other fields are kept as they are."""
+    if "text" in row:
+        return {**row, "text": normalise_text(row["text"])}
+    return {key: normalise_text(value) if isinstance(value, str) else value
+            for key, value in row.items()}
+
+
+def row_text(row: dict[str, Any]) -> str:
+    """The text a row trains (or evaluates) on: ``text``, else its string and number fields
+    joined in a fixed order (prompt, completion, chosen, answer, rejected, then the rest)."""
+    if "text" in row:
+        return str(row["text"])
+    keys = [k for k in _FIELD_ORDER if k in row] + sorted(k for k in row if k not in _FIELD_ORDER)
+    parts = []
+    for key in keys:
+        value = row[key]
+        if isinstance(value, str):
+            parts.append(value)
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            parts.append(json.dumps(value))
+    return " ".join(part for part in parts if part)
+
+
+def prepared_dir(workdir: Path) -> Path:
+    return workdir / PREPARED_DIR
+
+
+def shard_path(workdir: Path, data_id: str) -> Path:
+    return prepared_dir(workdir) / f"{data_id}.jsonl"
+
+
+# --- the report -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DatasetReport:
+    """What preparation did to one data set. ``input_rows`` equals the sum of the removals and
+    ``output_rows``."""
+
+    id: str
+    role: str
+    uri: str
+    input_sha256: str
+    """Digest of the input bytes, verified equal to the manifest's."""
+    input_rows: int
+    empty_removed: int
+    """Rows whose text is empty after normalisation."""
+    exact_dupes_removed: int
+    near_dupes_removed: int
+    """Always 0 for eval data, which is not near-deduplicated."""
+    contaminated_removed: int
+    """Rows removed for overlapping an eval item; always 0 for eval data."""
+    output_rows: int
+    shard: str
+    """File name of the prepared shard inside ``prepared/``."""
+    output_sha256: str
+    output_bytes: int
+    ngram: int | None
+    """N-gram size this data was decontaminated with; ``None`` for eval data."""
+    decontaminated_against: tuple[str, ...]
+    """Eval data ids this data was checked against."""
+    declared_report_sha256: str | None
+    """The manifest's digest of the decontamination report the human reviewed, if any."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "role": self.role, "uri": self.uri,
+            "input_sha256": self.input_sha256,
+            "counts": {"input": self.input_rows, "empty_removed": self.empty_removed,
+                       "exact_dupes_removed": self.exact_dupes_removed,
+                       "near_dupes_removed": self.near_dupes_removed,
+                       "contaminated_removed": self.contaminated_removed,
+                       "output": self.output_rows},
+            "shard": self.shard, "output_sha256": self.output_sha256,
+            "output_bytes": self.output_bytes, "ngram": self.ngram,
+            "decontaminated_against": list(self.decontaminated_against),
+            "declared_report_sha256": self.declared_report_sha256,
+        }
+
+
+@dataclass(frozen=True)
+class EvalContamination:
+    """How many items of one eval data set were found in the training data as supplied."""
+
+    id: str
+    items: int
+    contaminated: int
+
+    @property
+    def fraction(self) -> float:
+        return self.contaminated / self.items if self.items else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "items": self.items, "contaminated": self.contaminated,
+                "fraction": self.fraction}
+
+
+@dataclass(frozen=True)
+class PrepReport:
+    """The provenance report; :meth:`to_dict` is exactly what ``provenance.json`` holds."""
+
+    manifest_name: str
+    near_dedup: NearDedup
+    ngram_override: int | None
+    """The n forced on every data set by the caller, or ``None`` (each data's own n)."""
+    max_contamination: float
+    datasets: tuple[DatasetReport, ...]
+    evals: tuple[EvalContamination, ...]
+    schema: str = field(default=PROVENANCE_SCHEMA)
+
+    @property
+    def eval_contaminated_fraction(self) -> float:
+        """Contaminated eval items over all eval items (each eval set is also held to the
+        policy on its own)."""
+        items = sum(e.items for e in self.evals)
+        return sum(e.contaminated for e in self.evals) / items if items else 0.0
+
+    def dataset(self, data_id: str) -> DatasetReport:
+        return next(d for d in self.datasets if d.id == data_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema,
+            "manifest_name": self.manifest_name,
+            "parameters": {
+                "normalisation": {"unicode": "NFKC", "whitespace": "collapsed", "strip": True,
+                                  "fields": "text, else every top-level string field"},
+                "exact_dedup": {"key": "sha256 of the normalised row as canonical JSON",
+                                "scope": "each data set"},
+                "near_dedup": {**self.near_dedup.to_dict(), "scope": "each training data set"},
+                "decontamination": {
+                    "method": "ngram", "default_n": DEFAULT_NGRAM,
+                    "n_override": self.ngram_override,
+                    "tokens": "whitespace-separated, casefolded",
+                    "short_items": "eval items shorter than n tokens are matched whole",
+                    "against": "every eval data set of the manifest",
+                },
+                "max_contamination": self.max_contamination,
+            },
+            "datasets": [d.to_dict() for d in self.datasets],
+            "evals": [e.to_dict() for e in self.evals],
+            "eval_contaminated_fraction": self.eval_contaminated_fraction,
+        }
+
+
+# --- preparation ------------------------------------------------------------------------------
+
+@dataclass
+class _Loaded:
+    ref: DataRef
+    rows: list[dict[str, Any]]
+    input_rows: int
+    empty_removed: int
+    exact_dupes_removed: int
+    near_dupes_removed: int = 0
+    contaminated_removed: int = 0
+
+
+def prepare_data(
+    manifest: Manifest,
+    workdir: Path,
+    *,
+    ngram: int | None = None,
+    near_dedup: NearDedup | None = None,
+) -> PrepReport:
+    """Prepare every data set of ``manifest`` into ``<workdir>/prepared/`` (see module doc).
+
+    ``ngram`` forces one n-gram size on every data set instead of each data's
+    ``decontamination.n`` (13 where it has none). Refuses with ``data_policy_violation`` (reason
+    ``license``, ``unreadable``, ``sha256_mismatch``, ``malformed`` or ``contamination``) or
+    ``capability_unavailable`` (a URI scheme other than ``file://``), having written nothing.
+    """
+    if ngram is not None and ngram < 1:
+        raise ValueError("ngram must be ≥ 1")
+    settings = near_dedup if near_dedup is not None else NearDedup()
+    policy = manifest.data_policy
+    for ref in manifest.data:
+        if ref.license not in policy.allowed_licenses:
+            raise ItoError("data_policy_violation", f"data {ref.id!r} has a licence outside the "
+                           "data policy", reason="license", data_id=ref.id, license=ref.license)
+    loaded = [_load(ref) for ref in manifest.data]
+
+    eval_sets = [d for d in loaded if d.ref.role == "eval"]
+    eval_ids = tuple(d.ref.id for d in eval_sets)
+    eval_texts = [row_text(row) for d in eval_sets for row in d.rows]
+    eval_owner = [d.ref.id for d in eval_sets for _ in d.rows]
+    indices: dict[int, EvalIndex] = {}
+    contaminated_items: set[int] = set()
+    ngram_of: dict[str, int] = {}
+
+    for data in loaded:
+        if data.ref.role == "eval":
+            continue
+        texts = [row_text(row) for row in data.rows]
+        deco = data.ref.decontamination
+        n = ngram if ngram is not None else (deco.n if deco is not None else DEFAULT_NGRAM)
+        ngram_of[data.ref.id] = n
+        index = indices.get(n)
+        if index is None:
+            index = indices[n] = EvalIndex(eval_texts, n)
+        # Decontamination comes before near-deduplication: every near duplicate is measured
+        # for the policy, and a clean row is never dropped as the near duplicate of a row that
+        # is itself removed.
+        hits = [index.matches(text) for text in texts]
+        for found in hits:
+            contaminated_items |= found
+        clean = [i for i, found in enumerate(hits) if not found]
+        data.contaminated_removed = len(texts) - len(clean)
+        near = set(near_duplicates([texts[i] for i in clean], settings))
+        data.near_dupes_removed = len(near)
+        data.rows = [data.rows[i] for k, i in enumerate(clean) if k not in near]
+
+    evals = tuple(
+        EvalContamination(id=d.ref.id, items=len(d.rows),
+                          contaminated=sum(1 for i in contaminated_items
+                                           if eval_owner[i] == d.ref.id))
+        for d in eval_sets)
+    for e in evals:
+        if e.fraction > policy.max_contamination:
+            raise ItoError("data_policy_violation",
+                           f"{e.contaminated} of {e.items} items of eval data {e.id!r} were found "
+                           "in the training data", reason="contamination", data_id=e.id,
+                           fraction=e.fraction, max_contamination=policy.max_contamination)
+
+    shards = {d.ref.id: _serialise(d.rows) for d in loaded}
+    report = PrepReport(
+        manifest_name=manifest.name, near_dedup=settings, ngram_override=ngram,
+        max_contamination=policy.max_contamination,
+        datasets=tuple(_dataset_report(d, shards[d.ref.id], ngram_of.get(d.ref.id), eval_ids)
+                       for d in loaded),
+        evals=evals)
+    _write(workdir, shards, report)
+    return report
+
+
+def _dataset_report(data: _Loaded, shard: bytes, n: int | None,
+                    eval_ids: tuple[str, ...]) -> DatasetReport:
+    ref = data.ref
+    is_eval = ref.role == "eval"
+    report = DatasetReport(
+        id=ref.id, role=ref.role, uri=ref.uri, input_sha256=ref.sha256,
+        input_rows=data.input_rows, empty_removed=data.empty_removed,
+        exact_dupes_removed=data.exact_dupes_removed,
+        near_dupes_removed=data.near_dupes_removed,
+        contaminated_removed=data.contaminated_removed, output_rows=len(data.rows),
+        shard=f"{ref.id}.jsonl", output_sha256=hashlib.sha256(shard).hexdigest(),
+        output_bytes=len(shard), ngram=n,
+        decontaminated_against=() if is_eval else eval_ids,
+        declared_report_sha256=(ref.decontamination.report_sha256
+                                if ref.decontamination is not None else None))
+    assert report.input_rows == (report.empty_removed + report.exact_dupes_removed
+                                 + report.near_dupes_removed + report.contaminated_removed
+                                 + report.output_rows)
+    return report
+
+
+def _load(ref: DataRef) -> _Loaded:
+    raw = _read(ref)
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != ref.sha256:
+        raise ItoError("data_policy_violation", f"the bytes of data {ref.id!r} do not match the "
+                       "manifest's sha256", reason="sha256_mismatch", data_id=ref.id,
+                       expected=ref.sha256, actual=digest)
+    rows = _parse(ref, raw)
+    normalised = [normalise_row(row) for row in rows]
+    non_empty = [row for row in normalised if row_text(row)]
+    dupes = set(exact_duplicates(non_empty))
+    return _Loaded(ref=ref, rows=[r for i, r in enumerate(non_empty) if i not in dupes],
+                   input_rows=len(rows), empty_removed=len(normalised) - len(non_empty),
+                   exact_dupes_removed=len(dupes))
+
+
+def _read(ref: DataRef) -> bytes:
+    parts = urlsplit(ref.uri)
+    if parts.scheme != "file":
+        raise ItoError("capability_unavailable", f"data {ref.id!r}: only file:// URIs can be "
+                       "read by this runtime", reason="uri_scheme", data_id=ref.id,
+                       scheme=parts.scheme)
+    path = unquote(parts.path)
+    if parts.netloc not in ("", "localhost") or not os.path.isabs(path):
+        raise ItoError("data_policy_violation", f"data {ref.id!r}: a file URI must name an "
+                       "absolute local path", reason="unreadable", data_id=ref.id)
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ItoError("data_policy_violation", f"data {ref.id!r} cannot be read "
+                       f"({exc.strerror or type(exc).__name__})", reason="unreadable",
+                       data_id=ref.id) from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _parse(ref: DataRef, raw: bytes) -> list[dict[str, Any]]:
+    def malformed(line: int, why: str) -> ItoError:
+        return ItoError("data_policy_violation", f"data {ref.id!r} line {line}: {why}",
+                        reason="malformed", data_id=ref.id, line=line)
+
+    rows = []
+    # Split on b"\n" only: str.splitlines would also split inside JSON strings holding U+2028.
+    for number, line in enumerate(raw.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line.decode("utf-8"), parse_constant=_no_constant)
+        except (UnicodeDecodeError, ValueError):
+            raise malformed(number, "not a UTF-8 JSON line") from None
+        if not isinstance(row, dict):
+            raise malformed(number, "not a JSON object")
+        if "text" in row and not isinstance(row["text"], str):
+            raise malformed(number, "'text' is not a string")
+        rows.append(row)
+    return rows
+
+
+def _serialise(rows: list[dict[str, Any]]) -> bytes:
+    return b"".join(json.dumps(row, sort_keys=True, ensure_ascii=False).encode() + b"\n"
+                    for row in rows)
+
+
+def _write(workdir: Path, shards: dict[str, bytes], report: PrepReport) -> None:
+    out = prepared_dir(workdir)
+    out.mkdir(parents=True, exist_ok=True)
+    provenance = out / PROVENANCE_FILE
+    provenance.unlink(missing_ok=True)
+    for data_id, data in shards.items():
+        _atomic_write(shard_path(workdir, data_id), data)
+    text = json.dumps(report.to_dict(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    _atomic_write(provenance, text.encode())
+    _fsync_dir(out)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

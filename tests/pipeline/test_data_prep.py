@@ -1,0 +1,343 @@
+"""Data preparation end to end on the test recipe's real files (DESIGN §7.4): verified digests,
+deduplication, decontamination against the held-out set, atomic shards and a provenance report
+whose digests are those of the bytes written — and refusals that write nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ito.core.errors import ItoError
+from ito.core.manifest import Manifest, parse_manifest
+from ito.pipeline.data_prep import (
+    PROVENANCE_FILE,
+    PrepReport,
+    prepare_data,
+    prepared_dir,
+    shard_path,
+)
+from ito.recipes import build_recipe
+
+Row = dict[str, Any]
+
+
+@dataclass
+class Recipe:
+    """The test recipe written to disk, editable: change rows, then take a fresh manifest."""
+
+    data_dir: Path
+    doc: dict[str, Any]
+
+    def path(self, data_id: str) -> Path:
+        ref = next(d for d in self.doc["data"] if d["id"] == data_id)
+        return Path(ref["uri"].removeprefix("file://"))
+
+    def rows(self, data_id: str) -> list[Row]:
+        return [json.loads(line) for line in self.path(data_id).read_bytes().splitlines()]
+
+    def write_rows(self, data_id: str, rows: list[Row]) -> None:
+        """Rewrite the data and its digest in the manifest, as a buyer editing data would."""
+        raw = b"".join(json.dumps(row).encode() + b"\n" for row in rows)
+        self.path(data_id).write_bytes(raw)
+        ref = next(d for d in self.doc["data"] if d["id"] == data_id)
+        ref["sha256"] = hashlib.sha256(raw).hexdigest()
+
+    def manifest(self, **policy: Any) -> Manifest:
+        self.doc["data_policy"].update(policy)
+        return parse_manifest(json.dumps(self.doc).encode())
+
+
+def _write_recipe(name: str, data_dir: Path) -> Recipe:
+    data_dir.mkdir()
+    recipe = build_recipe(name, str(data_dir))
+    for fname, content in recipe.files.items():
+        (data_dir / fname).write_bytes(content)
+    # A JSON round trip, not deepcopy: the recipe shares lists between entries.
+    return Recipe(data_dir=data_dir, doc=json.loads(json.dumps(recipe.manifest)))
+
+
+@pytest.fixture
+def recipe(tmp_path: Path) -> Recipe:
+    return _write_recipe("test", tmp_path / "data")
+
+
+def _refusal(manifest: Manifest, workdir: Path) -> ItoError:
+    with pytest.raises(ItoError) as info:
+        prepare_data(manifest, workdir)
+    return info.value
+
+
+def _tree(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file()}
+
+
+def _long_doc(prefix: str) -> str:
+    return " ".join(f"{prefix} section {i} of the report lists shard {i * 7} with checksum "
+                    f"{i * 13 + 5} ." for i in range(20))
+
+
+# --- the happy path -------------------------------------------------------------------------
+
+
+def test_prepared_shards_and_provenance_match_the_bytes_written(
+    recipe: Recipe, tmp_path: Path
+) -> None:
+    manifest = recipe.manifest()
+    workdir = tmp_path / "work"
+    report = prepare_data(manifest, workdir)
+
+    assert isinstance(report, PrepReport)
+    provenance = json.loads((prepared_dir(workdir) / PROVENANCE_FILE).read_bytes())
+    assert provenance == report.to_dict()
+    assert [d.id for d in report.datasets] == [ref.id for ref in manifest.data]
+    for data, ref in zip(report.datasets, manifest.data, strict=True):
+        shard = shard_path(workdir, data.id).read_bytes()
+        assert data.input_sha256 == ref.sha256
+        assert data.output_sha256 == hashlib.sha256(shard).hexdigest()
+        assert data.output_bytes == len(shard)
+        assert data.output_rows == len(shard.splitlines())
+        assert data.input_rows == len(recipe.rows(data.id))
+        assert data.input_rows == (data.empty_removed + data.exact_dupes_removed
+                                   + data.near_dupes_removed + data.contaminated_removed
+                                   + data.output_rows)
+    assert report.dataset("web").ngram == 13
+    assert report.dataset("web").decontaminated_against == ("arith-heldout",)
+    assert report.dataset("arith-heldout").ngram is None
+    assert [(e.id, e.items, e.contaminated) for e in report.evals] == [("arith-heldout", 200, 0)]
+    assert report.eval_contaminated_fraction == 0.0
+    assert sorted(p.name for p in prepared_dir(workdir).iterdir()) == sorted(
+        [f"{ref.id}.jsonl" for ref in manifest.data] + [PROVENANCE_FILE])
+
+
+def test_prepared_rows_are_normalised_and_keep_their_other_fields(
+    recipe: Recipe, tmp_path: Path
+) -> None:
+    web = recipe.rows("web")
+    web[0] = {"text": "  Ｔhe\u00a0model\tadds\n\nsmall  numbers .  ", "source": "crawl-7"}
+    sft = recipe.rows("arith-sft")
+    sft[0] = {"prompt": " 1+2=\u3000", "completion": "３", "weight": 2}
+    recipe.write_rows("web", web)
+    recipe.write_rows("arith-sft", sft)
+    workdir = tmp_path / "work"
+    prepare_data(recipe.manifest(), workdir)
+
+    first_web = json.loads(shard_path(workdir, "web").read_bytes().splitlines()[0])
+    assert first_web == {"text": "The model adds small numbers .", "source": "crawl-7"}
+    first_sft = json.loads(shard_path(workdir, "arith-sft").read_bytes().splitlines()[0])
+    assert first_sft == {"prompt": "1+2=", "completion": "3", "weight": 2}
+
+
+def test_exact_and_near_duplicates_are_removed_and_counted(
+    recipe: Recipe, tmp_path: Path
+) -> None:
+    web = recipe.rows("web")
+    original = _long_doc("alpha")
+    words = original.split()
+    words[len(words) // 2] = "changed"
+    one_word_changed = " ".join(words)
+    half_changed = " ".join(w if i % 2 else "other" for i, w in enumerate(words))
+    web += [
+        dict(web[3]),                                             # exact copy
+        {"text": "  " + web[5]["text"].replace(" ", "   ") + "\n"},  # same after normalising
+        {"text": original},
+        {"text": one_word_changed},                               # near duplicate
+        {"text": half_changed},                                   # similar, not a duplicate
+    ]
+    recipe.write_rows("web", web)
+    workdir = tmp_path / "work"
+    report = prepare_data(recipe.manifest(), workdir)
+
+    counts = report.dataset("web")
+    assert (counts.exact_dupes_removed, counts.near_dupes_removed) == (2, 1)
+    assert counts.output_rows == len(web) - 3
+    texts = [json.loads(line)["text"] for line in shard_path(workdir, "web").read_bytes()
+             .splitlines()]
+    assert texts.count(web[3]["text"]) == 1
+    assert texts.count(web[5]["text"]) == 1
+    assert original in texts
+    assert half_changed in texts
+    assert one_word_changed not in texts
+
+
+def test_planted_eval_items_are_removed_from_training_data_and_counted(
+    recipe: Recipe, tmp_path: Path
+) -> None:
+    heldout = recipe.rows("arith-heldout")
+    item_a, item_b = heldout[7], heldout[42]
+    sft = recipe.rows("arith-sft")
+    sft.insert(10, {"prompt": item_a["prompt"], "completion": item_a["answer"]})
+    recipe.write_rows("arith-sft", sft)
+    web = recipe.rows("web")
+    web.insert(3, {"text": f"the batch counts two digits . {item_b['prompt']} "
+                           f"{item_b['answer']} . the model adds small numbers ."})
+    recipe.write_rows("web", web)
+    workdir = tmp_path / "work"
+    report = prepare_data(recipe.manifest(max_contamination=0.05), workdir)
+
+    assert report.dataset("arith-sft").contaminated_removed == 1
+    assert report.dataset("web").contaminated_removed == 1
+    assert report.dataset("arith-prefs").contaminated_removed == 0
+    assert [(e.id, e.items, e.contaminated) for e in report.evals] == [("arith-heldout", 200, 2)]
+    assert report.eval_contaminated_fraction == pytest.approx(0.01)
+    assert json.loads((prepared_dir(workdir) / PROVENANCE_FILE).read_bytes())[
+        "eval_contaminated_fraction"] == pytest.approx(0.01)
+    assert item_a["prompt"].encode() not in shard_path(workdir, "arith-sft").read_bytes()
+    assert item_b["prompt"].encode() not in shard_path(workdir, "web").read_bytes()
+    # The eval data itself is kept whole.
+    assert report.dataset("arith-heldout").output_rows == 200
+
+
+def test_a_clean_near_duplicate_of_a_contaminated_row_is_kept(
+    recipe: Recipe, tmp_path: Path
+) -> None:
+    item = recipe.rows("arith-heldout")[0]
+    clean = _long_doc("beta")
+    web = recipe.rows("web")
+    web += [{"text": f"{clean} {item['prompt']} {item['answer']}"}, {"text": clean}]
+    recipe.write_rows("web", web)
+    workdir = tmp_path / "work"
+    report = prepare_data(recipe.manifest(max_contamination=0.01), workdir)
+
+    assert report.dataset("web").contaminated_removed == 1
+    assert report.dataset("web").near_dupes_removed == 0
+    texts = [json.loads(line)["text"] for line in shard_path(workdir, "web").read_bytes()
+             .splitlines()]
+    assert clean in texts
+
+
+def test_two_runs_give_byte_identical_shards_and_provenance(
+    recipe: Recipe, tmp_path: Path
+) -> None:
+    web = recipe.rows("web")
+    web += [dict(web[0]), {"text": _long_doc("gamma")}, {"text": _long_doc("gamma") + " x"}]
+    recipe.write_rows("web", web)
+    manifest = recipe.manifest()
+    first = prepare_data(manifest, tmp_path / "one")
+    second = prepare_data(manifest, tmp_path / "two")
+
+    assert [d.output_sha256 for d in first.datasets] == [d.output_sha256 for d in second.datasets]
+    assert first == second
+    assert _tree(prepared_dir(tmp_path / "one")) == _tree(prepared_dir(tmp_path / "two"))
+    # Preparing again into the same directory replaces the files with the same bytes.
+    before = _tree(prepared_dir(tmp_path / "one"))
+    prepare_data(manifest, tmp_path / "one")
+    assert _tree(prepared_dir(tmp_path / "one")) == before
+
+
+# --- refusals write nothing -----------------------------------------------------------------
+
+
+def test_a_sha256_mismatch_refuses_and_writes_nothing(recipe: Recipe, tmp_path: Path) -> None:
+    manifest = recipe.manifest()
+    path = recipe.path("arith-prompts")
+    path.write_bytes(path.read_bytes() + b'{"prompt": "1+1=", "answer": "2"}\n')
+    workdir = tmp_path / "work"
+
+    exc = _refusal(manifest, workdir)
+    assert exc.code == "data_policy_violation"
+    assert exc.details["reason"] == "sha256_mismatch"
+    assert exc.details["data_id"] == "arith-prompts"
+    assert not workdir.exists()
+
+
+def test_a_refusal_leaves_an_earlier_preparation_untouched(
+    recipe: Recipe, tmp_path: Path
+) -> None:
+    manifest = recipe.manifest()
+    workdir = tmp_path / "work"
+    prepare_data(manifest, workdir)
+    before = _tree(workdir)
+    recipe.path("web").write_bytes(b'{"text": "tampered"}\n')
+
+    assert _refusal(manifest, workdir).details["reason"] == "sha256_mismatch"
+    assert _tree(workdir) == before
+
+
+def test_contamination_above_the_policy_refuses_and_writes_nothing(
+    recipe: Recipe, tmp_path: Path
+) -> None:
+    item = recipe.rows("arith-heldout")[3]
+    prompts = recipe.rows("arith-prompts")
+    prompts.append({"prompt": item["prompt"], "answer": item["answer"]})
+    recipe.write_rows("arith-prompts", prompts)
+    workdir = tmp_path / "work"
+
+    exc = _refusal(recipe.manifest(max_contamination=0.0), workdir)
+    assert exc.code == "data_policy_violation"
+    assert exc.details["reason"] == "contamination"
+    assert exc.details["data_id"] == "arith-heldout"
+    assert exc.details["fraction"] == pytest.approx(1 / 200)
+    assert not workdir.exists()
+
+
+def test_contamination_at_the_policy_limit_is_accepted(recipe: Recipe, tmp_path: Path) -> None:
+    item = recipe.rows("arith-heldout")[3]
+    prompts = recipe.rows("arith-prompts")
+    prompts.append({"prompt": item["prompt"], "answer": item["answer"]})
+    recipe.write_rows("arith-prompts", prompts)
+
+    report = prepare_data(recipe.manifest(max_contamination=1 / 200), tmp_path / "work")
+    assert report.dataset("arith-prompts").contaminated_removed == 1
+
+
+def test_a_non_file_uri_is_refused_as_unavailable(recipe: Recipe, tmp_path: Path) -> None:
+    recipe.doc["data"][1]["uri"] = "s3://bucket/arith-sft.jsonl"
+    exc = _refusal(recipe.manifest(), tmp_path / "work")
+    assert exc.code == "capability_unavailable"
+    assert exc.details["data_id"] == "arith-sft"
+    assert not (tmp_path / "work").exists()
+
+
+def test_a_missing_file_is_refused(recipe: Recipe, tmp_path: Path) -> None:
+    manifest = recipe.manifest()
+    recipe.path("arith-prefs").unlink()
+    exc = _refusal(manifest, tmp_path / "work")
+    assert exc.code == "data_policy_violation"
+    assert (exc.details["reason"], exc.details["data_id"]) == ("unreadable", "arith-prefs")
+
+
+@pytest.mark.parametrize("bad_line", [b"not json", b"[1, 2]", b'{"text": 5}', b"\xff\xfe",
+                                      b'{"text": NaN}'])
+def test_a_malformed_row_is_refused(recipe: Recipe, tmp_path: Path, bad_line: bytes) -> None:
+    path = recipe.path("web")
+    raw = path.read_bytes() + bad_line + b"\n"
+    path.write_bytes(raw)
+    recipe.doc["data"][0]["sha256"] = hashlib.sha256(raw).hexdigest()
+    exc = _refusal(recipe.manifest(), tmp_path / "work")
+    assert exc.code == "data_policy_violation"
+    assert exc.details["reason"] == "malformed"
+    assert exc.details["line"] == len(raw.splitlines())
+    assert not (tmp_path / "work").exists()
+
+
+def test_a_licence_outside_the_policy_is_refused(recipe: Recipe, tmp_path: Path) -> None:
+    exc = _refusal(recipe.manifest(allowed_licenses=["cc-by-4.0"]), tmp_path / "work")
+    assert exc.code == "data_policy_violation"
+    assert exc.details["reason"] == "license"
+    assert not (tmp_path / "work").exists()
+
+
+# --- parameters and scale -------------------------------------------------------------------
+
+
+def test_the_ngram_override_is_used_and_recorded(recipe: Recipe, tmp_path: Path) -> None:
+    report = prepare_data(recipe.manifest(), tmp_path / "work", ngram=8)
+    assert {d.ngram for d in report.datasets if d.role != "eval"} == {8}
+    assert report.to_dict()["parameters"]["decontamination"]["n_override"] == 8
+
+
+def test_the_demo_recipe_prepares_well_within_ten_seconds(tmp_path: Path) -> None:
+    demo = _write_recipe("demo", tmp_path / "data")
+    started = time.perf_counter()
+    report = prepare_data(demo.manifest(), tmp_path / "work")
+    elapsed = time.perf_counter() - started
+
+    assert report.dataset("web").input_rows == 3000
+    assert elapsed < 10.0

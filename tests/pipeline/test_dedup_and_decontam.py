@@ -1,0 +1,124 @@
+"""The pure helpers of data preparation: normalisation, row text, shingles, exact and near
+duplicates, and n-gram decontamination including whole-item matching of short eval items."""
+
+from __future__ import annotations
+
+import pytest
+
+from ito.pipeline.data_prep import normalise_row, normalise_text, row_text
+from ito.pipeline.decontam import EvalIndex, match_tokens, ngrams
+from ito.pipeline.dedup import (
+    NearDedup,
+    exact_duplicates,
+    exact_key,
+    jaccard,
+    near_duplicates,
+    word_shingles,
+)
+
+LONG = ("the scheduler reads every token of the long sentences and the optimizer stores "
+        "the gradient in many shards while a careful reader checks its own notes again")
+
+
+# --- normalisation --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ("  a  b\t\tc\n\nd  ", "a b c d"),
+    ("Ｆｕｌｌ\u00a0width", "Full width"),
+    ("e\u0301", "é"),
+    ("ﬁne ①", "fine 1"),
+    ("\u2003\u3000", ""),
+])
+def test_text_is_nfkc_normalised_with_whitespace_collapsed(raw: str, expected: str) -> None:
+    assert normalise_text(raw) == expected
+
+
+def test_a_text_row_has_only_its_text_normalised() -> None:
+    row = {"text": " a  b ", "url": " https://x/ ", "n": 3}
+    assert normalise_row(row) == {"text": "a b", "url": " https://x/ ", "n": 3}
+
+
+def test_a_row_without_text_has_every_string_field_normalised() -> None:
+    row = {"prompt": " 1+2=\t", "chosen": "３ ", "rejected": "4", "weight": 1.5, "tags": [" x "]}
+    assert normalise_row(row) == {"prompt": "1+2=", "chosen": "3", "rejected": "4",
+                                  "weight": 1.5, "tags": [" x "]}
+
+
+def test_row_text_puts_the_prompt_before_its_answer() -> None:
+    assert row_text({"text": "hello world", "title": "t"}) == "hello world"
+    assert row_text({"completion": "3", "prompt": "1+2="}) == "1+2= 3"
+    assert row_text({"rejected": "4", "prompt": "1+2=", "chosen": "3"}) == "1+2= 3 4"
+    assert row_text({"answer": 3, "prompt": "1+2=", "ok": True, "extra": "z"}) == "1+2= 3 z"
+    assert row_text({"prompt": "", "completion": ""}) == ""
+
+
+# --- duplicates -----------------------------------------------------------------------------
+
+
+def test_exact_key_ignores_key_order_and_exact_duplicates_keep_the_first() -> None:
+    assert exact_key({"a": 1, "b": "x"}) == exact_key({"b": "x", "a": 1})
+    rows: list[dict[str, object]] = [{"text": "a"}, {"text": "b"}, {"text": "a"},
+                                     {"text": "a", "s": 1}, {"text": "b"}]
+    assert exact_duplicates(rows) == [2, 4]
+
+
+def test_word_shingles_are_casefolded_windows_and_short_texts_are_one_shingle() -> None:
+    assert word_shingles("A b C d", 3) == frozenset({"a b c", "b c d"})
+    assert word_shingles("1+2= 3", 3) == frozenset({"1+2= 3"})
+    assert word_shingles("", 3) == frozenset()
+    assert jaccard(frozenset({"a", "b"}), frozenset({"b", "c"})) == pytest.approx(1 / 3)
+
+
+def test_near_duplicates_drop_later_copies_and_keep_distinct_texts() -> None:
+    words = [f"{word}{i}" for i, word in enumerate(LONG.split() * 3)]
+    changed = list(words)
+    changed[10] = "CHANGED"
+    texts = [" ".join(words), "something else entirely here", " ".join(changed),
+             " ".join(reversed(words)), " ".join(words).upper()]
+    assert near_duplicates(texts, NearDedup()) == [2, 4]
+    assert near_duplicates(texts, NearDedup(threshold=1.0)) == [4]
+    assert near_duplicates([], NearDedup()) == []
+
+
+@pytest.mark.parametrize("kwargs", [{"threshold": 0.0}, {"threshold": 1.5},
+                                    {"shingle_words": 0}, {"num_perm": 1}, {"seed": -1}])
+def test_near_dedup_settings_are_checked(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        NearDedup(**kwargs)  # type: ignore[arg-type]
+
+
+# --- decontamination ------------------------------------------------------------------------
+
+
+def test_ngrams_are_contiguous_windows() -> None:
+    assert ngrams(["a", "b", "c", "d"], 3) == {("a", "b", "c"), ("b", "c", "d")}
+    assert ngrams(["a", "b"], 3) == set()
+    assert match_tokens(" The  CAT ") == ["the", "cat"]
+
+
+def test_a_long_eval_item_matches_on_a_shared_ngram_only() -> None:
+    index = EvalIndex([LONG], 13)
+    words = LONG.split()
+    shares_13 = "unrelated prefix " + " ".join(words[5:18]) + " unrelated suffix"
+    shares_12 = "unrelated prefix " + " ".join(words[5:17]) + " unrelated suffix"
+    assert index.matches(shares_13) == {0}
+    assert index.matches(shares_12) == set()
+    assert index.matches(" ".join(words[5:18]).upper()) == {0}
+
+
+def test_a_short_eval_item_matches_when_contained_whole() -> None:
+    index = EvalIndex(["503+511= 1014", "7+8= 15", LONG], 13)
+    assert index.matches("we saw 503+511= 1014 here") == {0}
+    assert index.matches("503+511= 1015") == set()
+    assert index.matches("1014 503+511=") == set()
+    assert index.matches("7+8= 15 and 503+511= 1014") == {0, 1}
+    assert index.matches("") == set()
+
+
+def test_an_index_without_items_matches_nothing() -> None:
+    index = EvalIndex([], 13)
+    assert index.size == 0
+    assert index.matches(LONG) == set()
+    with pytest.raises(ValueError):
+        EvalIndex([], 0)
