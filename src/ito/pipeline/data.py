@@ -1,0 +1,126 @@
+"""Training data for a curriculum stage: documents → held-out split → packed sequences → batches.
+
+Guarantees:
+
+- The held-out split is a pure function of each document's bytes (a digest bucket), so every
+  stage that trains on a data id skips exactly the documents every eval on that id uses.
+- The order is a pure function of (seed, stage index, epoch): the batch of stage step ``k`` on
+  rank ``r`` is computed, never iterated to, so the data position of a checkpoint is the step.
+- Raw files are read only from ``file://`` URIs and must match the manifest's sha256; a file
+  that data preparation wrote to ``<workdir>/prepared/<id>.jsonl`` is used in its place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import torch
+from tokenizers import Tokenizer
+
+from ito.core.manifest import DataRef
+
+__all__ = ["HELDOUT_EVERY", "PackedData", "read_documents", "seed_from", "split_heldout"]
+
+HELDOUT_EVERY = 20
+"""One document in this many (by digest bucket) is held out of training for evaluation."""
+
+
+def seed_from(run_id: str) -> int:
+    return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:8], "big") % (2**62)
+
+
+def read_documents(ref: DataRef, workdir: Path) -> list[str]:
+    prepared = workdir / "prepared" / f"{ref.id}.jsonl"
+    if prepared.exists():
+        raw = prepared.read_bytes()
+    else:
+        uri = urlparse(ref.uri)
+        if uri.scheme != "file":
+            raise ValueError(f"data {ref.id!r}: only file:// URIs are readable here, not "
+                             f"{uri.scheme}://")
+        raw = Path(unquote(uri.path)).read_bytes()
+        if hashlib.sha256(raw).hexdigest() != ref.sha256:
+            raise ValueError(f"data {ref.id!r}: the file's sha256 does not match the manifest")
+    docs = []
+    for number, line in enumerate(raw.decode("utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if not isinstance(row, dict):
+            raise ValueError(f"data {ref.id!r}: line {number} is not a JSON object")
+        docs.append(_row_text(row))
+    return docs
+
+
+def _row_text(row: dict[str, object]) -> str:
+    if isinstance(row.get("text"), str):
+        return str(row["text"])
+    prompt = str(row.get("prompt", ""))
+    for key in ("completion", "chosen", "answer"):
+        if isinstance(row.get(key), str):
+            return prompt + str(row[key])
+    return prompt
+
+
+def _digest(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+def split_heldout(docs: Sequence[str], role: str) -> tuple[list[str], list[str]]:
+    """(train, held-out). Eval data is all held out; other data loses one bucket in
+    ``HELDOUT_EVERY`` (at least one document when there are two or more)."""
+    if role == "eval":
+        return [], list(docs)
+    heldout = {i for i, d in enumerate(docs) if _digest(d) % HELDOUT_EVERY == 0}
+    if not heldout and len(docs) > 1:
+        heldout = {min(range(len(docs)), key=lambda i: _digest(docs[i]))}
+    held = set(docs[i] for i in heldout)
+    return [d for d in docs if d not in held], [d for d in docs if d in held]
+
+
+def pack(tokenizer: Tokenizer, docs: Sequence[str], seq_len: int) -> torch.Tensor:
+    """Concatenate the documents, each followed by EOS, into rows of ``seq_len`` tokens; the
+    tail that does not fill a row is dropped."""
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    if eos is None:
+        raise ValueError("the tokenizer has no end-of-text token")
+    stream: list[int] = []
+    for encoding in tokenizer.encode_batch(list(docs)):
+        stream.extend(encoding.ids)
+        stream.append(eos)
+    rows = len(stream) // seq_len
+    if rows == 0:
+        raise ValueError(f"the data holds {len(stream)} tokens, fewer than one sequence of "
+                         f"{seq_len}")
+    return torch.tensor(stream[: rows * seq_len], dtype=torch.long).view(rows, seq_len)
+
+
+@dataclass
+class PackedData:
+    """Packed sequences of one stage and the seeded order they are visited in."""
+
+    sequences: torch.Tensor
+    seed: int
+    stage_index: int
+    _orders: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def _order(self, epoch: int) -> torch.Tensor:
+        if epoch not in self._orders:
+            generator = torch.Generator().manual_seed(
+                (self.seed * 1_000_003 + self.stage_index * 10_007 + epoch) % (2**63))
+            self._orders[epoch] = torch.randperm(len(self.sequences), generator=generator)
+            for old in [e for e in self._orders if e < epoch - 1]:
+                del self._orders[old]  # steps only move forward; these are never read again
+        return self._orders[epoch]
+
+    def batch(self, stage_step: int, rank: int, world: int, micro_batch: int) -> torch.Tensor:
+        """The ``micro_batch`` sequences rank ``rank`` trains on at ``stage_step`` (0-based)."""
+        n = len(self.sequences)
+        start = stage_step * micro_batch * world + rank * micro_batch
+        index = [int(self._order(p // n)[p % n]) for p in range(start, start + micro_batch)]
+        return self.sequences[index]

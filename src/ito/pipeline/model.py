@@ -1,0 +1,96 @@
+"""The Llama decoder, its FSDP2 sharding, the optimizer and the learning-rate schedule.
+
+The architecture comes from the size table (:mod:`ito.core.model_sizes`); weights are random,
+seeded from the run id, identical on every rank before ``fully_shard`` splits them. Each decoder
+layer is its own FSDP2 unit and the root holds the embeddings and the head (the TorchTitan
+layout), so only one layer's full parameters are materialised at a time.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+from torch.distributed.fsdp import fully_shard
+from torch.optim.lr_scheduler import LambdaLR
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from ito.core.hardware import ACCELERATORS
+from ito.core.model_sizes import ModelSize
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+__all__ = [
+    "PEAK_LR",
+    "build_model",
+    "build_optimizer",
+    "build_scheduler",
+    "lr_factor",
+    "peak_flops",
+]
+
+PEAK_LR: dict[str, float] = {"tiny": 3e-3, "150m": 6e-4, "1b": 3e-4, "8b": 3e-4}
+"""Peak AdamW learning rate per size, in the range of published Llama-style recipes of that
+scale (GPT-3 paper Table 2.1 for the 125M–1.3B rows; Llama 3 used 3e-4 at 8B)."""
+WEIGHT_DECAY = 0.1
+BETAS = (0.9, 0.95)
+WARMUP_FRACTION = 0.1
+MIN_LR_RATIO = 0.1
+"""Cosine decay ends at a tenth of the peak (Chinchilla, Hoffmann et al. 2022, §3)."""
+
+
+def build_model(size: ModelSize, seed: int, mesh: DeviceMesh) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=size.vocab,
+        hidden_size=size.hidden,
+        intermediate_size=size.ffn,
+        num_hidden_layers=size.layers,
+        num_attention_heads=size.heads,
+        num_key_value_heads=size.kv_heads,
+        max_position_embeddings=size.max_seq_len,
+        tie_word_embeddings=False,
+        attention_dropout=0.0,
+    )
+    torch.manual_seed(seed)
+    with torch.device(mesh.device_type):
+        model = LlamaForCausalLM(config)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def build_optimizer(model: torch.nn.Module, size_name: str) -> torch.optim.AdamW:
+    return torch.optim.AdamW(model.parameters(), lr=PEAK_LR[size_name], betas=BETAS,
+                             weight_decay=WEIGHT_DECAY, foreach=True)
+
+
+def lr_factor(step: int, total_steps: int) -> float:
+    """Linear warmup then cosine decay to ``MIN_LR_RATIO``; ``step`` is the number of optimizer
+    steps already taken in the stage (LambdaLR's convention)."""
+    warmup = max(1, int(total_steps * WARMUP_FRACTION))
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+    return MIN_LR_RATIO + (1 - MIN_LR_RATIO) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int) -> LambdaLR:
+    for group in optimizer.param_groups:
+        # Each stage restarts its own warmup from the peak rate, not from where the last stage
+        # decayed to.
+        group["lr"] = group.setdefault("initial_lr", group["lr"])
+    return LambdaLR(optimizer, lambda step: lr_factor(step, total_steps))
+
+
+def peak_flops() -> float | None:
+    """Dense bf16 peak FLOP/s of this process's GPU when the hardware table knows it."""
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name().lower()
+    for key, accel in ACCELERATORS.items():
+        if key != "cpu" and key in name:
+            return accel.peak_bf16_flops
+    return None

@@ -1,0 +1,90 @@
+"""Entry point of the pretrain engine: ``torchrun … -m ito.pipeline.run --spec /abs/spec.json``.
+
+Exit status 0 means the run reached an end the events describe (``done`` with ``succeeded`` or
+``gate_failed``); anything else is a crash, which torchrun may answer with a restart that
+resumes from the newest committed checkpoint. On CPU the process group is gloo; with CUDA it is
+NCCL for the tensors and gloo beside it (checkpoint uploads need a CPU backend).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ito.pipeline.run")
+    parser.add_argument("--spec", required=True, type=Path, help="absolute path of spec.json")
+    args = parser.parse_args(argv)
+
+    import torch
+    import torch.distributed as dist
+
+    from ito.pipeline.events import EventWriter
+    from ito.pipeline.spec import load_spec
+    from ito.pipeline.train import Trainer
+
+    spec = load_spec(args.spec)
+    if torch.cuda.is_available():
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        _init_process_group("cpu:gloo,cuda:nccl")
+    else:
+        device = torch.device("cpu")
+        _init_process_group("gloo")
+    ckpt_group = dist.new_group(backend="gloo")
+    events = EventWriter(spec.events_path, enabled=dist.get_rank() == 0)
+    try:
+        if spec.document.get("loss_spike_at") is not None:
+            events.log("warning", "loss_spike_at is not implemented by this engine; ignored")
+        events.log("info", f"run {spec.run_id} attempt {spec.attempt}: "
+                           f"{dist.get_world_size()} ranks on {device.type}, "
+                           f"stages {', '.join(spec.stages)}")
+        Trainer(spec, events, device, ckpt_group).run()
+    except BaseException:
+        events.log("error", traceback.format_exc(limit=20))
+        raise
+    finally:
+        events.close()
+    dist.destroy_process_group()
+    return 0
+
+
+def _init_process_group(backend: str) -> None:
+    """``init_process_group`` from torchrun's environment, isolated from earlier restarts.
+
+    torchrun (c10d rendezvous, torch 2.13) shares one TCPStore between all restarts of a worker
+    group, so a restarted rank can read the previous generation's gloo/NCCL addresses and fail
+    to connect (pytorch/pytorch#135712). On one node every worker of a generation sees the same
+    ``TORCHELASTIC_RESTART_COUNT``, so a store prefix of it isolates the generations; across
+    nodes the counts can differ, and the launcher must set ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``
+    (each rendezvous round then gets a fresh store).
+    """
+    import torch.distributed as dist
+
+    timeout = timedelta(minutes=10)
+    shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    single_node = os.environ.get("LOCAL_WORLD_SIZE") == os.environ.get("WORLD_SIZE")
+    if not (shared and single_node):
+        dist.init_process_group(backend, timeout=timeout)
+        return
+    store = dist.TCPStore(  # type: ignore[attr-defined]
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+        timeout=timeout)
+    generation = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    isolated = dist.PrefixStore(f"ito/gen{generation}", store)  # type: ignore[attr-defined]
+    dist.init_process_group(backend, store=isolated, rank=int(os.environ["RANK"]),
+                            world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
+
+
+if __name__ == "__main__":
+    # The guard matters: DCP's process-based async helpers start with "spawn" and re-import
+    # the entry module.
+    sys.exit(main())

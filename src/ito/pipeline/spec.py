@@ -1,0 +1,80 @@
+"""The run spec: what the worker hands the engine in ``spec.json`` (one file per attempt).
+
+Pure and torch-free so the worker can import it to write specs. The manifest inside is the
+already-validated document; it is validated again here (``parse_manifest``) because the engine
+trusts nothing it did not check itself.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ito.core.manifest import Manifest, parse_manifest
+
+__all__ = ["FailAt", "RunSpec", "load_spec"]
+
+
+@dataclass(frozen=True)
+class FailAt:
+    rank: int
+    """Global rank that exits with status 137."""
+    step: int
+    """Global step (1-based) at whose start it exits, before doing any work of that step."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    run_id: str
+    """Seeds the model initialisation and the data order."""
+    attempt: int
+    """1 for the first attempt; the worker increments it on every re-lease."""
+    manifest: Manifest
+    workdir: Path
+    """Scratch directory; ``prepared/<data_id>.jsonl`` there replaces the raw data file."""
+    checkpoint_dir: Path
+    events_path: Path
+    stages: tuple[str, ...]
+    """Curriculum stages to run, in order; each must be in the manifest's curriculum."""
+    max_steps_per_stage: int | None = None
+    """Caps each stage's step count (test hook)."""
+    fail_at: FailAt | None = None
+    """Fault injection; fires only on attempt 1 and only before torchrun's first restart."""
+    document: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """The spec as read, for logging."""
+
+
+def load_spec(path: Path) -> RunSpec:
+    """Read and check ``spec.json``; raises ``ValueError`` naming the offending field."""
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(doc, dict):
+        raise ValueError("spec: must be a JSON object")
+    manifest = parse_manifest(json.dumps(doc.get("manifest")).encode())
+    stages = tuple(doc.get("stages") or [s.stage for s in manifest.curriculum])
+    known = {s.stage for s in manifest.curriculum}
+    for i, name in enumerate(stages):
+        if name not in known:
+            raise ValueError(f"spec.stages[{i}]: {name!r} is not a curriculum stage")
+    fail_at = None
+    if doc.get("fail_at") is not None:
+        fail_at = FailAt(rank=int(doc["fail_at"]["rank"]), step=int(doc["fail_at"]["step"]))
+    max_steps = doc.get("max_steps_per_stage")
+    if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
+        raise ValueError("spec.max_steps_per_stage: must be a positive integer or null")
+    for key in ("workdir", "checkpoint_dir", "events_path"):
+        if not isinstance(doc.get(key), str) or not Path(doc[key]).is_absolute():
+            raise ValueError(f"spec.{key}: must be an absolute path")
+    return RunSpec(
+        run_id=str(doc["run_id"]),
+        attempt=int(doc.get("attempt", 1)),
+        manifest=manifest,
+        workdir=Path(doc["workdir"]),
+        checkpoint_dir=Path(doc["checkpoint_dir"]),
+        events_path=Path(doc["events_path"]),
+        stages=stages,
+        max_steps_per_stage=max_steps,
+        fail_at=fail_at,
+        document=doc,
+    )

@@ -1,0 +1,293 @@
+"""The pretrain engine: the curriculum stages of a run, each trained to its token budget and
+gated by its eval battery, resumable from the newest committed checkpoint.
+
+Determinism is the point: the model init and data order are functions of the run id, the batch
+of a step is computed from the step, and a checkpoint restores everything that changes between
+steps, so an interrupted and resumed run repeats the uninterrupted run's losses step for step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from tokenizers import Tokenizer
+
+from ito.core.manifest import CurriculumStage, EvalSpec
+from ito.core.model_sizes import SIZES, ModelSize
+from ito.pipeline.checkpoint import (
+    Checkpointer,
+    committed_checkpoints,
+    load_checkpoint,
+    remove_uncommitted,
+    restore_rng,
+)
+from ito.pipeline.data import PackedData, pack, read_documents, seed_from, split_heldout
+from ito.pipeline.events import EventWriter
+from ito.pipeline.model import (
+    build_model,
+    build_optimizer,
+    build_scheduler,
+    lr_factor,
+    peak_flops,
+)
+from ito.pipeline.spec import RunSpec
+from ito.pipeline.tokenizer import TOKENIZER_FILE, build_tokenizer, load_tokenizer
+
+__all__ = ["MICRO_BATCH", "Trainer"]
+
+MICRO_BATCH = 4
+"""Sequences per rank per step."""
+MAX_GRAD_NORM = 1.0
+MAX_EVAL_SEQUENCES = 64
+"""Held-out sequences an eval reads at most (the first ones, in file order)."""
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    config: CurriculumStage
+    index: int
+    """Position in the manifest's curriculum (seeds the stage's data order)."""
+    steps: int
+    first_step: int
+    """Global step count before the stage's first step."""
+
+
+class Trainer:
+    def __init__(self, spec: RunSpec, events: EventWriter, device: torch.device,
+                 ckpt_group: dist.ProcessGroup) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.spec = spec
+        self.events = events
+        self.device = device
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.ckpt_group = ckpt_group
+        self.size: ModelSize = SIZES[spec.manifest.model.size]
+        self.seed = seed_from(spec.run_id)
+        self.refs = spec.manifest.data_by_id()
+        self._splits: dict[str, tuple[list[str], list[str]]] = {}
+        self.tokenizer = self._tokenizer()
+        self.plans = self._plans()
+        mesh = init_device_mesh(device.type, (self.world,))
+        self.model = build_model(self.size, self.seed, mesh)
+        self.optimizer = build_optimizer(self.model, spec.manifest.model.size)
+        self.checkpointer = Checkpointer(spec.checkpoint_dir, spec.manifest.checkpoint.keep_last,
+                                         events, ckpt_group)
+        self.peak = peak_flops()
+        self.fault_armed = False
+
+    # ---- set-up -------------------------------------------------------------------------------
+
+    def _tokenizer(self) -> Tokenizer:
+        root = self.spec.checkpoint_dir
+        if self.rank == 0 and not (root / TOKENIZER_FILE).exists():
+            ids = list(dict.fromkeys(d for s in self.spec.manifest.curriculum for d in s.data))
+            texts = (t for i in ids for t in self._split(i)[0])
+            build_tokenizer(texts, self.size.vocab, root)
+            self.events.log("info", f"tokenizer trained on {', '.join(ids)} "
+                                    f"(vocabulary {self.size.vocab})")
+        dist.barrier(group=self.ckpt_group)
+        return load_tokenizer(root)
+
+    def _split(self, data_id: str) -> tuple[list[str], list[str]]:
+        if data_id not in self._splits:
+            ref = self.refs[data_id]
+            self._splits[data_id] = split_heldout(read_documents(ref, self.spec.workdir),
+                                                  ref.role)
+        return self._splits[data_id]
+
+    def _plans(self) -> list[StagePlan]:
+        by_name: dict[str, tuple[int, CurriculumStage]] = {
+            s.stage: (i, s) for i, s in enumerate(self.spec.manifest.curriculum)}
+        plans, first = [], 0
+        for name in self.spec.stages:
+            index, config = by_name[name]
+            steps = max(1, config.tokens // (MICRO_BATCH * self.world * config.seq_len))
+            if self.spec.max_steps_per_stage is not None:
+                steps = min(steps, self.spec.max_steps_per_stage)
+            plans.append(StagePlan(config, index, steps, first))
+            first += steps
+        return plans
+
+    def _latest(self) -> tuple[str, int, Path] | None:
+        found: list[tuple[str, int, Path] | None] = [None]
+        if self.rank == 0:
+            for path in remove_uncommitted(self.spec.checkpoint_dir):
+                self.events.log("warning", f"ignored uncommitted checkpoint {path}")
+            committed = committed_checkpoints(self.spec.checkpoint_dir)
+            if committed:
+                found[0] = (committed[-1].stage, committed[-1].step, committed[-1].path)
+        dist.broadcast_object_list(found, src=0, group=self.ckpt_group)
+        return found[0]
+
+    # ---- the run ------------------------------------------------------------------------------
+
+    def run(self) -> str:
+        """Train every stage; returns ``succeeded`` or ``gate_failed``."""
+        start_pos, stage_step, tokens_seen = 0, 0, 0
+        trainer_state: dict[str, object] | None = None
+        resumed_step = -1
+        latest = self._latest()
+        if latest is not None:
+            stage_name, resumed_step, path = latest
+            names = [p.config.stage for p in self.plans]
+            if stage_name not in names:
+                raise ValueError(f"checkpoint {path} is of stage {stage_name!r}, not in this run")
+            trainer_state, rng = load_checkpoint(path, self.model, self.optimizer,
+                                                 self.ckpt_group)
+            if rng is not None:
+                restore_rng(rng)
+            start_pos = names.index(stage_name)
+            stage_step = int(str(trainer_state["stage_step"]))
+            tokens_seen = int(str(trainer_state["tokens_seen"]))
+            self.events.log("info", f"resumed from {path} (step {resumed_step})")
+        self.fault_armed = self._fault_armed(resumed_step)
+        # On a crash the in-flight save is abandoned, not awaited: its peers may be gone, and
+        # without its COMMIT it is never loaded.
+        for pos in range(start_pos, len(self.plans)):
+            plan = self.plans[pos]
+            resume = trainer_state if pos == start_pos else None
+            tokens_seen, passed = self._stage(plan, stage_step if resume else 0, tokens_seen,
+                                              resume)
+            if not passed:
+                self.checkpointer.close()
+                self.events.emit("done", status="gate_failed", stage=plan.config.stage)
+                return "gate_failed"
+        self.checkpointer.close()
+        self.events.emit("done", status="succeeded")
+        return "succeeded"
+
+    def _fault_armed(self, resumed_step: int) -> bool:
+        fail = self.spec.fail_at
+        return (fail is not None and fail.rank == self.rank and self.spec.attempt == 1
+                and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+                and resumed_step < fail.step)
+
+    def _stage(self, plan: StagePlan, stage_step: int, tokens_seen: int,
+               resume: dict[str, object] | None) -> tuple[int, bool]:
+        config = plan.config
+        name = config.stage
+        data = PackedData(self._packed(config.data, config.seq_len), self.seed, plan.index)
+        scheduler = build_scheduler(self.optimizer, plan.steps)
+        if resume is not None:
+            scheduler.load_state_dict(resume["scheduler"])  # type: ignore[arg-type]
+            for group, base in zip(self.optimizer.param_groups, scheduler.base_lrs, strict=True):
+                group["lr"] = base * lr_factor(scheduler.last_epoch, plan.steps)
+        self.events.emit("stage", stage=name, status="started")
+        every = self.spec.manifest.checkpoint.every_steps
+        step_tokens = MICRO_BATCH * self.world * config.seq_len
+        flops_per_token = self.size.flops_per_token(config.seq_len)
+        for k in range(stage_step, plan.steps):
+            step = plan.first_step + k + 1
+            fail = self.spec.fail_at
+            if self.fault_armed and fail is not None and step == fail.step:
+                os._exit(137)
+            start = time.perf_counter()
+            batch = data.batch(k, self.rank, self.world, MICRO_BATCH).to(self.device)
+            lr = scheduler.get_last_lr()[0]
+            loss, grad_norm = self._train_step(batch)
+            scheduler.step()
+            tokens_seen += step_tokens
+            seconds = time.perf_counter() - start
+            tps = step_tokens / seconds
+            mfu = None if self.peak is None else flops_per_token * tps / (self.peak * self.world)
+            self.events.emit("metric", stage=name, step=step, values={
+                "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tps, "mfu": mfu})
+            self.checkpointer.poll()
+            if step % every == 0 or k + 1 == plan.steps:
+                self.checkpointer.save(
+                    stage=name, step=step, tokens_seen=tokens_seen, model=self.model,
+                    optimizer=self.optimizer,
+                    trainer={"stage": name, "stage_step": k + 1, "step": step,
+                             "tokens_seen": tokens_seen, "scheduler": scheduler.state_dict()})
+        results = [self._evaluate(spec, config.seq_len)
+                   for spec in self.spec.manifest.eval_batteries[config.battery]]
+        self.checkpointer.finish()
+        passed = all(bool(r["passed"]) for r in results)
+        self.events.emit("gate", stage=name, battery=config.battery, results=results,
+                         passed=passed)
+        if passed:
+            self.events.emit("stage", stage=name, status="completed")
+        return tokens_seen, passed
+
+    def _packed(self, data_ids: list[str], seq_len: int) -> torch.Tensor:
+        docs = [d for i in data_ids for d in self._split(i)[0]]
+        return pack(self.tokenizer, docs, seq_len)
+
+    def _autocast(self) -> contextlib.AbstractContextManager[object]:
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _train_step(self, batch: torch.Tensor) -> tuple[float, float]:
+        with self._autocast():
+            loss = self.model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), MAX_GRAD_NORM)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        # The state an in-flight checkpoint copies must not change under it.
+        self.checkpointer.wait_staging()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        mean = loss.detach().float().clone()
+        dist.all_reduce(mean)
+        return float(mean.item()) / self.world, float(norm.item())
+
+    # ---- evals --------------------------------------------------------------------------------
+
+    def _evaluate(self, spec: EvalSpec, seq_len: int) -> dict[str, object]:
+        threshold = spec.max if spec.max is not None else spec.min
+        result: dict[str, object] = {"eval": spec.eval, "data": spec.data, "value": None,
+                                     "threshold": threshold, "passed": False}
+        if spec.eval not in ("heldout_loss", "perplexity"):
+            # Fail closed: a gate the engine cannot measure does not pass.
+            self.events.log("error", f"eval {spec.eval!r} is not available in the pretrain "
+                                     "engine; the gate fails")
+            return result
+        loss = self._heldout_loss(spec.data, seq_len)
+        value = loss if spec.eval == "heldout_loss" else math.exp(min(loss, 700.0))
+        result["value"] = value
+        result["passed"] = math.isfinite(value) and spec.max is not None and value <= spec.max
+        return result
+
+    def _heldout_loss(self, data_id: str, seq_len: int) -> float:
+        docs = self._split(data_id)[1]
+        total_tokens = sum(len(e.ids) + 1 for e in self.tokenizer.encode_batch(docs))
+        sequences = pack(self.tokenizer, docs, min(seq_len, total_tokens))
+        sequences = sequences[:MAX_EVAL_SEQUENCES]
+        sums = torch.zeros(2, dtype=torch.float64)
+        self.model.train(False)
+        with torch.no_grad(), self._autocast():
+            for batch, weight in self._eval_batches(sequences):
+                logits = self.model(input_ids=batch.to(self.device)).logits.float()
+                per_token = F.cross_entropy(
+                    logits[:, :-1].reshape(-1, logits.shape[-1]),
+                    batch[:, 1:].reshape(-1).to(self.device), reduction="none")
+                per_seq = per_token.view(len(batch), -1).sum(dim=1).cpu().double()
+                sums[0] += (per_seq * weight).sum()
+                sums[1] += weight.sum() * (batch.shape[1] - 1)
+        self.model.train()
+        sums = sums.to(self.device)
+        dist.all_reduce(sums)
+        return float(sums[0] / sums[1])
+
+    def _eval_batches(self, sequences: torch.Tensor) -> Iterator[tuple[torch.Tensor,
+                                                                       torch.Tensor]]:
+        """Rank ``r`` reads sequences ``r, r+world, …``; every rank runs the same number of
+        forwards (FSDP2 gathers in each), padding with weight-zero repeats."""
+        n = len(sequences)
+        per_rank = -(-n // self.world)
+        for b in range(-(-per_rank // MICRO_BATCH)):
+            index = [self.rank + self.world * (b * MICRO_BATCH + j) for j in range(MICRO_BATCH)]
+            weight = torch.tensor([1.0 if i < n else 0.0 for i in index], dtype=torch.float64)
+            yield sequences[[i if i < n else 0 for i in index]], weight

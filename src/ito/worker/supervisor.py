@@ -1,0 +1,229 @@
+"""Supervise one leased attempt of a run: prepare its data, launch the pipeline through an
+executor, stream the pipeline's events to the API, heartbeat, obey cancel and budget stops, and
+finish the run with the status the pipeline reported (or ``failed`` if it crashed).
+
+The pipeline (rank 0) appends one JSON event per line to ``events-<attempt>.jsonl``; this loop
+tails that file. A lost lease means another attempt may already run elsewhere: the processes are
+killed and nothing more is reported.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from ito.core.errors import ItoError
+from ito.worker.api import WorkerApi
+from ito.worker.executors import Executor, LaunchSpec
+
+__all__ = ["EventTail", "Supervisor", "checkpoint_path", "cleanup_run"]
+
+POLL_SECONDS = 0.2
+POST_TRAINING = ("sft", "dpo", "rlvr")
+
+
+def checkpoint_path(uri: str) -> Path:
+    parsed = urlparse(uri)
+    if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
+        raise ItoError("checkpoint_storage_invalid", "this worker writes checkpoints to file:// "
+                       "storage only")
+    return Path(unquote(parsed.path))
+
+
+class EventTail:
+    """New complete lines of a growing JSONL file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open("rb") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(chunk)
+        data = self.partial + chunk
+        *lines, self.partial = data.split(b"\n")
+        events = []
+        for line in lines:
+            if line.strip():
+                try:
+                    events.append(json.loads(line))
+                except ValueError:
+                    events.append({"type": "log", "level": "warning",
+                                   "message": "unparseable pipeline event dropped"})
+        return events
+
+
+@dataclass
+class Outcome:
+    status: str
+    failure_code: str | None
+    message: str
+
+
+class Supervisor:
+    def __init__(self, api: WorkerApi, home: Path, executor_factory: Callable[[], Executor],
+                 *, spec_overrides: dict[str, Any] | None = None) -> None:
+        self.api = api
+        self.home = home
+        self.executor_factory = executor_factory
+        self.spec_overrides = spec_overrides or {}
+
+    def run(self, lease: dict[str, Any]) -> Outcome | None:
+        run_id, attempt = lease["run_id"], int(lease["attempt"])
+        workdir = self.home / "work" / run_id
+        workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        raw = base64.b64decode(lease["manifest_b64"])
+        document = json.loads(raw)
+        try:
+            checkpoints = checkpoint_path(lease["checkpoint_uri"])
+        except ItoError as exc:
+            return self._finish(run_id, attempt, Outcome("failed", exc.code, exc.message))
+        checkpoints.mkdir(parents=True, exist_ok=True)
+
+        prep = self._prepare(run_id, attempt, raw, workdir)
+        if prep is not None:
+            return prep
+        skipped = [s for s in POST_TRAINING if (document.get("post_training") or {}).get(s)]
+        if skipped:
+            self.api.report(run_id, attempt, [{
+                "type": "log", "level": "warning",
+                "message": f"post-training stages {skipped} are not run by this runtime "
+                           "version; the run ends after its curriculum"}])
+
+        events_path = workdir / f"events-{attempt}.jsonl"
+        spec = {"run_id": run_id, "attempt": attempt, "manifest": document,
+                "workdir": str(workdir), "checkpoint_dir": str(checkpoints),
+                "events_path": str(events_path),
+                "stages": [s["stage"] for s in document["curriculum"]],
+                "max_steps_per_stage": None, "fail_at": None, "loss_spike_at": None}
+        spec |= self.spec_overrides
+        spec_path = workdir / f"spec-{attempt}.json"
+        spec_path.write_text(json.dumps(spec))
+        booking = lease["booking"]
+        executor = self.executor_factory()
+        executor.start(LaunchSpec(run_id=run_id, attempt=attempt, spec_path=spec_path,
+                                  workdir=workdir, nodes=int(booking["nodes"]),
+                                  gpus_per_node=int(booking["gpus_per_node"])))
+        return self._follow(run_id, attempt, executor, EventTail(events_path),
+                            float(lease["heartbeat_s"]))
+
+    def _prepare(self, run_id: str, attempt: int, raw: bytes, workdir: Path) -> Outcome | None:
+        if (workdir / "prepared" / "provenance.json").exists():
+            return None
+        from ito.core.manifest import parse_manifest
+        from ito.pipeline.data_prep import prepare_data
+
+        self.api.report(run_id, attempt, [{"type": "stage", "stage": "data_prep",
+                                           "status": "started"}])
+        result: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                result["report"] = prepare_data(parse_manifest(raw), workdir)
+            except ItoError as exc:
+                result["error"] = exc
+            except Exception as exc:
+                result["crash"] = exc
+
+        thread = threading.Thread(target=work, daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(timeout=1.0)
+            if thread.is_alive():
+                beat = self.api.heartbeat(run_id, attempt)
+                if beat.get("stop") == "cancel":
+                    thread.join()
+                    return self._finish(run_id, attempt,
+                                        Outcome("cancelled", None, "cancelled during data prep"))
+        if "error" in result:
+            error: ItoError = result["error"]
+            return self._finish(run_id, attempt, Outcome("failed", error.code, error.message))
+        if "crash" in result:
+            return self._finish(run_id, attempt, Outcome("failed", "internal_error",
+                                                         "data preparation crashed"))
+        summary = result["report"].to_dict()
+        self.api.report(run_id, attempt, [
+            {"type": "log", "level": "info",
+             "message": "data prepared: " + json.dumps(summary.get("counts", {}))[:3000]},
+            {"type": "stage", "stage": "data_prep", "status": "completed"}])
+        return None
+
+    def _follow(self, run_id: str, attempt: int, executor: Executor, tail: EventTail,
+                heartbeat_s: float) -> Outcome | None:
+        done: dict[str, Any] | None = None
+        next_beat = 0.0
+        while True:
+            events = tail.read()
+            if events:
+                done = next((e for e in events if e.get("type") == "done"), done)
+                self.api.report(run_id, attempt, [e for e in events if e.get("type") != "done"])
+            exit_code = executor.poll()
+            if exit_code is not None:
+                rest = tail.read()
+                done = next((e for e in rest if e.get("type") == "done"), done)
+                if rest:
+                    self.api.report(run_id, attempt, [e for e in rest if e.get("type") != "done"])
+                return self._finish(run_id, attempt, _outcome(done, exit_code))
+            if time.monotonic() >= next_beat:
+                try:
+                    beat = self.api.heartbeat(run_id, attempt)
+                except ItoError as exc:
+                    if exc.code in ("lease_lost", "run_not_found", "credential_revoked"):
+                        executor.kill()
+                        return None
+                    raise
+                next_beat = time.monotonic() + heartbeat_s
+                if beat.get("stop") == "cancel":
+                    executor.kill()
+                    return self._finish(run_id, attempt, Outcome(
+                        "cancelled", None, "cancelled; the processes were stopped and the last "
+                        "committed checkpoint kept"))
+                if beat.get("stop") == "budget":
+                    executor.kill()
+                    return self._finish(run_id, attempt, Outcome(
+                        "failed", "budget_exceeded", "stopped before the next interval would "
+                        "cross the budget ceiling; the last committed checkpoint is kept"))
+            time.sleep(POLL_SECONDS)
+
+    def _finish(self, run_id: str, attempt: int, outcome: Outcome) -> Outcome:
+        self.api.finish(run_id, attempt, outcome.status, failure_code=outcome.failure_code,
+                        message=outcome.message)
+        return outcome
+
+
+def _outcome(done: dict[str, Any] | None, exit_code: int) -> Outcome:
+    if done is not None and done.get("status") in ("succeeded", "gate_failed"):
+        status = str(done["status"])
+        message = "every stage and gate passed" if status == "succeeded" else \
+            f"an eval gate failed: {done.get('reason') or done.get('stage') or ''}".strip()
+        return Outcome(status, "eval_gate_failed" if status == "gate_failed" else None, message)
+    return Outcome("failed", "pipeline_crashed",
+                   f"the training processes exited with code {exit_code} after their restarts")
+
+
+def cleanup_run(api: WorkerApi, home: Path, job: dict[str, Any]) -> int:
+    """Delete a run's checkpoints and scratch data; report the bytes freed."""
+    paths = [checkpoint_path(job["checkpoint_uri"]), home / "work" / job["run_id"]]
+    freed = 0
+    deleted = []
+    for path in paths:
+        if path.exists():
+            freed += sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+            shutil.rmtree(path)
+            deleted.append(str(path))
+    api.cleaned(job["run_id"], freed, deleted)
+    return freed

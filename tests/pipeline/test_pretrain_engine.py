@@ -1,0 +1,197 @@
+"""The pretrain engine end to end: real ``torchrun`` with two gloo processes on the test recipe.
+
+One uninterrupted run (module fixture) is the reference; the other runs are compared with it
+step by step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ito.pipeline.checkpoint import COMMIT, committed_checkpoints
+from ito.recipes import build_recipe
+
+pytestmark = pytest.mark.slow
+
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+MAX_STEPS = 8
+"""Pretrain steps per run; the test recipe's long_context budget is one step."""
+DEADLINE_S = 240
+
+
+def make_spec(root: Path, **overrides: Any) -> Path:
+    data = root / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    recipe = build_recipe("test", str(data))
+    for name, content in recipe.files.items():
+        (data / name).write_bytes(content)
+    manifest = recipe.manifest
+    manifest["checkpoint"] = {"every_steps": 3, "keep_last": 2, "storage": "booking"}
+    spec = {
+        "run_id": "run-test-1", "attempt": 1, "manifest": manifest,
+        "workdir": str(root / "work"), "checkpoint_dir": str(root / "ckpt"),
+        "events_path": str(root / "events.jsonl"), "stages": ["pretrain", "long_context"],
+        "max_steps_per_stage": MAX_STEPS, "fail_at": None, "loss_spike_at": None,
+    }
+    spec.update(overrides)
+    path = root / "spec.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def torchrun(spec: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """Run the engine under torchrun with two processes; kill it if it passes the deadline."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
+    cmd = [TORCHRUN, "--standalone", "--nproc-per-node=2", *extra,
+           "-m", "ito.pipeline.run", "--spec", str(spec)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        out, _ = proc.communicate(timeout=DEADLINE_S)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # torchrun forwards it to its workers
+        out, _ = proc.communicate(timeout=30)
+        pytest.fail(f"torchrun passed its {DEADLINE_S}s deadline:\n{out[-4000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
+
+
+def events(root: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (root / "events.jsonl").read_text().splitlines()]
+
+
+def losses(evs: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    return [(e["step"], e["values"]["loss"]) for e in evs if e["type"] == "metric"]
+
+
+def assert_same_losses(run: list[tuple[int, float]], reference: dict[int, float]) -> None:
+    assert run, "no metric events"
+    for step, loss in run:
+        assert math.isclose(loss, reference[step], rel_tol=1e-5), (step, loss, reference[step])
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("reference")
+    result = torchrun(make_spec(root))
+    assert result.returncode == 0, result.stdout[-4000:]
+    return root
+
+
+def test_uninterrupted_run_lowers_the_loss_and_writes_well_formed_events(
+        reference: Path) -> None:
+    evs = events(reference)
+    assert all(isinstance(e["ts"], float) for e in evs)
+    assert [e["type"] for e in evs if e["type"] not in ("metric", "log", "checkpoint")] == [
+        "stage", "gate", "stage", "stage", "gate", "stage", "done"]
+    stages = [(e["stage"], e["status"]) for e in evs if e["type"] == "stage"]
+    assert stages == [("pretrain", "started"), ("pretrain", "completed"),
+                      ("long_context", "started"), ("long_context", "completed")]
+    assert evs[-1]["status"] == "succeeded"
+
+    metrics = [e for e in evs if e["type"] == "metric"]
+    assert [m["step"] for m in metrics] == list(range(1, MAX_STEPS + 2))
+    assert [m["stage"] for m in metrics] == ["pretrain"] * MAX_STEPS + ["long_context"]
+    for m in metrics:
+        assert set(m["values"]) == {"loss", "lr", "grad_norm", "tokens_per_s", "mfu"}
+        assert m["values"]["mfu"] is None  # no known peak on CPU
+        assert m["values"]["tokens_per_s"] > 0 and m["values"]["grad_norm"] > 0
+    loss = [m["values"]["loss"] for m in metrics]
+    assert loss[MAX_STEPS - 1] < loss[0] - 0.5
+
+    gates = [e for e in evs if e["type"] == "gate"]
+    for gate in gates:
+        assert gate["battery"] == "core" and gate["passed"] is True
+        (result,) = gate["results"]
+        assert result["eval"] == "heldout_loss" and result["data"] == "web"
+        assert result["threshold"] == 8.0 and result["value"] < 8.0 and result["passed"]
+
+    ckpts = [e for e in evs if e["type"] == "checkpoint"]
+    assert [(c["stage"], c["step"]) for c in ckpts] == [
+        ("pretrain", 3), ("pretrain", 6), ("pretrain", 8), ("long_context", 9)]
+    for c in ckpts:
+        assert c["bytes"] > 0 and c["seconds"] > 0
+        assert c["path"].endswith(f"{c['stage']}/step_{c['step']:08d}")
+
+
+def test_keep_last_leaves_only_the_newest_committed_checkpoints(reference: Path) -> None:
+    kept = committed_checkpoints(reference / "ckpt")
+    assert [(c.stage, c.step) for c in kept] == [("pretrain", 8), ("long_context", 9)]
+    assert not (reference / "ckpt" / "pretrain" / "step_00000003").exists()
+    assert not (reference / "ckpt" / "pretrain" / "step_00000006").exists()
+    commit = json.loads((kept[-1].path / COMMIT).read_text())
+    assert commit["step"] == 9 and commit["stage"] == "long_context"
+    assert commit["tokens_seen"] == 2 * 4 * (128 * MAX_STEPS + 256)
+    assert commit["bytes"] > 0 and commit["seconds"] > 0
+
+
+def test_killed_rank_resumes_from_the_last_commit_with_the_same_losses(
+        reference: Path, tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, fail_at={"rank": 1, "step": 7})
+    result = torchrun(spec, "--max-restarts=1")
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert "exitcode: 137" in result.stdout  # torchrun saw the injected fault
+
+    evs = events(tmp_path)
+    assert evs[-1]["type"] == "done" and evs[-1]["status"] == "succeeded"
+    (at,) = [i for i, e in enumerate(evs)
+             if e["type"] == "log" and e["message"].startswith("resumed from")]
+    resumed_step = int(evs[at]["message"].rsplit("step ", 1)[1].rstrip(")"))
+    committed_before = [e["step"] for e in evs[:at] if e["type"] == "checkpoint"]
+    assert resumed_step == max(committed_before)
+
+    steps = [s for s, _ in losses(evs)]
+    assert steps.count(resumed_step + 1) == 2, "the steps after the commit ran twice"
+    assert steps[-1] == MAX_STEPS + 1
+    assert_same_losses(losses(evs), dict(losses(events(reference))))
+
+
+def test_half_written_checkpoint_is_ignored_on_resume(reference: Path, tmp_path: Path) -> None:
+    spec = make_spec(tmp_path)
+    shutil.copytree(reference / "ckpt", tmp_path / "ckpt")
+    # Back to the end of pretrain, plus two step directories a killed save could leave behind.
+    shutil.rmtree(tmp_path / "ckpt" / "long_context" / "step_00000009")
+    for stage, step in (("long_context", 9), ("pretrain", 50)):
+        junk = tmp_path / "ckpt" / stage / f"step_{step:08d}"
+        junk.mkdir(parents=True)
+        (junk / ".metadata").write_bytes(b"half-written")
+        (junk / "__0_0.distcp").write_bytes(b"\0" * 100)
+
+    result = torchrun(spec)
+    assert result.returncode == 0, result.stdout[-4000:]
+    evs = events(tmp_path)
+    assert evs[-1]["type"] == "done" and evs[-1]["status"] == "succeeded"
+    logs = [e["message"] for e in evs if e["type"] == "log"]
+    assert any(m.startswith("resumed from") and m.endswith("(step 8)") for m in logs)
+    assert sum("ignored uncommitted checkpoint" in m for m in logs) == 2
+    assert [s for s, _ in losses(evs)] == [MAX_STEPS + 1]
+    assert_same_losses(losses(evs), dict(losses(events(reference))))
+    assert not (tmp_path / "ckpt" / "pretrain" / "step_00000050").exists()
+    assert [e["stage"] for e in evs if e["type"] == "gate"] == ["pretrain", "long_context"]
+
+
+def test_failed_gate_ends_the_run_gate_failed_with_exit_status_zero(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, stages=["pretrain"], max_steps_per_stage=1)
+    doc = json.loads(spec.read_text())
+    doc["manifest"]["eval_batteries"]["core"][0]["max"] = 0.01
+    spec.write_text(json.dumps(doc))
+
+    result = torchrun(spec)
+    assert result.returncode == 0, result.stdout[-4000:]
+    evs = events(tmp_path)
+    (gate,) = [e for e in evs if e["type"] == "gate"]
+    assert gate["passed"] is False and gate["results"][0]["passed"] is False
+    assert gate["results"][0]["threshold"] == 0.01 and gate["results"][0]["value"] > 0.01
+    assert evs[-1]["type"] == "done" and evs[-1]["status"] == "gate_failed"
+    assert ("pretrain", "completed") not in [
+        (e["stage"], e["status"]) for e in evs if e["type"] == "stage"]

@@ -1,0 +1,145 @@
+"""The engine's pure parts, in one process: spec checks, the held-out split, the data order,
+the schedule, the tokenizer, the events file and which checkpoint directories count."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from ito.core.manifest import parse_manifest
+from ito.pipeline.checkpoint import COMMIT, committed_checkpoints, remove_uncommitted
+from ito.pipeline.data import PackedData, pack, read_documents, split_heldout
+from ito.pipeline.events import EventWriter
+from ito.pipeline.model import MIN_LR_RATIO, lr_factor
+from ito.pipeline.spec import load_spec
+from ito.pipeline.tokenizer import build_tokenizer, load_tokenizer
+from ito.recipes import build_recipe
+
+
+@pytest.fixture
+def recipe_dir(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    data = tmp_path / "data"
+    data.mkdir()
+    recipe = build_recipe("test", str(data))
+    for name, content in recipe.files.items():
+        (data / name).write_bytes(content)
+    return data, recipe.manifest
+
+
+def write_spec(tmp_path: Path, manifest: dict[str, Any], **overrides: Any) -> Path:
+    doc = {"run_id": "r", "attempt": 1, "manifest": manifest, "workdir": str(tmp_path / "w"),
+           "checkpoint_dir": str(tmp_path / "c"), "events_path": str(tmp_path / "e.jsonl"),
+           "stages": ["pretrain"], "max_steps_per_stage": None, "fail_at": None,
+           "loss_spike_at": None, **overrides}
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_spec_reads_the_contract_and_refuses_unknown_stages_and_relative_paths(
+        tmp_path: Path, recipe_dir: tuple[Path, dict[str, Any]]) -> None:
+    _, manifest = recipe_dir
+    spec = load_spec(write_spec(tmp_path, manifest, fail_at={"rank": 1, "step": 5},
+                                max_steps_per_stage=3))
+    assert spec.stages == ("pretrain",) and spec.max_steps_per_stage == 3
+    assert spec.fail_at is not None and (spec.fail_at.rank, spec.fail_at.step) == (1, 5)
+    with pytest.raises(ValueError, match=r"spec\.stages\[0\]"):
+        load_spec(write_spec(tmp_path, manifest, stages=["midtrain"]))
+    with pytest.raises(ValueError, match=r"spec\.workdir"):
+        load_spec(write_spec(tmp_path, manifest, workdir="relative"))
+
+
+def test_heldout_split_is_disjoint_stable_and_never_empty(
+        recipe_dir: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    _, manifest = recipe_dir
+    ref = parse_manifest(json.dumps(manifest).encode()).data_by_id()["web"]
+    docs = read_documents(ref, tmp_path)
+    train, held = split_heldout(docs, "pretrain")
+    assert held and train and not set(train) & set(held)
+    assert len(train) + len(held) == len(docs)
+    assert split_heldout(list(reversed(docs)), "pretrain")[1] == list(reversed(held))
+    assert split_heldout(["a", "b"], "pretrain")[1] != []
+    assert split_heldout(docs, "eval") == ([], docs)
+
+
+def test_data_file_that_does_not_match_its_digest_is_refused_unless_prepared(
+        recipe_dir: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    data, manifest = recipe_dir
+    ref = parse_manifest(json.dumps(manifest).encode()).data_by_id()["web"]
+    (data / "web.jsonl").write_text('{"text": "tampered"}\n')
+    with pytest.raises(ValueError, match="sha256"):
+        read_documents(ref, tmp_path)
+    (tmp_path / "prepared").mkdir()
+    (tmp_path / "prepared" / "web.jsonl").write_text('{"text": "clean"}\n')
+    assert read_documents(ref, tmp_path) == ["clean"]
+
+
+def test_tokenizer_is_deterministic_and_packs_full_rows(tmp_path: Path) -> None:
+    texts = [f"we know that {i} plus {i + 1} makes {2 * i + 1} ." for i in range(300)]
+    build_tokenizer(texts, 300, tmp_path / "a")
+    build_tokenizer(texts, 300, tmp_path / "b")
+    assert (tmp_path / "a" / "tokenizer.json").read_bytes() == \
+        (tmp_path / "b" / "tokenizer.json").read_bytes()
+    tokenizer = load_tokenizer(tmp_path / "a")
+    rows = pack(tokenizer, texts, 16)
+    assert rows.shape[1] == 16 and rows.dtype == torch.long
+    assert tokenizer.decode(rows[0].tolist()).startswith("we know that 0 plus 1")
+
+
+def test_batches_are_a_pure_function_of_step_and_rank_and_cover_the_data() -> None:
+    sequences = torch.arange(40).view(10, 4)
+    a, b = PackedData(sequences, seed=7, stage_index=0), PackedData(sequences, 7, 0)
+    assert torch.equal(a.batch(3, 1, 2, 2), b.batch(3, 1, 2, 2))
+    # One epoch = 10 sequences = steps 0..4 of 2 ranks × 1; every sequence exactly once.
+    seen = [int(a.batch(k, r, 2, 1)[0, 0]) // 4 for k in range(5) for r in range(2)]
+    assert sorted(seen) == list(range(10))
+    assert not torch.equal(PackedData(sequences, 8, 0).batch(0, 0, 1, 10), a.batch(0, 0, 1, 10))
+
+
+def test_schedule_warms_up_linearly_then_decays_to_a_tenth() -> None:
+    assert lr_factor(0, 100) == pytest.approx(0.1)
+    assert lr_factor(9, 100) == pytest.approx(1.0)
+    assert lr_factor(10, 100) == pytest.approx(1.0)
+    assert lr_factor(100, 100) == pytest.approx(MIN_LR_RATIO)
+    values = [lr_factor(s, 100) for s in range(10, 101)]
+    assert all(x >= y for x, y in itertools.pairwise(values))
+
+
+def test_events_are_whole_json_lines_and_non_finite_numbers_become_null(
+        tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    writer = EventWriter(path, enabled=True)
+    writer.emit("metric", stage="pretrain", step=1, values={"loss": float("nan"), "lr": 1.0})
+    writer.log("info", "hello")
+    writer.close()
+    EventWriter(tmp_path / "other.jsonl", enabled=False).emit("log", message="dropped")
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[0]["values"] == {"loss": None, "lr": 1.0} and lines[0]["type"] == "metric"
+    assert lines[1] == {**lines[1], "type": "log", "level": "info", "message": "hello"}
+    assert all(isinstance(line["ts"], float) for line in lines)
+    assert not (tmp_path / "other.jsonl").exists()
+
+
+def test_only_directories_with_a_valid_commit_marker_count(tmp_path: Path) -> None:
+    def step_dir(stage: str, step: int, commit: dict[str, Any] | str | None) -> Path:
+        path = tmp_path / stage / f"step_{step:08d}"
+        path.mkdir(parents=True)
+        if commit is not None:
+            text = commit if isinstance(commit, str) else json.dumps(commit)
+            (path / COMMIT).write_text(text)
+        return path
+
+    step_dir("pretrain", 3, {"step": 3, "stage": "pretrain"})
+    step_dir("pretrain", 6, None)
+    step_dir("pretrain", 7, "{not json")
+    step_dir("pretrain", 8, {"step": 9, "stage": "pretrain"})
+    step_dir("long_context", 9, {"step": 9, "stage": "pretrain"})
+    assert [(c.stage, c.step) for c in committed_checkpoints(tmp_path)] == [("pretrain", 3)]
+    removed = remove_uncommitted(tmp_path)
+    assert [p.name for p in removed] == ["step_00000006"]
+    assert (tmp_path / "pretrain" / "step_00000003").exists()
