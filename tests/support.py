@@ -141,17 +141,25 @@ class Server:
                 "confirmations": {k: int(v) for k, v in by_state.items()},
             }
 
+    def get_text(self, path: str) -> str:
+        response = httpx.get(self.url + path, timeout=30,
+                             headers={"authorization": f"Bearer {self.desk_key}"})
+        assert response.status_code == 200, response.text
+        return response.text
+
     def sql(self, statement: str, **params: Any) -> None:
         with self.engine.begin() as conn:
             conn.execute(text(statement), params)
 
 
-@pytest.fixture(scope="session")
-def server(backend_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    home = tmp_path_factory.mktemp("ito-home")
+def start_server(database_url: str, home: Path, *, worker: bool = False,
+                 extra_env: dict[str, str] | None = None) -> Server:
+    """Migrate, create a desk key, serve on a free loopback port; wait until healthy."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ITO_")}
-    env |= {"ITO_HOME": str(home), "ITO_DATABASE_URL": backend_url,
-            "ITO_PEPPER": "test-pepper-" + secrets.token_hex(16)}
+    env |= {"ITO_HOME": str(home), "ITO_DATABASE_URL": database_url,
+            "ITO_PEPPER": "test-pepper-" + secrets.token_hex(16),
+            "ITO_DEVICE_POLL_INTERVAL_SECONDS": "1"}
+    env |= extra_env or {}
     assert run_cli([ITO_SERVER, "migrate", "--json"], env).rc == 0
     operator = run_cli([ITO_SERVER, "account", "create", "--name", "desk", "--json"], env).data
     desk_key = run_cli([ITO_SERVER, "key", "create", "--account", operator["account_id"],
@@ -160,9 +168,12 @@ def server(backend_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     url = f"http://127.0.0.1:{port}"
     log_path = home / "server.log"
     log = log_path.open("wb")
-    process = subprocess.Popen(
-        [ITO_SERVER, "serve", "--host", "127.0.0.1", "--port", str(port), "--no-worker"],
-        env=env | {"ITO_PUBLIC_URL": url}, stdout=log, stderr=subprocess.STDOUT)
+    argv = [ITO_SERVER, "serve", "--host", "127.0.0.1", "--port", str(port)]
+    if not worker:
+        argv.append("--no-worker")
+    process = subprocess.Popen(argv, env=env | {"ITO_PUBLIC_URL": url}, stdout=log,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    log.close()
 
     def healthy() -> bool:
         assert process.poll() is None, log_path.read_text()
@@ -171,19 +182,28 @@ def server(backend_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         except httpx.HTTPError:
             return False
 
-    wait_until(healthy, timeout=30)
-    srv = Server(url=url, database_url=backend_url, home=home, log_path=log_path, env=env,
-                 desk_key=desk_key, process=process, engine=create_engine(backend_url))
+    wait_until(healthy, timeout=60)
+    return Server(url=url, database_url=database_url, home=home, log_path=log_path, env=env,
+                  desk_key=desk_key, process=process, engine=create_engine(database_url))
+
+
+def stop_server(srv: Server) -> None:
+    srv.process.terminate()
+    try:
+        srv.process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(srv.process.pid, 9)
+        srv.process.wait(timeout=30)
+    srv.engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def server(backend_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = start_server(backend_url, tmp_path_factory.mktemp("ito-home"))
     try:
         yield srv
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
-        srv.engine.dispose()
+        stop_server(srv)
 
 
 @dataclass

@@ -41,7 +41,7 @@ _COMMANDS: list[tuple[str, bool, str, str, str, str]] = [
     ("runs watch", True, "required", "ito_api", "none", "none"),
     ("runs cancel", True, "required", "ito_api", "workload_cancel", "entitled_workload"),
     ("runs cleanup", True, "required", "ito_api", "workload_cleanup", "entitled_workload"),
-    ("telemetry", False, "required", "ito_api", "none", "none"),
+    ("telemetry", True, "required", "ito_api", "none", "none"),
     ("find", False, "required", "none", "none", "none"),
     ("evals", False, "required", "none", "none", "none"),
 ]

@@ -327,6 +327,15 @@ def runs_watch(
                             json_mode=Output.json_mode))
 
 
+@app.command()
+def telemetry(
+    booking: Annotated[str | None, typer.Option(help="A booking id.")] = None,
+    run: Annotated[str | None, typer.Option(help="A run id.")] = None,
+) -> None:
+    """Goodput, interruption rate, checkpoint bandwidth, tokens/s, MFU."""
+    Output.finish(_ops().telemetry(booking=booking, run=run))
+
+
 # --- entry point ---------------------------------------------------------------------------------
 
 _SECRET_OPTIONS = ("--api-key", "--token", "--password", "--secret", "--bearer", "--key")

@@ -291,3 +291,11 @@ class Operations:
                      cleanup_state=state["cleanup_state"]),
             f"the {verb} may have been applied (the run is now {state['state']}); retry with "
             "the same idempotency key", live_api_contacted=True))
+
+    @_operation
+    def telemetry(self, booking: str | None = None, run: str | None = None) -> Envelope:
+        """Goodput, interruption rate, checkpoint bandwidth, tokens/s and MFU."""
+        if (booking is None) == (run is None):
+            raise _local_refusal(ItoError("invalid_arguments", "give a booking or a run"))
+        params = {"booking_id": booking} if booking else {"run_id": run}
+        return self._call("GET", "/v1/telemetry", params=params)

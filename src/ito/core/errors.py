@@ -96,6 +96,8 @@ REGISTRY: dict[str, ErrorSpec] = {
     "run_not_found": _s(404, "run not found"),
     "run_not_cancellable": _s(409, "the run cannot be cancelled in its current state"),
     "invalid_transition": _s(409, "that state change is not allowed"),
+    "run_not_terminal": _s(409, "the run has not ended; cancel it first"),
+    "lease_lost": _s(409, "this worker no longer holds the run's lease"),
     "rate_limited": _s(429, "too many requests", True),
     # --- device login (RFC 8628 §3.5 error responses) and web sign-in ------------------------
     "authorization_pending": _s(400, "the device code has not been approved yet", True),
@@ -105,6 +107,8 @@ REGISTRY: dict[str, ErrorSpec] = {
     "device_code_not_found": _s(404, "unknown device code"),
     "invalid_credentials": _s(401, "wrong email or password"),
     "csrf_failed": _s(403, "the form's CSRF token is missing or wrong"),
+    "device_code_not_pending": _s(409, "this device code was already approved or denied"),
+    "user_exists": _s(409, "a user with this email already exists"),
     "store_busy": _s(503, "the store is busy; retry", True),
     "store_not_migrated": _s(503, "the database schema is not at the expected version; run "
                              "'ito-server migrate'"),

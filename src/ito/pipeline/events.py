@@ -9,7 +9,7 @@ Event types (every line also has ``ts``, unix seconds):
 - ``{"type": "log", "level", "message"}``
 - ``{"type": "stage", "stage", "status": "started" | "completed"}``
 - ``{"type": "metric", "stage", "step", "values": {"loss", "lr", "grad_norm", "tokens_per_s",
-  "mfu"}}``
+  "mfu", "step_seconds"}}``
 - ``{"type": "checkpoint", "stage", "step", "path", "bytes", "seconds"}``
 - ``{"type": "gate", "stage", "battery", "results": [...], "passed"}``
 - ``{"type": "done", "status": "succeeded" | "gate_failed"}``

@@ -201,7 +201,8 @@ class Trainer:
             tps = step_tokens / seconds
             mfu = None if self.peak is None else flops_per_token * tps / (self.peak * self.world)
             self.events.emit("metric", stage=name, step=step, values={
-                "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tps, "mfu": mfu})
+                "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tps, "mfu": mfu,
+                "step_seconds": seconds})
             self.checkpointer.poll()
             if step % every == 0 or k + 1 == plan.steps:
                 self.checkpointer.save(

@@ -3,7 +3,8 @@
 Every response body is the §4 envelope. Errors are converted here, at the boundary: an
 :class:`ItoError` keeps its code and status; request-shape errors become ``invalid_arguments``
 (without echoing input); unknown routes ``not_found``; anything unexpected ``internal_error``
-with the traceback in the server log only.
+with the traceback in the server log only. Under ``/ui`` (the web pages) the same refusals are
+rendered as the HTML error page, with the same status.
 """
 
 from __future__ import annotations
@@ -13,60 +14,83 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ito import __version__
 from ito.core.envelope import error_envelope
 from ito.core.errors import ItoError
-from ito.server.routers import bookings, confirmations, desk, manifests, meta, runs
+from ito.server.background import lifespan_for
+from ito.server.routers import (
+    bookings,
+    confirmations,
+    credentials,
+    desk,
+    device,
+    manifests,
+    meta,
+    runs,
+    telemetry,
+    web,
+    worker,
+)
 from ito.server.settings import ServerSettings
 from ito.server.state import AppState
 from ito.server.store.db import Database
+from ito.server.web.pages import error_page
 
 __all__ = ["create_app"]
 
 log = logging.getLogger("ito.server")
 
 
-def create_app(settings: ServerSettings, db: Database | None = None) -> FastAPI:
-    app = FastAPI(title="ito-training", version=__version__, docs_url=None, redoc_url=None)
-    app.state.ito = AppState(settings=settings,
-                             db=db or Database(settings.resolved_database_url(),
-                                               pool_size=settings.db_pool_size))
-    for module in (meta, bookings, manifests, confirmations, runs, desk):
+def create_app(settings: ServerSettings, db: Database | None = None, *,
+               embedded_worker_url: str | None = None) -> FastAPI:
+    """The API. With ``embedded_worker_url`` (the embedded default) it also runs the
+    in-process worker against that URL; the lease sweeper always runs."""
+    state = AppState(settings=settings,
+                     db=db or Database(settings.resolved_database_url(),
+                                       pool_size=settings.db_pool_size))
+    app = FastAPI(title="ito-training", version=__version__, docs_url=None, redoc_url=None,
+                  lifespan=lifespan_for(state, embedded_worker_url))
+    app.state.ito = state
+    for module in (meta, bookings, manifests, confirmations, runs, desk, device, credentials,
+                   web, worker, telemetry):
         app.include_router(module.router)
     _install_error_handlers(app)
     return app
 
 
-def _respond(error: ItoError) -> JSONResponse:
-    return JSONResponse(status_code=error.status,
+def _respond(request: Request, error: ItoError, status: int | None = None) -> Response:
+    if request.url.path == "/ui" or request.url.path.startswith("/ui/"):
+        page = error_page(error)
+        page.status_code = status or error.status
+        return page
+    return JSONResponse(status_code=status or error.status,
                         content=error_envelope(error, live_api_contacted=True))
 
 
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ItoError)
-    async def _ito_error(_: Request, exc: ItoError) -> JSONResponse:
-        return _respond(exc)
+    async def _ito_error(request: Request, exc: ItoError) -> Response:
+        return _respond(request, exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
         errors: list[dict[str, Any]] = []
         for err in exc.errors():
             loc = [str(p) for p in err.get("loc", ())]
             errors.append({"path": ".".join(loc), "message": str(err.get("msg", ""))})
-        return _respond(ItoError("invalid_arguments", errors=errors))
+        return _respond(request, ItoError("invalid_arguments", errors=errors))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         code = "not_found" if exc.status_code == 404 else "invalid_arguments"
         error = ItoError(code, "no such endpoint" if code == "not_found" else
                          "this method is not allowed here")
-        return JSONResponse(status_code=exc.status_code,
-                            content=error_envelope(error, live_api_contacted=True))
+        return _respond(request, error, exc.status_code)
 
     @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> Response:
         log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return _respond(ItoError("internal_error"))
+        return _respond(request, ItoError("internal_error"))

@@ -22,9 +22,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 account_app = typer.Typer(no_args_is_help=True, help="Accounts (tenants).")
 key_app = typer.Typer(no_args_is_help=True, help="API keys.")
 booking_app = typer.Typer(no_args_is_help=True, help="Bookings, as the desk records them.")
+user_app = typer.Typer(no_args_is_help=True, help="Web users (approvers who sign in).")
 app.add_typer(account_app, name="account")
 app.add_typer(key_app, name="key")
 app.add_typer(booking_app, name="booking")
+app.add_typer(user_app, name="user")
 
 DatabaseUrl = Annotated[str | None, typer.Option("--database-url", envvar="ITO_DATABASE_URL",
                                                   help="SQLAlchemy URL (default: embedded "
@@ -74,13 +76,12 @@ def serve(
     from ito.server.app import create_app
 
     settings, db = _open(database_url)
-    if not no_worker:
-        typer.echo("warning: the in-process worker is not part of this build yet; runs stay "
-                   "queued until an ito-worker leases them", err=True)
     if settings.public_url == "http://127.0.0.1:8000" and (host, port) != ("127.0.0.1", 8000):
         settings = settings.model_copy(update={"public_url": f"http://{host}:{port}"})
-    uvicorn.run(create_app(settings, db), host=host, port=port, log_level=log_level,
-                server_header=False)
+    local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # noqa: S104
+    worker_url = None if no_worker else f"http://{local}:{port}"
+    uvicorn.run(create_app(settings, db, embedded_worker_url=worker_url), host=host, port=port,
+                log_level=log_level, server_header=False)
 
 
 @account_app.command("create")
@@ -129,6 +130,53 @@ def key_revoke(key_id: str, database_url: DatabaseUrl = None) -> None:
         key = revoke_key(session, key_id)
         data = {"key_id": key.id, "key_prefix": key.prefix, "revoked": True}
     Output.finish(ok_envelope(data, "key revoked", live_api_contacted=False))
+
+
+def _read_password(from_stdin: bool) -> str:
+    """The new password: one line of stdin, or typed twice at a hidden prompt. Never echoed."""
+    if from_stdin:
+        line = sys.stdin.readline()
+        password = line[:-1] if line.endswith("\n") else line
+        password = password.removesuffix("\r")
+        if not password:
+            raise ItoError("invalid_arguments", "--password-stdin read no password")
+        return password
+    if not sys.stdin.isatty():
+        raise ItoError("invalid_arguments", "no terminal to prompt on; use --password-stdin")
+    first = typer.prompt("Password", hide_input=True, err=True)
+    second = typer.prompt("Repeat password", hide_input=True, err=True)
+    if not isinstance(first, str) or first != second:
+        raise ItoError("invalid_arguments", "the two passwords differ")
+    return first
+
+
+@user_app.command("create")
+def user_create(
+    account: Annotated[str, typer.Option(help="Account id.")],
+    email: Annotated[str, typer.Option(help="Sign-in email of the user.")],
+    role: Annotated[str, typer.Option(help="approver (the only web role)")] = "approver",
+    password_stdin: Annotated[bool, typer.Option(
+        "--password-stdin", help="Read the password from the first line of stdin instead of "
+        "prompting.")] = False,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Create a web user: an approver principal that signs in with an argon2-hashed password."""
+    from ito.server.services.users import USER_ROLES, create_user, hash_password, normalise_email
+
+    if role not in USER_ROLES:
+        raise ItoError("invalid_arguments", f"a user's role must be one of {', '.join(USER_ROLES)}"
+                       "; requesters use keys or ito login")
+    normalised = normalise_email(email)
+    _, db = _open(database_url)
+    # Hashed before the transaction opens: argon2 is slow on purpose.
+    password_hash = hash_password(_read_password(password_stdin))
+    with db.write() as session:
+        user = create_user(session, account_id=account, role=role, email=normalised,
+                           password_hash=password_hash)
+        data = {"user_id": user.id, "principal_id": user.principal_id,
+                "account_id": user.account_id, "email": user.email, "role": role}
+    Output.finish(ok_envelope(data, "user created; they can sign in at /ui/login",
+                              live_api_contacted=False))
 
 
 def _when(value: str, field: str) -> datetime:

@@ -37,7 +37,19 @@ class ServerSettings(BaseSettings):
     """Base URL humans reach the web pages at (approval links)."""
     confirmation_ttl_seconds: int = Field(default=900, ge=1, le=24 * 3600)
     """Default life of a pending confirmation (15 minutes)."""
+    device_code_ttl_seconds: int = Field(default=600, ge=1, le=3600)
+    """Life of a device-login code (RFC 8628 ``expires_in``)."""
+    device_poll_interval_seconds: int = Field(default=5, ge=1, le=60)
+    """Least seconds between two token polls of one device code (RFC 8628 ``interval``)."""
+    web_session_ttl_seconds: int = Field(default=8 * 3600, ge=60, le=7 * 24 * 3600)
+    """Life of a signed-in web session (approver pages)."""
     db_pool_size: int = Field(default=10, ge=1, le=200)
+    lease_ttl_seconds: float = Field(default=30.0, ge=2, le=3600)
+    """A run whose worker has not heartbeated for this long goes ``recovering`` (§7.1)."""
+    heartbeat_seconds: float = Field(default=5.0, ge=0.2, le=600)
+    """How often a worker renews its lease; must be well under the TTL."""
+    lease_sweep_seconds: float = Field(default=1.0, ge=0.1, le=600)
+    """How often the server looks for expired leases."""
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.home / 'ito.db'}"

@@ -88,6 +88,9 @@ def job_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     path = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != venv_bin]
     env["PATH"] = os.pathsep.join([venv_bin, *path])
     env["VIRTUAL_ENV"] = str(Path(sys.executable).parent.parent)
+    # torchrun keeps one key store across elastic restarts; restarted ranks on other nodes can
+    # read the previous generation's addresses (pytorch/pytorch#135712).
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
 

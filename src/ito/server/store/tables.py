@@ -1,7 +1,8 @@
 """The tables. Every row that belongs to a tenant carries ``account_id``; services filter on it.
 
-Secrets are never stored: API keys as peppered HMACs plus a short public prefix, confirmation
-capabilities as HMACs. Timestamps are UTC, stored naive and returned aware (:class:`UTCDateTime`).
+Secrets are never stored: API keys, device codes and web session ids as peppered HMACs (keys
+beside a short public prefix), confirmation capabilities as HMACs, approver passwords as argon2
+hashes. Timestamps are UTC, stored naive and returned aware (:class:`UTCDateTime`).
 """
 
 from __future__ import annotations
@@ -33,12 +34,15 @@ __all__ = [
     "Base",
     "Booking",
     "Confirmation",
+    "DeviceCode",
     "IdempotencyRecord",
     "ManifestRow",
     "Principal",
     "Run",
     "RunEvent",
     "UTCDateTime",
+    "User",
+    "WebSession",
     "utcnow",
 ]
 
@@ -221,3 +225,61 @@ class RunEvent(Base):
     message: Mapped[str] = mapped_column(Text)
     data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class User(Base):
+    """A human who signs in to the web pages: one approver principal, one argon2 password."""
+
+    __tablename__ = "users"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
+    principal_id: Mapped[str] = mapped_column(ForeignKey("principals.id"), unique=True)
+    """The principal this human acts as (role ``approver``)."""
+    email: Mapped[str] = mapped_column(String(254), unique=True)
+    """Sign-in name, stored lower-case."""
+    password_hash: Mapped[str] = mapped_column(String(255))
+    """argon2id hash (PHC string) of the password; the password itself is never stored."""
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class WebSession(Base):
+    """A signed-in browser. The cookie holds a random id; only its HMAC is stored."""
+
+    __tablename__ = "web_sessions"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    """Public id (``wss_…``) that names the session in logs; never the cookie value."""
+    secret_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    """HMAC-SHA256 of the cookie value with the server pepper."""
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class DeviceCode(Base):
+    """One device login (RFC 8628): pending until a signed-in approver decides, then exchanged
+    for a requester key exactly once. Not a tenant row until an approver binds it to their
+    account."""
+
+    __tablename__ = "device_codes"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    code_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    """HMAC-SHA256 of the device code with the server pepper; the code itself is never stored."""
+    user_code: Mapped[str] = mapped_column(String(16), unique=True)
+    """The short code a human types, normalised (no dash, upper case)."""
+    client_name: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    state: Mapped[str] = mapped_column(String(20))
+    """``pending``, ``approved``, ``denied`` or ``consumed`` (expiry is read from the time)."""
+    interval_seconds: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    last_polled_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    account_id: Mapped[str | None] = mapped_column(ForeignKey("accounts.id"), nullable=True,
+                                                   index=True)
+    """Set by the decision: the approving user's account."""
+    decided_by: Mapped[str | None] = mapped_column(ForeignKey("users.id"), nullable=True)
+    decided_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    key_id: Mapped[str | None] = mapped_column(ForeignKey("api_keys.id"), nullable=True)
+    """The requester key minted when the device exchanged the approved code."""
+    consumed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

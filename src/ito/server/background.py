@@ -1,0 +1,69 @@
+"""Background duties of the server process: the lease sweeper (an expired lease is a failure:
+the run goes ``recovering`` and can be leased again, §7.1) and, on the embedded default, the
+in-process worker."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+from ito.server.services.leases import expire_leases
+from ito.server.store.tables import utcnow
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from ito.server.state import AppState
+
+__all__ = ["LeaseSweeper", "lifespan_for"]
+
+log = logging.getLogger("ito.server")
+
+
+class LeaseSweeper:
+    def __init__(self, state: AppState) -> None:
+        self.state = state
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="ito-lease-sweeper", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self.stop_event.wait(self.state.settings.lease_sweep_seconds):
+            try:
+                with self.state.db.write() as session:
+                    expired = expire_leases(session, utcnow())
+                if expired:
+                    log.warning("%d run(s) lost their worker and are recovering", expired)
+            except Exception:
+                log.exception("lease sweep failed")
+
+
+def lifespan_for(state: AppState, embedded_worker_url: str | None):  # type: ignore[no-untyped-def]
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        sweeper = LeaseSweeper(state)
+        sweeper.start()
+        workers = None
+        if embedded_worker_url is not None:
+            from ito.server.embedded_worker import EmbeddedWorkers
+
+            workers = EmbeddedWorkers(state.db, state.pepper, embedded_worker_url,
+                                      state.settings.home / "worker")
+            workers.start()
+        try:
+            yield
+        finally:
+            if workers is not None:
+                workers.stop()
+            sweeper.stop()
+
+    return lifespan

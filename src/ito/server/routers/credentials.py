@@ -1,0 +1,25 @@
+"""What a credential may do to itself: revoke it (``ito logout``)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import APIRouter
+
+from ito.core.envelope import ok_envelope
+from ito.server.routers.deps import Caller, State
+from ito.server.services.credentials import revoke_key
+
+router = APIRouter(prefix="/v1/credentials")
+log = logging.getLogger("ito.server.credentials")
+
+
+@router.post("/self/revoke")
+def revoke_self(caller: Caller, state: State) -> dict[str, Any]:
+    with state.db.write() as session:
+        key = revoke_key(session, caller.key_id)
+        data = {"key_prefix": key.prefix, "revoked": True}
+    log.info("key %s revoked by its holder", caller.key_prefix)
+    return ok_envelope(data, "this credential is revoked; its next request gets "
+                       "credential_revoked")

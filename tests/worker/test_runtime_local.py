@@ -1,0 +1,204 @@
+"""The runtime end to end with real processes (DESIGN §5.9, §7.1, §7.3, §7.7): a confirmed run
+trains on two CPU processes through the in-process worker of ``ito-server serve`` and through a
+separate ``ito-worker``; cancel, cleanup, a killed worker, and telemetry."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import (
+    ITO,
+    Server,
+    Tenant,
+    make_tenant,
+    run_cli,
+    start_server,
+    stop_server,
+    wait_until,
+)
+
+pytestmark = pytest.mark.slow
+BIN = Path(ITO).parent
+TERMINAL = {"succeeded", "failed", "gate_failed", "cancelled"}
+
+
+@pytest.fixture(scope="module")
+def worker_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server with its in-process worker, on its own SQLite file."""
+    home = tmp_path_factory.mktemp("worker-home")
+    srv = start_server(f"sqlite:///{home / 'ito.db'}", home, worker=True,
+                       extra_env={"ITO_LEASE_TTL_SECONDS": "8", "ITO_HEARTBEAT_SECONDS": "1"})
+    yield srv
+    stop_server(srv)
+
+
+@pytest.fixture(scope="module")
+def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server without a worker: runs wait for a separate ito-worker."""
+    home = tmp_path_factory.mktemp("plain-home")
+    srv = start_server(f"sqlite:///{home / 'ito.db'}", home, worker=False,
+                       extra_env={"ITO_LEASE_TTL_SECONDS": "4", "ITO_HEARTBEAT_SECONDS": "1"})
+    yield srv
+    stop_server(srv)
+
+
+def _create(t: Tenant, manifest: Path, key: str) -> str:
+    ref = t.approved_confirmation(manifest)
+    created = t.ito("train", "--booking", t.booking_id, "--manifest", str(manifest),
+                    "--confirmation-ref", ref, "--idempotency-key", key)
+    assert created.rc == 0, created.stdout
+    return str(created.data["run_id"])
+
+
+def _state(t: Tenant, run_id: str) -> dict[str, Any]:
+    return dict(t.api("GET", f"/v1/runs/{run_id}")["data"])
+
+
+def _wait_state(t: Tenant, run_id: str, states: set[str], timeout: float = 300) -> dict[str, Any]:
+    return dict(wait_until(lambda: (s := _state(t, run_id))["state"] in states and s,
+                           timeout=timeout, interval=0.5))
+
+
+def _long_manifest(t: Tenant, name: str) -> Path:
+    path = t.manifest(name)
+    document = json.loads(path.read_text())
+    document["curriculum"][0]["tokens"] = 50_000_000
+    document["budget"] = {"ceiling_usd": 5.0, "max_incremental_cost_usd": 5.0}
+    path.write_text(json.dumps(document))
+    return path
+
+
+def _processes_of(run_id: str) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", run_id], capture_output=True, text=True, check=False)
+    return [line for line in out.stdout.splitlines() if "pgrep" not in line]
+
+
+def test_a_confirmed_run_trains_to_succeeded_through_the_in_process_worker(
+    worker_server: Server, tmp_path: Path
+) -> None:
+    t = make_tenant(worker_server, tmp_path / "t", "trainer")
+    run_id = _create(t, t.manifest(), "train-1")
+    final = _wait_state(t, run_id, TERMINAL)
+    assert final["state"] == "succeeded", final
+
+    kinds = [(e["kind"], e["data"].get("stage"), e["data"].get("status"))
+             for e in final["events"]]
+    for stage in ("data_prep", "pretrain", "long_context"):
+        assert ("stage", stage, "completed") in kinds, kinds
+    gates = [e for e in final["events"] if e["kind"] == "gate"]
+    assert [g["data"]["passed"] for g in gates] == [True, True]
+
+    losses = t.ito("runs", "metrics", run_id, "--name", "loss").data["points"]
+    assert len(losses) >= 5
+    assert losses[-1]["value"] < losses[0]["value"]
+    checkpoints = t.ito("runs", "checkpoints", run_id).data["checkpoints"]
+    assert checkpoints and all(c["bytes"] > 0 for c in checkpoints)
+    logs = t.ito("runs", "logs", run_id).data
+    assert logs["lines"] and logs["next_cursor"] == logs["lines"][-1]["cursor"]
+    assert t.ito("runs", "logs", run_id, "--since", str(logs["next_cursor"])).data["lines"] == []
+
+    telemetry = t.ito("telemetry", "--run", run_id).data
+    assert 0 < telemetry["goodput"] <= 1
+    assert telemetry["checkpoint_bandwidth_bytes_per_s"] > 0
+    assert telemetry["tokens_per_s"] > 0
+    assert telemetry["interruptions"] == 0
+    booking = t.ito("telemetry", "--booking", t.booking_id).data
+    assert booking["runs"] == 1 and booking["goodput"] == telemetry["goodput"]
+    prometheus = worker_server.get_text("/metrics")
+    assert f'run="{run_id}"' in prometheus and "ito_run_goodput" in prometheus
+
+
+def test_cancel_reaches_the_running_job_and_cleanup_frees_its_bytes(
+    worker_server: Server, tmp_path: Path
+) -> None:
+    t = make_tenant(worker_server, tmp_path / "t", "canceller")
+    run_id = _create(t, _long_manifest(t, "long"), "long-1")
+    wait_until(lambda: t.ito("runs", "checkpoints", run_id).data["checkpoints"], timeout=300,
+               interval=0.5)
+    assert _processes_of(run_id)
+
+    cancel_ref = t.ito("confirm", "--action", "cancel", "--run", run_id).data["confirmation_ref"]
+    assert t.ito("approve", cancel_ref, key="approver").rc == 0
+    cancelled = t.ito("runs", "cancel", run_id, "--confirmation-ref", cancel_ref,
+                      "--idempotency-key", "cancel-1")
+    assert cancelled.rc == 0 and cancelled.data["state"] in ("cancelling", "cancelled")
+    _wait_state(t, run_id, {"cancelled"}, timeout=60)
+    wait_until(lambda: not _processes_of(run_id), timeout=30)
+    assert t.ito("runs", "checkpoints", run_id).data["checkpoints"]  # the latest stays
+
+    booking_before = t.ito("bookings", "show", t.booking_id).data
+    cleanup_ref = t.ito("confirm", "--action", "cleanup", "--run", run_id
+                        ).data["confirmation_ref"]
+    assert t.ito("approve", cleanup_ref, key="approver").rc == 0
+    assert t.ito("runs", "cleanup", run_id, "--confirmation-ref", cleanup_ref,
+                 "--idempotency-key", "cleanup-1").rc == 0
+    done = wait_until(lambda: (s := _state(t, run_id))["cleanup_state"] == "cleaned" and s,
+                      timeout=60, interval=0.5)
+    freed = [e for e in done["events"] if e["kind"] == "cleanup"
+             and e["data"].get("cleanup_state") == "cleaned"]
+    assert freed and freed[0]["data"]["bytes_freed"] > 0
+    assert all(c["deleted"] for c in t.ito("runs", "checkpoints", run_id).data["checkpoints"])
+    assert t.ito("bookings", "show", t.booking_id).data == booking_before
+    assert t.ito("runs", "logs", run_id).data["lines"]  # the record and logs stay
+
+
+def test_a_killed_worker_is_detected_and_another_worker_resumes_the_run(
+    plain_server: Server, tmp_path: Path
+) -> None:
+    t = make_tenant(plain_server, tmp_path / "t", "resilient")
+    worker_key = plain_server.desk("/v1/desk/keys", {"account_id": t.account_id,
+                                                      "role": "worker",
+                                                      "booking_id": t.booking_id})["api_key"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ITO_")} | {
+        "ITO_API_URL": plain_server.url, "ITO_API_KEY": worker_key,
+        "ITO_HOME": str(tmp_path / "worker-home")}
+    run_id = _create(t, t.manifest(), "resume-1")
+
+    first = subprocess.Popen([str(BIN / "ito-worker"), "--booking", t.booking_id], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    wait_until(lambda: t.ito("runs", "checkpoints", run_id).data["checkpoints"], timeout=300,
+               interval=0.5)
+    for line in _processes_of(run_id):
+        os.kill(int(line.split()[0]), signal.SIGKILL)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait(timeout=30)
+
+    recovering = _wait_state(t, run_id, {"recovering"}, timeout=60)
+    assert recovering["state"] == "recovering"
+    second = subprocess.Popen([str(BIN / "ito-worker"), "--booking", t.booking_id, "--once"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        final = _wait_state(t, run_id, TERMINAL, timeout=300)
+    finally:
+        second.wait(timeout=120)
+    assert final["state"] == "succeeded", final
+    leases = [e for e in final["events"] if e["kind"] == "state" and e["to_state"] == "running"]
+    assert len(leases) == 2 and "resuming" in leases[1]["message"]
+    assert t.ito("telemetry", "--run", run_id).data["interruptions"] == 1
+
+
+def test_worker_key_of_another_booking_cannot_lease(plain_server: Server,
+                                                    tmp_path: Path) -> None:
+    t = make_tenant(plain_server, tmp_path / "t", "scoped")
+    other = t.booking()
+    key = plain_server.desk("/v1/desk/keys", {"account_id": t.account_id, "role": "worker",
+                                              "booking_id": other})["api_key"]
+    _create(t, t.manifest(), "scoped-1")
+    leased = t.api("POST", "/v1/worker/lease", key=key)
+    assert leased["ok"] and leased["data"] is None
+    requester = t.api("POST", "/v1/worker/lease")
+    assert requester["error"]["code"] == "forbidden_scope"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ITO_")} | {
+        "ITO_API_URL": plain_server.url, "ITO_API_KEY": key}
+    refused = run_cli([str(BIN / "ito-worker"), "--booking", t.booking_id, "--once", "--json"],
+                      env)
+    assert refused.rc == 1 and refused.code == "forbidden_scope"
