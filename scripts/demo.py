@@ -108,11 +108,33 @@ def main() -> None:
                      show=False)
         assert replay["run_id"] == created["run_id"]
 
-        step("6. Status")
+        step("6. The in-process worker trains it: data prep, pretrain, long context, gates")
+        print(f"$ ito runs watch {created['run_id']}", flush=True)
+        subprocess.run([str(BIN / "ito"), "runs", "watch", created["run_id"], "--interval",
+                        "1"], env=agent, check=False)
         status = run(["ito", "status", "--run", created["run_id"]], agent, show=False)
-        print(f"    run {status['run_id']} is {status['state']}; events: "
-              f"{[e['kind'] for e in status['events']]}")
-        print("\nDone. The run is queued: every gate passed and nothing else was created.")
+        for event in status["events"]:
+            if event["kind"] in ("state", "stage", "gate"):
+                print(f"    {event['at'][11:19]} {event['kind']:<6} {event['message']}")
+        losses = run(["ito", "runs", "metrics", created["run_id"], "--name", "loss"], agent,
+                     show=False)["points"]
+        if losses:
+            print(f"    loss {losses[0]['value']:.3f} (step {losses[0]['step']}) → "
+                  f"{losses[-1]['value']:.3f} (step {losses[-1]['step']})")
+
+        step("7. Checkpoints and telemetry")
+        checkpoints = run(["ito", "runs", "checkpoints", created["run_id"]], agent,
+                          show=False)["checkpoints"]
+        for c in checkpoints:
+            print(f"    {c['stage']:<13} step {c['step']:>5}  {c['bytes'] / 1e6:7.2f} MB  "
+                  f"{c['seconds']:.2f} s")
+        telemetry = run(["ito", "telemetry", "--run", created["run_id"]], agent, show=False)
+        for name in ("goodput", "interruptions", "checkpoint_bandwidth_bytes_per_s",
+                     "tokens_per_s", "cost_usd", "wall_seconds_held"):
+            print(f"    {name:<34} {telemetry[name]}")
+        if status["state"] != "succeeded":
+            raise SystemExit(f"the run ended {status['state']}; see {HOME / 'server.log'}")
+        print(f"\nDone: run {created['run_id']} succeeded.")
     finally:
         server.terminate()
         try:

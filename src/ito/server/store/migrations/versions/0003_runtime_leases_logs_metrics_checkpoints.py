@@ -12,7 +12,6 @@ from alembic import op
 
 import ito.server.store.tables
 
-
 revision = '0003'
 down_revision = '0002'
 branch_labels = None
