@@ -24,6 +24,7 @@ from tests.support import (
     stop_server,
     wait_until,
 )
+from tests.worker.slurm_support import Cluster
 
 pytestmark = pytest.mark.slow
 BIN = Path(ITO).parent
@@ -202,3 +203,34 @@ def test_worker_key_of_another_booking_cannot_lease(plain_server: Server,
     refused = run_cli([str(BIN / "ito-worker"), "--booking", t.booking_id, "--once", "--json"],
                       env)
     assert refused.rc == 1 and refused.code == "forbidden_scope"
+
+
+def test_a_two_node_run_trains_through_ito_worker_with_the_slurm_executor(
+    plain_server: Server, slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    t = make_tenant(plain_server, tmp_path / "t", "slurm-buyer")
+    booking = t.booking(nodes=2, gpus_per_node=1, fabric="infiniband")
+    manifest = t.manifest("two-nodes")
+    document = json.loads(manifest.read_text())
+    document["resources"] = {"accelerators": ["cpu"], "nodes": 2, "gpus_per_node": 1,
+                             "fabrics": ["infiniband"]}
+    manifest.write_text(json.dumps(document))
+    worker_key = plain_server.desk("/v1/desk/keys", {"account_id": t.account_id,
+                                                      "role": "worker",
+                                                      "booking_id": booking})["api_key"]
+    ref = t.approved_confirmation(manifest, booking_id=booking)
+    run_id = t.ito("train", "--booking", booking, "--manifest", str(manifest),
+                   "--confirmation-ref", ref, "--idempotency-key", "slurm-1").data["run_id"]
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ITO_")} | {
+        "ITO_API_URL": plain_server.url, "ITO_API_KEY": worker_key,
+        "ITO_HOME": str(tmp_path / "worker-home"), "SLURM_CONF": str(slurm_cluster.conf)}
+    worker = subprocess.run([str(BIN / "ito-worker"), "--booking", booking, "--executor",
+                             "slurm", "--once", "--json"], env=env, capture_output=True,
+                            text=True, timeout=600, check=False)
+    assert worker.returncode == 0, worker.stderr[-3000:]
+    final = _state(t, run_id)
+    assert final["state"] == "succeeded", final
+    job_logs = list((tmp_path / "worker-home").rglob("slurm-*.out"))
+    assert job_logs, "the run did not go through sbatch"
+    assert [g["data"]["passed"] for g in final["events"] if g["kind"] == "gate"] == [True, True]

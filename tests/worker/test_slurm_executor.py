@@ -11,13 +11,11 @@ the generated script are checked without them.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,36 +29,12 @@ from ito.worker.slurm import (
     exit_code_for,
     job_environment,
 )
+from tests.worker.slurm_support import Cluster
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
-REPO = Path(__file__).resolve().parents[2]
-CLUSTER_SCRIPT = REPO / "scripts" / "slurm-cluster"
 JOB_TIMEOUT_S = 60.0
-
-
-@dataclass(frozen=True)
-class Cluster:
-    dir: Path
-    conf: Path
-
-
-@pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    if os.geteuid() != 0:
-        pytest.skip("the two-node Slurm cluster needs root (munged, slurmctld, slurmd)")
-    if shutil.which("slurmctld") is None and shutil.which("apt-get") is None:
-        pytest.skip("Slurm is not installed and apt-get is not available to install it")
-    directory = tmp_path_factory.mktemp("slurm")
-    started = subprocess.run([str(CLUSTER_SCRIPT), "start", str(directory)],
-                             capture_output=True, text=True, timeout=600, check=False)
-    try:
-        if started.returncode != 0:
-            pytest.fail(f"slurm-cluster start failed:\n{started.stdout}\n{started.stderr}")
-        yield Cluster(directory, directory / "slurm.conf")
-    finally:
-        subprocess.run([str(CLUSTER_SCRIPT), "stop", str(directory)], timeout=120, check=False)
 
 
 class ShellExecutor(SlurmExecutor):
