@@ -234,3 +234,56 @@ def test_a_two_node_run_trains_through_ito_worker_with_the_slurm_executor(
     job_logs = list((tmp_path / "worker-home").rglob("slurm-*.out"))
     assert job_logs, "the run did not go through sbatch"
     assert [g["data"]["passed"] for g in final["events"] if g["kind"] == "gate"] == [True, True]
+
+
+def test_a_loss_spike_waits_for_a_confirmed_restart_and_never_acts_alone(
+    plain_server: Server, tmp_path: Path
+) -> None:
+    t = make_tenant(plain_server, tmp_path / "t", "spiky")
+    manifest = t.manifest("spike")
+    document = json.loads(manifest.read_text())
+    document["curriculum"][0]["tokens"] = 60_000  # 58 steps of 1024 tokens
+    manifest.write_text(json.dumps(document))
+    worker_key = plain_server.desk("/v1/desk/keys", {"account_id": t.account_id,
+                                                      "role": "worker",
+                                                      "booking_id": t.booking_id})["api_key"]
+    run_id = _create(t, manifest, "spike-1")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ITO_")} | {
+        "ITO_API_URL": plain_server.url, "ITO_API_KEY": worker_key,
+        "ITO_HOME": str(tmp_path / "worker-home"),
+        "ITO_FAULT_INJECTION": json.dumps({"loss_spike_at": 40})}
+    worker = subprocess.Popen([str(BIN / "ito-worker"), "--booking", t.booking_id,
+                               "--poll-seconds", "0.5"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        waiting = _wait_state(t, run_id, {"awaiting_approval", *TERMINAL}, timeout=300)
+        assert waiting["state"] == "awaiting_approval", waiting
+        proposal = waiting["events"][-1]["data"]
+        assert proposal["spike_step"] == 40 and proposal["checkpoint_step"] == 30
+        assert proposal["skip_steps"] == 10
+        wait_until(lambda: not _processes_of(run_id), timeout=60)  # it stopped by itself
+
+        # Nothing happens without a human: a wrong checkpoint is refused, the run still waits.
+        wrong = t.ito("confirm", "--action", "restart", "--run", run_id, "--checkpoint", "20")
+        assert wrong.code == "confirmation_mismatch"
+        assert _state(t, run_id)["state"] == "awaiting_approval"
+
+        ref = t.ito("confirm", "--action", "restart", "--run", run_id, "--checkpoint", "30"
+                    ).data["confirmation_ref"]
+        assert t.ito("runs", "restart", run_id, "--confirmation-ref", ref,
+                     "--idempotency-key", "restart-1").code == "confirmation_pending"
+        assert t.ito("approve", ref, key="approver").rc == 0
+        restarted = t.ito("runs", "restart", run_id, "--confirmation-ref", ref,
+                          "--idempotency-key", "restart-1")
+        assert restarted.rc == 0 and restarted.data["state"] == "recovering"
+        final = _wait_state(t, run_id, TERMINAL, timeout=300)
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=60)
+    assert final["state"] == "succeeded", final
+    losses = t.ito("runs", "metrics", run_id, "--name", "loss").data["points"]
+    second = [p for p in losses if p["attempt"] == 2]
+    assert second[0]["step"] == 31  # resumed from checkpoint 30
+    spike = next(p for p in losses if p["attempt"] == 1 and p["step"] == 40)
+    assert spike["value"] > 1.5 * second[9]["value"]

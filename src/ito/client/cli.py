@@ -314,6 +314,17 @@ def runs_cleanup(
     Output.finish(_ops().cleanup(run, confirmation_ref, idempotency_key))
 
 
+@runs_app.command("restart")
+def runs_restart(
+    run: str,
+    confirmation_ref: Annotated[str, typer.Option(help="An approved "
+                                                  "run.restart_from_checkpoint confirmation.")],
+    idempotency_key: Annotated[str, typer.Option(help="Your stable retry key.")],
+) -> None:
+    """Restart a run that awaits approval from its proposed checkpoint."""
+    Output.finish(_ops().restart(run, confirmation_ref, idempotency_key))
+
+
 @runs_app.command("watch")
 def runs_watch(
     run: str,

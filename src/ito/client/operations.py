@@ -271,6 +271,11 @@ class Operations:
         """Delete a finished run's checkpoints and scratch data; never touches the booking."""
         return self._run_action(run, "cleanup", confirmation_ref, idempotency_key)
 
+    @_operation
+    def restart(self, run: str, confirmation_ref: str, idempotency_key: str) -> Envelope:
+        """Apply a human-approved restart from the proposed checkpoint (after a loss spike)."""
+        return self._run_action(run, "restart", confirmation_ref, idempotency_key)
+
     def _run_action(self, run: str, verb: str, ref: str, key: str) -> Envelope:
         from ito.core.gates import validate_idempotency_key
 

@@ -6,8 +6,8 @@ run's state; it asks :func:`check_transition` first and records an event for eve
     queued ──► running ──► succeeded | failed | gate_failed
        │         │  ▲ ▲
        │         │  │ └──── recovering ◄── (lease expired)
-       │         ▼  │
-       │   awaiting_approval (a proposed human-gated action)
+       │         ▼  │          ▲
+       │   awaiting_approval ───┘ (a confirmed restart from checkpoint S)
        ▼         │
     cancelling ◄─┘ (from queued, running, recovering, awaiting_approval) ──► cancelled
 """
@@ -93,7 +93,8 @@ ALLOWED_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
     _S.running: frozenset({_S.recovering, _S.awaiting_approval, _S.cancelling, _S.succeeded,
                            _S.failed, _S.gate_failed}),
     _S.recovering: frozenset({_S.running, _S.cancelling, _S.failed}),
-    _S.awaiting_approval: frozenset({_S.running, _S.cancelling, _S.failed}),
+    # A confirmed restart from checkpoint S re-queues the run as recovering (§7.3).
+    _S.awaiting_approval: frozenset({_S.running, _S.recovering, _S.cancelling, _S.failed}),
     _S.cancelling: frozenset({_S.cancelled, _S.failed}),
     _S.succeeded: frozenset(),
     _S.failed: frozenset(),

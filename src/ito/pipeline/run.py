@@ -42,8 +42,6 @@ def main(argv: list[str] | None = None) -> int:
     ckpt_group = dist.new_group(backend="gloo")
     events = EventWriter(spec.events_path, enabled=dist.get_rank() == 0)
     try:
-        if spec.document.get("loss_spike_at") is not None:
-            events.log("warning", "loss_spike_at is not implemented by this engine; ignored")
         events.log("info", f"run {spec.run_id} attempt {spec.attempt}: "
                            f"{dist.get_world_size()} ranks on {device.type}, "
                            f"stages {', '.join(spec.stages)}")

@@ -14,7 +14,7 @@ from typing import Any
 
 from ito.core.manifest import Manifest, parse_manifest
 
-__all__ = ["FailAt", "RunSpec", "load_spec"]
+__all__ = ["FailAt", "RestartFrom", "RunSpec", "load_spec"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,14 @@ class FailAt:
     """Global rank that exits with status 137."""
     step: int
     """Global step (1-based) at whose start it exits, before doing any work of that step."""
+
+
+@dataclass(frozen=True)
+class RestartFrom:
+    step: int
+    """Global step of the committed checkpoint to resume from."""
+    skip_steps: int
+    """Batches of data to skip after it (the window that produced the spike)."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,11 @@ class RunSpec:
     """Caps each stage's step count (test hook)."""
     fail_at: FailAt | None = None
     """Fault injection; fires only on attempt 1 and only before torchrun's first restart."""
+    loss_spike_at: int | None = None
+    """Fault injection: the batch of this global step is replaced by random tokens (a real loss
+    spike); attempt 1 only."""
+    restart_from: RestartFrom | None = None
+    """A human-approved restart: resume from exactly this checkpoint, skipping a data window."""
     document: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The spec as read, for logging."""
 
@@ -60,6 +73,13 @@ def load_spec(path: Path) -> RunSpec:
     fail_at = None
     if doc.get("fail_at") is not None:
         fail_at = FailAt(rank=int(doc["fail_at"]["rank"]), step=int(doc["fail_at"]["step"]))
+    spike_at = doc.get("loss_spike_at")
+    if spike_at is not None and (not isinstance(spike_at, int) or spike_at < 1):
+        raise ValueError("spec.loss_spike_at: must be a positive integer or null")
+    restart = None
+    if doc.get("restart_from") is not None:
+        restart = RestartFrom(step=int(doc["restart_from"]["step"]),
+                              skip_steps=int(doc["restart_from"]["skip_steps"]))
     max_steps = doc.get("max_steps_per_stage")
     if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
         raise ValueError("spec.max_steps_per_stage: must be a positive integer or null")
@@ -76,5 +96,7 @@ def load_spec(path: Path) -> RunSpec:
         stages=stages,
         max_steps_per_stage=max_steps,
         fail_at=fail_at,
+        loss_spike_at=spike_at,
+        restart_from=restart,
         document=doc,
     )

@@ -23,6 +23,7 @@ from tokenizers import Tokenizer
 
 from ito.core.manifest import CurriculumStage, EvalSpec
 from ito.core.model_sizes import SIZES, ModelSize
+from ito.core.spikes import SpikeDetector
 from ito.pipeline.checkpoint import (
     Checkpointer,
     committed_checkpoints,
@@ -42,13 +43,17 @@ from ito.pipeline.model import (
 from ito.pipeline.spec import RunSpec
 from ito.pipeline.tokenizer import TOKENIZER_FILE, build_tokenizer, load_tokenizer
 
-__all__ = ["MICRO_BATCH", "Trainer"]
+__all__ = ["MICRO_BATCH", "LossSpike", "Trainer"]
 
 MICRO_BATCH = 4
 """Sequences per rank per step."""
 MAX_GRAD_NORM = 1.0
 MAX_EVAL_SEQUENCES = 64
 """Held-out sequences an eval reads at most (the first ones, in file order)."""
+
+
+class LossSpike(Exception):
+    """Raised on every rank alike (the loss is all-reduced) to stop for a human's decision."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,11 @@ class Trainer:
                                          events, ckpt_group)
         self.peak = peak_flops()
         self.fault_armed = False
+        self.spike_armed = False
+        self.data_offset = 0
+        """Batches skipped by approved restarts; the batch of stage step k is k + offset."""
+        self.apply_restart = False
+        self.detector = SpikeDetector()
 
     # ---- set-up -------------------------------------------------------------------------------
 
@@ -120,14 +130,29 @@ class Trainer:
 
     def _latest(self) -> tuple[str, int, Path] | None:
         found: list[tuple[str, int, Path] | None] = [None]
+        self.apply_restart = False
         if self.rank == 0:
             for path in remove_uncommitted(self.spec.checkpoint_dir):
                 self.events.log("warning", f"ignored uncommitted checkpoint {path}")
             committed = committed_checkpoints(self.spec.checkpoint_dir)
+            restart = self.spec.restart_from
+            if restart is not None and not any(c.step > restart.step for c in committed):
+                # A human chose this checkpoint: resume from it exactly. (Once the restarted
+                # attempt has committed past it, a crash resumes from the newest as usual.)
+                chosen = [c for c in committed if c.step == restart.step]
+                if not chosen:
+                    raise ValueError(f"restart: no committed checkpoint at step {restart.step}")
+                committed = chosen
+                self.apply_restart = True
             if committed:
                 found[0] = (committed[-1].stage, committed[-1].step, committed[-1].path)
         dist.broadcast_object_list(found, src=0, group=self.ckpt_group)
         return found[0]
+
+    def _restart_applies(self) -> bool:
+        flag = [self.apply_restart]
+        dist.broadcast_object_list(flag, src=0, group=self.ckpt_group)
+        return bool(flag[0])
 
     # ---- the run ------------------------------------------------------------------------------
 
@@ -149,15 +174,29 @@ class Trainer:
             start_pos = names.index(stage_name)
             stage_step = int(str(trainer_state["stage_step"]))
             tokens_seen = int(str(trainer_state["tokens_seen"]))
+            self.data_offset = int(str(trainer_state.get("data_offset", 0)))
             self.events.log("info", f"resumed from {path} (step {resumed_step})")
+            if self.spec.restart_from is not None and self._restart_applies():
+                self.data_offset += self.spec.restart_from.skip_steps
+                self.events.log("info", f"approved restart: skipping "
+                                        f"{self.spec.restart_from.skip_steps} batch(es) of data")
         self.fault_armed = self._fault_armed(resumed_step)
+        self.spike_armed = (self.spec.loss_spike_at is not None and self.spec.attempt == 1
+                            and resumed_step < self.spec.loss_spike_at)
         # On a crash the in-flight save is abandoned, not awaited: its peers may be gone, and
         # without its COMMIT it is never loaded.
         for pos in range(start_pos, len(self.plans)):
             plan = self.plans[pos]
             resume = trainer_state if pos == start_pos else None
-            tokens_seen, passed = self._stage(plan, stage_step if resume else 0, tokens_seen,
-                                              resume)
+            if resume is None:
+                self.data_offset = 0  # a skipped window belongs to the stage it was in
+            try:
+                tokens_seen, passed = self._stage(plan, stage_step if resume else 0,
+                                                  tokens_seen, resume)
+            except LossSpike:
+                self.checkpointer.close()
+                self.events.emit("done", status="spike", stage=plan.config.stage)
+                return "spike"
             if not passed:
                 self.checkpointer.close()
                 self.events.emit("done", status="gate_failed", stage=plan.config.stage)
@@ -183,6 +222,7 @@ class Trainer:
             for group, base in zip(self.optimizer.param_groups, scheduler.base_lrs, strict=True):
                 group["lr"] = base * lr_factor(scheduler.last_epoch, plan.steps)
         self.events.emit("stage", stage=name, status="started")
+        self.detector.reset()
         every = self.spec.manifest.checkpoint.every_steps
         step_tokens = MICRO_BATCH * self.world * config.seq_len
         flops_per_token = self.size.flops_per_token(config.seq_len)
@@ -192,7 +232,11 @@ class Trainer:
             if self.fault_armed and fail is not None and step == fail.step:
                 os._exit(137)
             start = time.perf_counter()
-            batch = data.batch(k, self.rank, self.world, MICRO_BATCH).to(self.device)
+            batch = data.batch(k + self.data_offset, self.rank, self.world, MICRO_BATCH)
+            if self.spike_armed and step == self.spec.loss_spike_at:
+                batch = torch.randint(0, self.size.vocab, batch.shape,
+                                      generator=torch.Generator().manual_seed(step))
+            batch = batch.to(self.device)
             lr = scheduler.get_last_lr()[0]
             loss, grad_norm = self._train_step(batch)
             scheduler.step()
@@ -203,13 +247,17 @@ class Trainer:
             self.events.emit("metric", stage=name, step=step, values={
                 "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tps, "mfu": mfu,
                 "step_seconds": seconds})
+            z = self.detector.observe(loss)
+            if z is not None:
+                self._propose_restart(name, step, loss, z)
             self.checkpointer.poll()
             if step % every == 0 or k + 1 == plan.steps:
                 self.checkpointer.save(
                     stage=name, step=step, tokens_seen=tokens_seen, model=self.model,
                     optimizer=self.optimizer,
                     trainer={"stage": name, "stage_step": k + 1, "step": step,
-                             "tokens_seen": tokens_seen, "scheduler": scheduler.state_dict()})
+                             "tokens_seen": tokens_seen, "scheduler": scheduler.state_dict(),
+                             "data_offset": self.data_offset})
         results = [self._evaluate(spec, config.seq_len)
                    for spec in self.spec.manifest.eval_batteries[config.battery]]
         self.checkpointer.finish()
@@ -219,6 +267,21 @@ class Trainer:
         if passed:
             self.events.emit("stage", stage=name, status="completed")
         return tokens_seen, passed
+
+    def _propose_restart(self, stage: str, step: int, loss: float, z: float) -> None:
+        """Never act on a spike: make sure the last good state is committed, propose restarting
+        from it with the spiking data window skipped, and stop for a human's decision."""
+        self.checkpointer.finish()
+        committed = [0]
+        if self.rank == 0:
+            found = committed_checkpoints(self.spec.checkpoint_dir)
+            committed[0] = found[-1].step if found else 0
+        dist.broadcast_object_list(committed, src=0, group=self.ckpt_group)
+        good = int(committed[0])
+        self.events.emit("spike", stage=stage, step=step, loss=loss,
+                         z=z if math.isfinite(z) else None, checkpoint_step=good,
+                         skip_steps=step - good)
+        raise LossSpike(step)
 
     def _packed(self, data_ids: list[str], seq_len: int) -> torch.Tensor:
         docs = [d for i in data_ids for d in self._split(i)[0]]

@@ -7,6 +7,7 @@ import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ito.core.errors import ItoError
 from ito.worker.api import WorkerApi
@@ -20,9 +21,10 @@ log = logging.getLogger("ito.worker")
 
 class WorkerLoop:
     def __init__(self, api: WorkerApi, home: Path, executor_factory: Callable[[], Executor],
-                 *, poll_seconds: float = 1.0, stop: threading.Event | None = None) -> None:
+                 *, poll_seconds: float = 1.0, stop: threading.Event | None = None,
+                 spec_overrides: dict[str, Any] | None = None) -> None:
         self.api = api
-        self.supervisor = Supervisor(api, home, executor_factory)
+        self.supervisor = Supervisor(api, home, executor_factory, spec_overrides=spec_overrides)
         self.home = home
         self.poll_seconds = poll_seconds
         self.stop = stop or threading.Event()

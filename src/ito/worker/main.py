@@ -3,13 +3,14 @@ key (``ITO_API_KEY``), then leases and runs that booking's runs until stopped.""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -47,13 +48,30 @@ def main_command(
                         stream=sys.stderr)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    loop = WorkerLoop(api, home, factory, poll_seconds=poll_seconds, stop=stop)
+    loop = WorkerLoop(api, home, factory, poll_seconds=poll_seconds, stop=stop,
+                      spec_overrides=_fault_injection())
     if once:
         while loop.tick():
             pass
     else:
         loop.run_forever()
     Output.finish(ok_envelope({"booking_id": booking}, "the worker stopped"))
+
+
+def _fault_injection() -> dict[str, Any] | None:
+    """``ITO_FAULT_INJECTION`` (JSON: ``fail_at``, ``loss_spike_at``, ``max_steps_per_stage``)
+    for tests and drills; never settable through the API."""
+    raw = os.environ.get("ITO_FAULT_INJECTION")
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise ItoError("invalid_arguments", "ITO_FAULT_INJECTION is not JSON") from None
+    allowed = {"fail_at", "loss_spike_at", "max_steps_per_stage"}
+    if not isinstance(value, dict) or not set(value) <= allowed:
+        raise ItoError("invalid_arguments", f"ITO_FAULT_INJECTION takes only {sorted(allowed)}")
+    return value
 
 
 def _executor_factory(name: str):  # type: ignore[no-untyped-def]

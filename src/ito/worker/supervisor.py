@@ -109,7 +109,8 @@ class Supervisor:
                 "workdir": str(workdir), "checkpoint_dir": str(checkpoints),
                 "events_path": str(events_path),
                 "stages": [s["stage"] for s in document["curriculum"]],
-                "max_steps_per_stage": None, "fail_at": None, "loss_spike_at": None}
+                "max_steps_per_stage": None, "fail_at": None, "loss_spike_at": None,
+                "restart_from": lease.get("restart_from")}
         spec |= self.spec_overrides
         spec_path = workdir / f"spec-{attempt}.json"
         spec_path.write_text(json.dumps(spec))
@@ -171,12 +172,18 @@ class Supervisor:
             if events:
                 done = next((e for e in events if e.get("type") == "done"), done)
                 self.api.report(run_id, attempt, [e for e in events if e.get("type") != "done"])
+            if any(e.get("type") == "spike" for e in events):
+                # The run now awaits a human; the server released the lease.
+                executor_wait(executor)
+                return Outcome("awaiting_approval", None, "loss spike: restart proposed")
             exit_code = executor.poll()
             if exit_code is not None:
                 rest = tail.read()
                 done = next((e for e in rest if e.get("type") == "done"), done)
                 if rest:
                     self.api.report(run_id, attempt, [e for e in rest if e.get("type") != "done"])
+                if done is not None and done.get("status") == "spike":
+                    return Outcome("awaiting_approval", None, "loss spike: restart proposed")
                 return self._finish(run_id, attempt, _outcome(done, exit_code))
             if time.monotonic() >= next_beat:
                 try:
@@ -203,6 +210,16 @@ class Supervisor:
         self.api.finish(run_id, attempt, outcome.status, failure_code=outcome.failure_code,
                         message=outcome.message)
         return outcome
+
+
+def executor_wait(executor: Executor, timeout: float = 120.0) -> None:
+    """Let the pipeline exit by itself (it stops after a spike); kill it past ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while executor.poll() is None:
+        if time.monotonic() > deadline:
+            executor.kill()
+            return
+        time.sleep(POLL_SECONDS)
 
 
 def _outcome(done: dict[str, Any] | None, exit_code: int) -> Outcome:

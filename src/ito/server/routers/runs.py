@@ -97,7 +97,8 @@ def _action(run_id: str, action: str, body: RunActionBody, caller: Requester,
     data, replayed = apply_run_action(state.db, caller, state.pepper, run_id=run_id,
                                       action=action, confirmation_ref=body.confirmation_ref,
                                       idempotency_key=body.idempotency_key)
-    verb = "cancel" if action == "run.cancel" else "cleanup"
+    verb = {"run.cancel": "cancel", "run.cleanup": "cleanup",
+            "run.restart_from_checkpoint": "restart"}[action]
     if replayed:
         notice = f"replay: this idempotency key already requested the {verb}; nothing new"
     else:
@@ -115,6 +116,12 @@ def runs_cancel(run_id: str, body: RunActionBody, caller: Requester,
 def runs_cleanup(run_id: str, body: RunActionBody, caller: Requester,
                  state: State) -> dict[str, Any]:
     return _action(run_id, "run.cleanup", body, caller, state)
+
+
+@router.post("/{run_id}/restart")
+def runs_restart(run_id: str, body: RunActionBody, caller: Requester,
+                 state: State) -> dict[str, Any]:
+    return _action(run_id, "run.restart_from_checkpoint", body, caller, state)
 
 
 @router.get("/{run_id}/logs")

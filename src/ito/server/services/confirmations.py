@@ -27,6 +27,7 @@ from ito.server.ids import new_id
 from ito.server.services.bookings import booking_dict, booking_view, get_booking
 from ito.server.services.credentials import AuthContext, hmac_hex
 from ito.server.services.manifests import load_manifest, store_manifest
+from ito.server.store.runtime_tables import RunLease
 from ito.server.store.tables import Confirmation, Run, utcnow
 
 __all__ = [
@@ -89,7 +90,16 @@ def request_confirmation(
         if act is ConfirmationAction.run_restart:
             if checkpoint_step is None:
                 raise ItoError("invalid_arguments", "a restart names the checkpoint step")
+            lease = session.get(RunLease, run.id)
+            proposal = lease.proposal if lease is not None else None
+            if run.state != RunState.awaiting_approval.value or not proposal:
+                raise ItoError("invalid_transition", "the run has no proposed restart",
+                               state=run.state)
+            if checkpoint_step != proposal.get("checkpoint_step"):
+                raise ItoError("confirmation_mismatch", "the proposed restart is from another "
+                               "checkpoint", proposed=proposal.get("checkpoint_step"))
             details["checkpoint_step"] = checkpoint_step
+            details["proposal"] = proposal
         target_id, cost, manifest_digest = run.id, 0.0, run.manifest_digest
         details["run"] = {"run_id": run.id, "state": run.state, "booking_id": run.booking_id}
     confirmation = Confirmation(

@@ -102,8 +102,14 @@ def lease_next(session: Session, worker: AuthContext, settings: LeaseSettings,
         ManifestRow.account_id == run.account_id, ManifestRow.digest == run.manifest_digest))
     booking = session.get(Booking, run.booking_id)
     assert manifest is not None and booking is not None
+    restart = None
+    if lease.proposal and lease.proposal.get("approved") and not lease.proposal.get("applied"):
+        restart = {"step": lease.proposal["checkpoint_step"],
+                   "skip_steps": lease.proposal["skip_steps"]}
+        lease.proposal = dict(lease.proposal) | {"applied": True}
     return {
         "run_id": run.id, "attempt": lease.attempt, "resuming": resuming,
+        "restart_from": restart,
         "manifest_b64": _b64(manifest.content), "manifest_id": run.manifest_digest,
         "checkpoint_uri": run.checkpoint_uri,
         "booking": {"booking_id": booking.id, "gpu": booking.gpu, "nodes": booking.nodes,
@@ -195,6 +201,22 @@ def report(session: Session, worker: AuthContext, run_id: str, attempt: int,
             record_event(session, run, "stage", f"stage {item['stage']} {item.get('status')}",
                          data={"stage": item["stage"], "status": item.get("status")})
             counts["events"] += 1
+        elif kind == "spike":
+            proposal = {"action": "restart_from_checkpoint", "stage": item.get("stage"),
+                        "spike_step": int(item["step"]), "loss": item.get("loss"),
+                        "z": item.get("z"), "checkpoint_step": int(item["checkpoint_step"]),
+                        "skip_steps": int(item["skip_steps"]), "approved": False}
+            lease.proposal = proposal
+            lease.lease_expires_at = None
+            lease.worker_principal_id = None
+            transition_run(session, run, RunState.awaiting_approval,
+                           reason=f"loss spike at step {item['step']}: proposed restart from "
+                                  f"checkpoint {item['checkpoint_step']} skipping "
+                                  f"{item['skip_steps']} step(s) of data; needs a "
+                                  "run.restart_from_checkpoint confirmation",
+                           data=proposal)
+            counts["events"] += 1
+            break  # the attempt is over: nothing after a spike belongs to the run
         elif kind == "gate":
             record_event(session, run, "gate",
                          f"eval gate of {item.get('stage')} "

@@ -83,7 +83,6 @@ def apply_run_action(db: Database, ctx: AuthContext, pepper: str, *, run_id: str
                      confirmation_ref: str, idempotency_key: str) -> tuple[dict[str, Any], bool]:
     """Cancel or clean up a run behind its own confirmation and idempotency key."""
     act = ConfirmationAction(action)
-    assert act in (ConfirmationAction.run_cancel, ConfirmationAction.run_cleanup)
     validate_idempotency_key(idempotency_key)
     fingerprint = idempotency_fingerprint(act.value, run_id, None, confirmation_ref)
     try:
@@ -105,6 +104,8 @@ def apply_run_action(db: Database, ctx: AuthContext, pepper: str, *, run_id: str
             if act is ConfirmationAction.run_cancel:
                 if not RunState(run.state).is_cancellable():
                     raise ItoError("run_not_cancellable", state=run.state)
+            elif act is ConfirmationAction.run_restart:
+                _check_restart(session, run, confirmation.details.get("checkpoint_step"))
             elif not RunState(run.state).is_terminal():
                 raise ItoError("run_not_terminal", state=run.state)
             elif run.cleanup_state != CleanupState.none.value:
@@ -117,6 +118,8 @@ def apply_run_action(db: Database, ctx: AuthContext, pepper: str, *, run_id: str
             mark_consumed(session, confirmation, run.id, now)
             if act is ConfirmationAction.run_cancel:
                 _cancel(session, run)
+            elif act is ConfirmationAction.run_restart:
+                _restart(session, run)
             else:
                 _request_cleanup(session, run)
             data = {"run_id": run.id, "booking_id": run.booking_id, "state": run.state,
@@ -140,6 +143,25 @@ def _cancel(session: Session, run: Run) -> None:
         # Nothing is executing it: queued, or recovering with no worker holding it.
         transition_run(session, run, RunState.cancelled, reason="cancelled before any worker "
                        "held it")
+
+
+def _check_restart(session: Session, run: Run, step: object) -> None:
+    proposal = lease_for(session, run).proposal
+    if run.state != RunState.awaiting_approval.value or not proposal:
+        raise ItoError("invalid_transition", "the run has no proposed restart", state=run.state)
+    if step != proposal.get("checkpoint_step"):
+        raise ItoError("confirmation_mismatch", "the confirmation names another checkpoint "
+                       "than the proposed one", proposed=proposal.get("checkpoint_step"),
+                       confirmed=step)
+
+
+def _restart(session: Session, run: Run) -> None:
+    lease = lease_for(session, run)
+    assert lease.proposal is not None
+    lease.proposal = dict(lease.proposal) | {"approved": True}
+    transition_run(session, run, RunState.recovering,
+                   reason=f"restart from checkpoint {lease.proposal['checkpoint_step']} confirmed "
+                          "by a human", data=lease.proposal)
 
 
 def _request_cleanup(session: Session, run: Run) -> None:

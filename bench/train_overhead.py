@@ -1,0 +1,346 @@
+"""Training overhead bench: tokens/s of the engine's pretrain stage ÷ a plain PyTorch loop.
+
+Both sides run under ``torchrun --standalone --nproc-per-node=2`` (gloo, one OpenMP thread per
+process) with the same FSDP2 model — ``ito.pipeline.model.build_model`` from the same
+``ito.core.model_sizes`` entry and the same seed (derived from the same run id), each decoder
+layer and the root ``fully_shard``-ed over the 2-rank mesh — the same packed sequences in the same
+order (the recipe's ``web`` data, its training split, packed by ``ito.pipeline.data.pack`` with
+the same tokenizer file, batches from ``PackedData.batch``), the same micro-batch (``MICRO_BATCH``
+sequences per rank per step), the same number of steps and the same math: AdamW
+(``build_optimizer``), warmup + cosine (``build_scheduler``), gradient clipping at
+``MAX_GRAD_NORM``.
+
+- **engine**: ``torchrun -m ito.pipeline.run --spec spec.json`` with the ``demo`` recipe's
+  manifest limited to its ``pretrain`` stage, checkpointing at the manifest's interval
+  (``checkpoint.every_steps``; async DCP with its commit) and writing its events file, exactly as
+  the worker launches it.
+- **baseline**: this file run by torchrun as a worker (``--role baseline``): a plain loop —
+  batch, forward, backward, ``clip_grad_norm_``, ``optimizer.step``, ``zero_grad``,
+  ``scheduler.step`` — with no events, no metric all-reduce, no checkpoints.
+
+What is timed. Process start-up (interpreter, imports, process group, FSDP wrapping) and
+tokenizer training are excluded from both: the bench trains the tokenizer once before anything
+is timed and puts it where the engine looks for it (the engine then only loads it, as the
+baseline does), and the clocks start at the training loop. Two figures per side:
+
+- **loop wall**: end-to-end wall time of the N training steps — engine: from its ``stage
+  started`` event (emitted right before its first step) to its last step's ``metric`` event;
+  baseline: from right before its first step to right after its last. The engine's window holds
+  everything it does between steps (events, ``poll``, the in-window checkpoint saves and their
+  staging waits); the stage's final checkpoint is saved after the last step, overlapping the
+  stage's eval, and is outside the window (its ``blocking_seconds`` is reported).
+- **step time**: the engine's own per-step ``step_seconds`` / ``tokens_per_s`` events against
+  the baseline's per-step timings (rank 0): total tokens ÷ summed step time, and the median.
+
+``ratio`` = engine tokens/s ÷ baseline tokens/s; the goal (≥ 0.95) is judged on the loop-wall
+ratio (the stricter one). The two sides alternate (``--repeats`` rounds, the order flipping each
+round) and the median of the rounds is reported. As a check that both trained the same thing,
+the engine's per-step losses (mean over ranks) are compared with the baseline's.
+
+It prints a table and, last, one JSON line. Loopback only (torchrun ``--standalone``); every
+process it starts is killed in ``finally``.
+
+Usage: ``.venv/bin/python bench/train_overhead.py [--steps 390] [--repeats 2] [--size tiny]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+NPROC = 2
+RUN_ID = "bench-train-overhead"
+STEP_TIMEOUT_S = 600.0
+
+
+# ---------------------------------------------------------------------------------------------
+# The baseline worker (runs under torchrun)
+
+
+def baseline_worker(spec_path: Path, out_path: Path) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from ito.core.model_sizes import SIZES
+    from ito.pipeline.data import PackedData, pack, read_documents, seed_from, split_heldout
+    from ito.pipeline.model import build_model, build_optimizer, build_scheduler
+    from ito.pipeline.spec import load_spec
+    from ito.pipeline.tokenizer import load_tokenizer
+    from ito.pipeline.train import MAX_GRAD_NORM, MICRO_BATCH
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    spec = load_spec(spec_path)
+    stage = next(s for s in spec.manifest.curriculum if s.stage == spec.stages[0])
+    stage_index = spec.manifest.curriculum.index(stage)
+    size = SIZES[spec.manifest.model.size]
+    seed = seed_from(spec.run_id)
+    refs = spec.manifest.data_by_id()
+    docs = [d for i in stage.data
+            for d in split_heldout(read_documents(refs[i], spec.workdir), refs[i].role)[0]]
+    tokenizer = load_tokenizer(spec.checkpoint_dir)
+    data = PackedData(pack(tokenizer, docs, stage.seq_len), seed, stage_index)
+    steps = max(1, stage.tokens // (MICRO_BATCH * world * stage.seq_len))
+    if spec.max_steps_per_stage is not None:
+        steps = min(steps, spec.max_steps_per_stage)
+    model = build_model(size, seed, init_device_mesh("cpu", (world,)))
+    optimizer = build_optimizer(model, spec.manifest.model.size)
+    scheduler = build_scheduler(optimizer, steps)
+    step_tokens = MICRO_BATCH * world * stage.seq_len
+
+    losses: list[torch.Tensor] = []
+    step_seconds: list[float] = []
+    dist.barrier()
+    loop_start = time.time()
+    for k in range(steps):
+        start = time.perf_counter()
+        batch = data.batch(k, rank, world, MICRO_BATCH)
+        loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        losses.append(loss.detach())
+        step_seconds.append(time.perf_counter() - start)
+    loop_end = time.time()
+
+    mean_losses = torch.stack(losses).float()
+    dist.all_reduce(mean_losses)
+    mean_losses /= world
+    if rank == 0:
+        out_path.write_text(json.dumps({
+            "steps": steps, "step_tokens": step_tokens, "loop_start": loop_start,
+            "loop_end": loop_end, "step_seconds": step_seconds,
+            "losses": mean_losses.tolist()}), encoding="utf-8")
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver
+
+
+def summarise_engine(events: list[dict[str, Any]]) -> dict[str, Any]:
+    started = next(e for e in events if e["type"] == "stage" and e["status"] == "started")
+    metrics = [e for e in events if e["type"] == "metric"]
+    checkpoints = [e for e in events if e["type"] == "checkpoint"]
+    last_ts = metrics[-1]["ts"]
+    in_window = [c for c in checkpoints if c["step"] < metrics[-1]["step"]]
+    return {
+        "steps": len(metrics),
+        "loop_seconds": last_ts - started["ts"],
+        "step_seconds": [m["values"]["step_seconds"] for m in metrics],
+        "tokens_per_s": [m["values"]["tokens_per_s"] for m in metrics],
+        "losses": [m["values"]["loss"] for m in metrics],
+        "checkpoints": len(checkpoints),
+        "checkpoints_in_window": len(in_window),
+        "blocking_in_window": sum(c.get("blocking_seconds", 0.0) for c in in_window),
+        "final_blocking": checkpoints[-1].get("blocking_seconds") if checkpoints else None,
+        "checkpoint_bytes": checkpoints[-1]["bytes"] if checkpoints else None,
+    }
+
+
+def figures(kind: str, step_tokens: int, loop_seconds: float,
+            step_seconds: list[float]) -> dict[str, Any]:
+    from _common import median
+
+    n = len(step_seconds)
+    return {
+        "kind": kind, "steps": n, "loop_seconds": loop_seconds,
+        "loop_tokens_per_s": n * step_tokens / loop_seconds,
+        "step_tokens_per_s": n * step_tokens / sum(step_seconds),
+        "median_step_tokens_per_s": step_tokens / (median(step_seconds) or float("nan")),
+    }
+
+
+def run_side(kind: str, rnd_dir: Path, spec: dict[str, Any], tokenizer: Path,
+             step_tokens: int, procs: Any, env: dict[str, str]) -> dict[str, Any]:
+    from _common import read_events, torchrun
+
+    rnd_dir.mkdir(parents=True)
+    ckpt = rnd_dir / "checkpoints"
+    ckpt.mkdir()
+    shutil.copy(tokenizer, ckpt / tokenizer.name)
+    spec = spec | {"workdir": str(rnd_dir / "work"), "checkpoint_dir": str(ckpt),
+                   "events_path": str(rnd_dir / "events.jsonl")}
+    (rnd_dir / "work").mkdir()
+    spec_path = rnd_dir / "spec.json"
+    spec_path.write_text(json.dumps(spec), encoding="utf-8")
+    out = rnd_dir / "baseline.json"
+    if kind == "engine":
+        argv = torchrun(NPROC, "-m", "ito.pipeline.run", "--spec", str(spec_path))
+    else:
+        argv = torchrun(NPROC, str(Path(__file__).resolve()), "--role", "baseline",
+                        "--spec", str(spec_path), "--out", str(out))
+    log = (rnd_dir / "torchrun.log").open("wb")
+    started = time.monotonic()
+    proc = procs.start(argv, cwd=rnd_dir, env=env, stdout=log, stderr=log)
+    log.close()
+    try:
+        rc = proc.wait(timeout=STEP_TIMEOUT_S)
+    except Exception:
+        procs.kill_tree(proc)
+        raise
+    process_seconds = time.monotonic() - started
+    if rc != 0:
+        tail = (rnd_dir / "torchrun.log").read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"{kind} exited with {rc}:\n{tail}")
+    if kind == "engine":
+        ev = summarise_engine(read_events(rnd_dir / "events.jsonl"))
+        result = figures("engine", step_tokens, ev["loop_seconds"], ev["step_seconds"])
+        result |= {k: ev[k] for k in ("checkpoints", "checkpoints_in_window",
+                                      "blocking_in_window", "final_blocking",
+                                      "checkpoint_bytes")}
+        result["losses"] = ev["losses"]
+    else:
+        doc = json.loads(out.read_text(encoding="utf-8"))
+        result = figures("baseline", doc["step_tokens"], doc["loop_end"] - doc["loop_start"],
+                         doc["step_seconds"])
+        result["losses"] = doc["losses"]
+    result["process_seconds"] = process_seconds
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--role", choices=["driver", "baseline"], default="driver",
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, default=390,
+                        help="training steps per side (default: the demo recipe's pretrain "
+                             "stage, 400k tokens = 390 steps of 2×4×128 tokens)")
+    parser.add_argument("--repeats", type=int, default=2, help="rounds of engine + baseline")
+    parser.add_argument("--size", default="tiny", help="model size from ito.core.model_sizes")
+    parser.add_argument("--every-steps", type=int, default=None,
+                        help="checkpoint interval (default: the demo manifest's)")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    args = parser.parse_args(argv)
+    if args.role == "baseline":
+        baseline_worker(args.spec, args.out)
+        return 0
+
+    from _common import Processes, child_env, median, rnd, table, write_demo_recipe
+    from ito.pipeline.data import read_documents, split_heldout
+    from ito.pipeline.spec import load_spec
+    from ito.pipeline.tokenizer import TOKENIZER_FILE, build_tokenizer
+    from ito.pipeline.train import MICRO_BATCH
+
+    tmp = Path(tempfile.mkdtemp(prefix="ito-bench-overhead-"))
+    procs = Processes(str(tmp))
+    try:
+        manifest = write_demo_recipe(tmp / "data")
+        manifest["model"]["size"] = args.size
+        stage = manifest["curriculum"][0]
+        step_tokens = MICRO_BATCH * NPROC * stage["seq_len"]
+        stage["tokens"] = args.steps * step_tokens
+        if args.every_steps:
+            manifest["checkpoint"]["every_steps"] = args.every_steps
+        every = manifest["checkpoint"]["every_steps"]
+        spec: dict[str, Any] = {
+            "run_id": RUN_ID, "attempt": 1, "manifest": manifest, "stages": ["pretrain"],
+            "max_steps_per_stage": None, "fail_at": None, "loss_spike_at": None,
+            "workdir": str(tmp / "work"), "checkpoint_dir": str(tmp / "tokenizer"),
+            "events_path": str(tmp / "unused.jsonl")}
+
+        # The tokenizer, trained once here exactly as the engine's rank 0 would (same texts,
+        # same vocabulary), so neither side's timing holds it.
+        (tmp / "work").mkdir()
+        (tmp / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
+        parsed = load_spec(tmp / "spec.json")
+        refs = parsed.manifest.data_by_id()
+        ids = list(dict.fromkeys(d for s in parsed.manifest.curriculum for d in s.data))
+        texts = [t for i in ids
+                 for t in split_heldout(read_documents(refs[i], parsed.workdir),
+                                        refs[i].role)[0]]
+        from ito.core.model_sizes import SIZES
+
+        build_tokenizer(texts, SIZES[args.size].vocab, tmp / "tokenizer")
+        tokenizer = tmp / "tokenizer" / TOKENIZER_FILE
+
+        env = child_env()
+        results: list[dict[str, Any]] = []
+        print(f"model {args.size}, {NPROC} ranks (gloo, FSDP2), micro-batch {MICRO_BATCH} × "
+              f"seq {stage['seq_len']} per rank, {args.steps} steps, checkpoint every "
+              f"{every} steps; {args.repeats} round(s)", flush=True)
+        for r in range(args.repeats):
+            order = ("baseline", "engine") if r % 2 == 0 else ("engine", "baseline")
+            for kind in order:
+                res = run_side(kind, tmp / f"round{r}-{kind}", spec, tokenizer, step_tokens,
+                               procs, env)
+                res["round"] = r
+                results.append(res)
+                print(f"  round {r} {kind:8s}: loop {res['loop_seconds']:.2f} s, "
+                      f"{res['loop_tokens_per_s']:,.0f} tok/s (process "
+                      f"{res['process_seconds']:.1f} s)", flush=True)
+
+        def med(kind: str, key: str) -> float | None:
+            return median([x[key] for x in results if x["kind"] == kind and x[key] is not None])
+
+        engine = {k: med("engine", k) for k in ("loop_seconds", "loop_tokens_per_s",
+                                                "step_tokens_per_s", "median_step_tokens_per_s")}
+        base = {k: med("baseline", k) for k in engine}
+        ratio_loop = engine["loop_tokens_per_s"] / base["loop_tokens_per_s"]  # type: ignore[operator]
+        ratio_step = engine["step_tokens_per_s"] / base["step_tokens_per_s"]  # type: ignore[operator]
+        ratio_median = (engine["median_step_tokens_per_s"]  # type: ignore[operator]
+                        / base["median_step_tokens_per_s"])
+        eng_runs = [x for x in results if x["kind"] == "engine"]
+        base_runs = [x for x in results if x["kind"] == "baseline"]
+        loss_diff = max(abs(a - b) for e in eng_runs for b_run in base_runs
+                        for a, b in zip(e["losses"], b_run["losses"], strict=True))
+        rows = [
+            ["loop wall (s)", engine["loop_seconds"], base["loop_seconds"],
+             engine["loop_seconds"] / base["loop_seconds"]],  # type: ignore[operator]
+            ["tokens/s, loop wall", engine["loop_tokens_per_s"], base["loop_tokens_per_s"],
+             ratio_loop],
+            ["tokens/s, Σ step time", engine["step_tokens_per_s"], base["step_tokens_per_s"],
+             ratio_step],
+            ["tokens/s, median step", engine["median_step_tokens_per_s"],
+             base["median_step_tokens_per_s"], ratio_median],
+        ]
+        print()
+        print(table("medians over rounds", ["figure", "engine", "baseline", "engine ÷ base"],
+                    rows))
+        print()
+        ck = eng_runs[-1]
+        print(f"engine checkpoints per run: {ck['checkpoints']} ({ck['checkpoints_in_window']} "
+              f"inside the timed loop, blocking {ck['blocking_in_window']:.3f} s in all; final "
+              f"one blocked {ck['final_blocking']} s), {ck['checkpoint_bytes']:,} bytes each")
+        print(f"max |loss(engine) − loss(baseline)| over {args.steps} steps: {loss_diff:.2e} "
+              "(same model, data and order)")
+        met = ratio_loop >= 0.95
+        print(f"ratio (loop wall) {ratio_loop:.3f} — goal ≥ 0.95 "
+              f"{'met' if met else 'NOT met'}; per-step ratio {ratio_step:.3f}")
+        summary = {
+            "bench": "train_overhead", "size": args.size, "world": NPROC, "backend": "gloo",
+            "sharding": "fsdp2", "micro_batch": MICRO_BATCH, "seq_len": stage["seq_len"],
+            "steps": args.steps, "checkpoint_every_steps": every, "repeats": args.repeats,
+            "engine": {k: rnd(v, 3) for k, v in engine.items()},
+            "baseline": {k: rnd(v, 3) for k, v in base.items()},
+            "ratio_loop_wall": rnd(ratio_loop), "ratio_step_time": rnd(ratio_step),
+            "ratio_median_step": rnd(ratio_median), "goal": 0.95, "goal_met": met,
+            "engine_checkpoints_in_window": ck["checkpoints_in_window"],
+            "engine_blocking_seconds_in_window": rnd(ck["blocking_in_window"]),
+            "max_loss_diff": loss_diff,
+            "rounds": [{k: (rnd(v, 3) if isinstance(v, float) else v) for k, v in x.items()
+                        if k != "losses"} for x in results],
+        }
+        print(json.dumps(summary))
+        return 0
+    finally:
+        procs.kill_all()
+        if args.keep:
+            print(f"kept {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
