@@ -89,11 +89,11 @@ def test_train_is_refused_while_the_real_contract_lacks_lifecycle_operations(
 
 def test_an_unadvertised_subcommand_is_refused(tmp_path: Path) -> None:
     fake = make_fake(tmp_path / "client")
-    result = ecc(["ito", "runs", "restart", "run_1", "--json"],
+    result = ecc(["ito", "runs", "rewind", "run_1", "--json"],
                  base_env(tmp_path, ECC_ITO_CLI_EXECUTABLE=str(fake.path)))
     assert (result.rc, result.code) == (1, "capability_unavailable")
     assert result.envelope is not None
-    assert result.envelope["error"]["details"]["unsupported"] == ["runs restart"]
+    assert result.envelope["error"]["details"]["unsupported"] == ["runs rewind"]
     assert fake.calls() == []
 
 

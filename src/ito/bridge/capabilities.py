@@ -52,7 +52,7 @@ REQUIRED_TRAINING_OPERATIONS: tuple[str, ...] = (
     "bookings eligibility", "plan", "confirm", "train",
     # The lifecycle (§5.9): follow, stop and clean up what was started.
     "status", "runs list", "runs show", "runs logs", "runs metrics", "runs checkpoints",
-    "runs watch", "runs cancel", "runs cleanup",
+    "runs watch", "runs cancel", "runs cleanup", "runs restart",
 )
 """Every one must be advertised ``supported`` before any training verb is forwarded."""
 
@@ -65,6 +65,8 @@ EFFECT_POLICY: dict[str, dict[str, str]] = {
                     "authority": "entitled_workload"},
     "runs cleanup": {"auth": "required", "network": "ito_api",
                      "side_effect": "workload_cleanup", "authority": "entitled_workload"},
+    "runs restart": {"auth": "required", "network": "ito_api",
+                     "side_effect": "workload_restart", "authority": "entitled_workload"},
 }
 """The reviewed tuple of each effectful operation; any other checked operation must have
 ``side_effect: none`` and ``authority: none``."""
