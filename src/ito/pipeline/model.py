@@ -27,6 +27,7 @@ __all__ = [
     "build_model",
     "build_optimizer",
     "build_scheduler",
+    "llama_config",
     "lr_factor",
     "peak_flops",
 ]
@@ -41,8 +42,9 @@ MIN_LR_RATIO = 0.1
 """Cosine decay ends at a tenth of the peak (Chinchilla, Hoffmann et al. 2022, §3)."""
 
 
-def build_model(size: ModelSize, seed: int, mesh: DeviceMesh) -> LlamaForCausalLM:
-    config = LlamaConfig(
+def llama_config(size: ModelSize) -> LlamaConfig:
+    """The Llama architecture of a size of the table (untied embeddings, no dropout)."""
+    return LlamaConfig(
         vocab_size=size.vocab,
         hidden_size=size.hidden,
         intermediate_size=size.ffn,
@@ -53,9 +55,12 @@ def build_model(size: ModelSize, seed: int, mesh: DeviceMesh) -> LlamaForCausalL
         tie_word_embeddings=False,
         attention_dropout=0.0,
     )
+
+
+def build_model(size: ModelSize, seed: int, mesh: DeviceMesh) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     with torch.device(mesh.device_type):
-        model = LlamaForCausalLM(config)
+        model = LlamaForCausalLM(llama_config(size))
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)

@@ -149,7 +149,9 @@ def heartbeat(session: Session, worker: AuthContext, settings: LeaseSettings, ru
     lease.lease_expires_at = now + settings.ttl
     lease.updated_at = now
     ceiling = float(run.estimate.get("ceiling_usd", 0.0))
-    next_interval = settings.heartbeat_seconds / 3600.0 * booking.nodes \
+    # Until the next beat the run may hold the booking up to the lease TTL: stop while even
+    # that worst case stays under the ceiling.
+    next_interval = settings.ttl.total_seconds() / 3600.0 * booking.nodes \
         * booking.gpus_per_node * booking.rate_usd_per_gpu_hour
     stop = None
     if run.state == RunState.cancelling.value:
