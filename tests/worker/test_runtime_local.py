@@ -287,3 +287,26 @@ def test_a_loss_spike_waits_for_a_confirmed_restart_and_never_acts_alone(
     assert second[0]["step"] == 31  # resumed from checkpoint 30
     spike = next(p for p in losses if p["attempt"] == 1 and p["step"] == 40)
     assert spike["value"] > 1.5 * second[9]["value"]
+
+
+def test_a_killed_rank_is_restarted_by_torchrun_and_the_run_still_succeeds(
+    worker_server: Server, tmp_path: Path
+) -> None:
+    t = make_tenant(worker_server, tmp_path / "t", "rank-killer")
+    manifest = t.manifest("ranks")
+    document = json.loads(manifest.read_text())
+    document["curriculum"][0]["tokens"] = 120_000  # ~117 steps: time to kill mid-stage
+    manifest.write_text(json.dumps(document))
+    run_id = _create(t, manifest, "rank-1")
+    wait_until(lambda: t.ito("runs", "checkpoints", run_id).data["checkpoints"], timeout=300,
+               interval=0.5)
+    ranks = [line for line in _processes_of(run_id) if "torchrun" not in line]
+    assert ranks, _processes_of(run_id)
+    os.kill(int(ranks[-1].split()[0]), signal.SIGKILL)
+
+    final = _wait_state(t, run_id, TERMINAL, timeout=300)
+    assert final["state"] == "succeeded", final
+    lines = [line["message"] for line in t.ito("runs", "logs", run_id).data["lines"]]
+    assert any(message.startswith("resumed from") for message in lines), lines
+    leases = [e for e in final["events"] if e["kind"] == "state" and e["to_state"] == "running"]
+    assert len(leases) == 1  # torchrun restarted the ranks inside the same attempt
