@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ito.worker.executors import descendants
+
 BIN = Path(sys.executable).parent
 TORCHRUN = str(BIN / "torchrun")
 BENCH_DIR = Path(__file__).resolve().parent
@@ -28,29 +30,6 @@ BENCH_DIR = Path(__file__).resolve().parent
 
 # ---------------------------------------------------------------------------------------------
 # Processes
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (Linux ``/proc``), parents before children."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        children.setdefault(int(fields[1]), []).append(int(entry))
-    found: list[int] = []
-    frontier = [pid]
-    while frontier:
-        current = frontier.pop(0)
-        for child in children.get(current, []):
-            found.append(child)
-            frontier.append(child)
-    return found
 
 
 def pids_matching(token: str) -> list[int]:
@@ -142,6 +121,14 @@ class Processes:
         for proc in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
+
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into ``SystemExit`` so the caller's ``finally`` still stops its processes."""
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def child_env(**extra: str) -> dict[str, str]:

@@ -30,8 +30,11 @@ rank), then, ``--reps`` times, in this order:
    (same filesystem) — the sequential-write ceiling.
 
 Blocking is the slower rank's (training waits for both); each figure is the median over the
-repetitions. Goals: blocking async ÷ sync ≤ 0.2; bandwidth ÷ raw ≥ 0.5. It prints a table and,
-last, one JSON line. Loopback only; every process it starts is killed in ``finally``.
+repetitions, after one unrecorded warm-up round of every path. Goals: blocking async ÷ sync
+≤ 0.2; bandwidth ÷ raw ≥ 0.5. The disk's speed varies from one write to the next (page cache,
+the virtual disk's host), so single repetitions spread; the medians are the figures. It prints
+tables and, last, one JSON line. Loopback only; every process it starts is killed in
+``finally``.
 
 Usage: ``.venv/bin/python bench/checkpoint.py [--size 150m] [--reps 3]``.
 """
@@ -120,7 +123,7 @@ def worker(out_dir: Path, size_name: str, reps: int, default_async: bool) -> Non
     checkpointer = Checkpointer(out_dir / "async", 1, events, group)
     chunk = os.urandom(CHUNK) if rank == 0 else b""
     rows: list[dict[str, Any]] = []
-    for rep in range(reps):
+    for rep in range(-1, reps):  # rep -1 warms every path up and is not recorded
         row: dict[str, Any] = {"rep": rep}
         # 1. synchronous dcp.save
         path = out_dir / "sync" / f"rep{rep}"
@@ -173,7 +176,8 @@ def worker(out_dir: Path, size_name: str, reps: int, default_async: bool) -> Non
         if rank == 0:
             row["raw_seconds"] = raw_write(out_dir, row["sync_bytes"], chunk)
         dist.barrier()
-        rows.append(row)
+        if rep >= 0:
+            rows.append(row)
     checkpointer.close()
     events.close()
     gathered: list[list[dict[str, Any]] | None] = [None] * world
@@ -204,8 +208,19 @@ def main(argv: list[str] | None = None) -> int:
         worker(args.out, args.size, args.reps, args.default_async)
         return 0
 
-    from _common import Processes, child_env, goal, median, read_events, rnd, table, torchrun
+    from _common import (
+        Processes,
+        child_env,
+        exit_on_sigterm,
+        goal,
+        median,
+        read_events,
+        rnd,
+        table,
+        torchrun,
+    )
 
+    exit_on_sigterm()
     tmp = Path(tempfile.mkdtemp(prefix="ito-bench-ckpt-", dir=args.dir))
     procs = Processes(str(tmp))
     try:

@@ -66,6 +66,7 @@ from _common import (
     cmdline,
     descendants,
     environ,
+    exit_on_sigterm,
     kill_pid,
     pids_matching,
     read_events,
@@ -327,6 +328,9 @@ def fault_worker(bench: Bench, run_id: str, worker: subprocess.Popen[bytes],
         return found[0] if found else None
 
     first = wait_until(resumed, RUN_TIMEOUT_S, "the first step of attempt 2", 0.02)
+    restored = next((e for e in read_events(bench.events_path(run_id, 2))
+                     if e["type"] == "log"
+                     and str(e.get("message", "")).startswith("resumed from")), None)
     releases = [ts(e["at"]) for e in bench.run(run_id)["events"]
                 if e["kind"] == "state" and e.get("to_state") == "running"]
     return {"checkpoint_step": ckpt, "step_at_kill": last, "resumed_at_step": first["step"],
@@ -334,6 +338,7 @@ def fault_worker(bench: Bench, run_id: str, worker: subprocess.Popen[bytes],
             "survivors": len(survivors),
             "seconds_to_detection": detected - killed,
             "seconds_to_new_lease": (releases[-1] - killed) if len(releases) > 1 else None,
+            "seconds_to_restore": restored["ts"] - killed if restored else None,
             "seconds_to_first_step": first["ts"] - killed}, restarted
 
 
@@ -353,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="pretrain tokens (default: the demo recipe's 400k)")
     args = parser.parse_args(argv)
 
+    exit_on_sigterm()
     tmp = Path(tempfile.mkdtemp(prefix="ito-bench-recovery-"))
     procs = Processes(str(tmp))
     bench = Bench(tmp, procs, args.lease_ttl, args.heartbeat)
@@ -392,12 +398,13 @@ def main(argv: list[str] | None = None) -> int:
 
         print()
         print(table("kill → recovery (seconds)", [
-            "fault", "detection", "restored", "first resumed step", "ckpt step", "killed at",
-            "resumed at", "steps recomputed"], [
-            ["kill -9 rank 1 (torchrun restart)", None, rank["seconds_to_restore"],
+            "fault", "detection", "new lease", "restored", "first resumed step", "ckpt step",
+            "killed at", "resumed at", "steps recomputed"], [
+            ["kill -9 rank 1 (torchrun restart)", None, None, rank["seconds_to_restore"],
              rank["seconds_to_first_step"], rank["checkpoint_step"], rank["step_at_kill"],
              rank["resumed_at_step"], rank["steps_recomputed"]],
-            ["kill -9 worker + tree (new worker)", wk["seconds_to_detection"], None,
+            ["kill -9 worker + tree (new worker)", wk["seconds_to_detection"],
+             wk["seconds_to_new_lease"], wk["seconds_to_restore"],
              wk["seconds_to_first_step"], wk["checkpoint_step"], wk["step_at_kill"],
              wk["resumed_at_step"], wk["steps_recomputed"]]]))
         print()

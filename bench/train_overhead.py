@@ -290,12 +290,21 @@ def main(argv: list[str] | None = None) -> int:
         baseline_worker(args.spec, args.out)
         return 0
 
-    from _common import Processes, child_env, median, rnd, table, write_demo_recipe
+    from _common import (
+        Processes,
+        child_env,
+        exit_on_sigterm,
+        median,
+        rnd,
+        table,
+        write_demo_recipe,
+    )
     from ito.pipeline.data import read_documents, split_heldout
     from ito.pipeline.spec import load_spec
     from ito.pipeline.tokenizer import TOKENIZER_FILE, build_tokenizer
     from ito.pipeline.train import MICRO_BATCH
 
+    exit_on_sigterm()
     tmp = Path(tempfile.mkdtemp(prefix="ito-bench-overhead-"))
     procs = Processes(str(tmp))
     try:

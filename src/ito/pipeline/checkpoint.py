@@ -164,8 +164,9 @@ class Checkpointer:
 
     def save(self, *, stage: str, step: int, tokens_seen: int, model: torch.nn.Module,
              optimizer: torch.optim.Optimizer, trainer: dict[str, Any]) -> None:
-        self.finish()
+        # Waiting here for the previous save is a stall of training too: count it.
         start = time.monotonic()
+        self.finish()
         path = self.root / stage / f"step_{step:08d}"
         state = _state(model, optimizer, json.dumps(trainer).encode(), rng_record())
         response = async_save(state, checkpoint_id=str(path), process_group=self.group,

@@ -12,7 +12,9 @@ Event types (every line also has ``ts``, unix seconds):
   "mfu", "step_seconds"}}``
 - ``{"type": "checkpoint", "stage", "step", "path", "bytes", "seconds"}``
 - ``{"type": "gate", "stage", "battery", "results": [...], "passed"}``
-- ``{"type": "done", "status": "succeeded" | "gate_failed"}``
+- ``{"type": "restart", "restarts"}`` — torchrun restarted the ranks (an interruption)
+- ``{"type": "spike", "stage", "step", "loss", "z", "checkpoint_step", "skip_steps"}``
+- ``{"type": "done", "status": "succeeded" | "gate_failed" | "spike"}``
 
 A non-finite number (a diverged loss) is written as ``null``.
 """

@@ -42,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     ckpt_group = dist.new_group(backend="gloo")
     events = EventWriter(spec.events_path, enabled=dist.get_rank() == 0)
     try:
+        restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        if restarts:
+            # torchrun restarted the ranks after a failure: an interruption the desk must see.
+            events.emit("restart", restarts=restarts)
         events.log("info", f"run {spec.run_id} attempt {spec.attempt}: "
                            f"{dist.get_world_size()} ranks on {device.type}, "
                            f"stages {', '.join(spec.stages)}")

@@ -219,6 +219,11 @@ def report(session: Session, worker: AuthContext, run_id: str, attempt: int,
                            data=proposal)
             counts["events"] += 1
             break  # the attempt is over: nothing after a spike belongs to the run
+        elif kind == "restart":
+            lease.interruptions += 1
+            record_event(session, run, "restart", "the training processes were restarted from "
+                         "the last committed checkpoint", data={"restarts": item.get("restarts")})
+            counts["events"] += 1
         elif kind == "gate":
             record_event(session, run, "gate",
                          f"eval gate of {item.get('stage')} "

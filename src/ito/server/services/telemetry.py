@@ -27,6 +27,7 @@ def _productive_seconds(session: Session, run_id: str) -> float:
     for stage, step, attempt, value in session.execute(
         select(RunMetric.stage, RunMetric.step, RunMetric.attempt, RunMetric.value)
         .where(RunMetric.run_id == run_id, RunMetric.name == "step_seconds")
+        .order_by(RunMetric.id)
     ):
         key = (stage, step)
         if key not in latest or attempt >= latest[key][0]:
