@@ -33,6 +33,8 @@ def test_happy_path_creates_exactly_one_queued_run_and_replays_it(tenant: Tenant
     plan = tenant.ito("plan", "--booking", tenant.booking_id, "--manifest", str(manifest))
     assert plan.rc == 0 and plan.data["ready"] is True
     assert plan.data["cost"]["cost_usd"] <= plan.data["cost"]["ceiling_usd"]
+    # Not run by this version: said, not hidden.
+    assert [w["code"] for w in plan.data["warnings"]] == ["post_training_not_run"]
 
     confirm = tenant.ito("confirm", "--action", "train", "--booking", tenant.booking_id,
                          "--manifest", str(manifest))

@@ -44,6 +44,12 @@ def plan_run(session: Session, account_id: str, booking_id: str, raw: bytes) -> 
         checks = {"ok": False, "error": exc.to_error_body()}
         refusals.append(exc.to_error_body())
 
+    warnings: list[dict[str, Any]] = []
+    post = [n for n in ("sft", "dpo", "rlvr") if getattr(manifest.post_training, n) is not None]
+    if post:
+        warnings.append({"code": "post_training_not_run", "stages": post,
+                         "message": "these post-training stages are not run by this runtime "
+                                    "version; the run ends after its curriculum"})
     stages = [{"stage": s.stage, "tokens": s.tokens, "seq_len": s.seq_len,
                "estimated_seconds": round(s.seconds, 1)} for s in estimate.stages]
     return {
@@ -57,4 +63,5 @@ def plan_run(session: Session, account_id: str, booking_id: str, raw: bytes) -> 
         "stage_plan": stages,
         "cost": {k: v for k, v in estimate.to_dict().items() if k != "stages"},
         "refusals": refusals,
+        "warnings": warnings,
     }
