@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import MetaData, create_engine, select, text
 
 BIN = Path(sys.executable).parent
 ITO = str(BIN / "ito")
@@ -299,3 +299,22 @@ def tenant(server: Server, tmp_path: Path) -> Tenant:
 @pytest.fixture
 def other_tenant(server: Server, tmp_path: Path) -> Tenant:
     return make_tenant(server, tmp_path / "b", "tenant-b")
+
+
+def database_text(server: Server) -> bytes:
+    """Every stored byte of the test database (SQLite file and WAL, or every PostgreSQL row)."""
+    if server.backend == "sqlite":
+        path = Path(server.database_url.removeprefix("sqlite:///"))
+        blobs = [path.read_bytes()]
+        wal = path.with_name(path.name + "-wal")
+        if wal.exists():
+            blobs.append(wal.read_bytes())
+        return b"".join(blobs)
+    metadata = MetaData()
+    metadata.reflect(server.engine)
+    out = []
+    with server.engine.connect() as conn:
+        for table in metadata.sorted_tables:
+            for row in conn.execute(select(table)):
+                out.append(repr(tuple(row)).encode())
+    return b"\n".join(out)

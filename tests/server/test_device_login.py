@@ -17,7 +17,6 @@ import pytest
 from sqlalchemy import text
 
 from tests.server.web_browser import (
-    database_text,
     device_code,
     error_code,
     extra_server,
@@ -27,7 +26,7 @@ from tests.server.web_browser import (
     signed_in,
     user_create,
 )
-from tests.support import ITO_SERVER, Server, Tenant
+from tests.support import ITO_SERVER, Server, Tenant, database_text
 
 pytestmark = pytest.mark.slow
 

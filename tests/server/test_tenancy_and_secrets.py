@@ -3,12 +3,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from sqlalchemy import MetaData, select
 
-from tests.support import Server, Tenant
+from tests.support import Tenant, database_text
 
 pytestmark = pytest.mark.slow
 
@@ -57,28 +54,10 @@ def test_another_accounts_objects_look_missing_on_every_read(
     assert other_tenant.counts()["confirmations"] == {"consumed": 1, "pending": 1}
 
 
-def _database_text(server: Server) -> bytes:
-    if server.backend == "sqlite":
-        path = Path(server.database_url.removeprefix("sqlite:///"))
-        blobs = [path.read_bytes()]
-        wal = path.with_name(path.name + "-wal")
-        if wal.exists():
-            blobs.append(wal.read_bytes())
-        return b"".join(blobs)
-    metadata = MetaData()
-    metadata.reflect(server.engine)
-    out = []
-    with server.engine.connect() as conn:
-        for table in metadata.sorted_tables:
-            for row in conn.execute(select(table)):
-                out.append(repr(tuple(row)).encode())
-    return b"\n".join(out)
-
-
 def test_no_api_key_is_stored_or_logged(tenant: Tenant) -> None:
     _run(tenant)
     keys = [tenant.requester_key, tenant.approver_key, tenant.server.desk_key]
-    stored = _database_text(tenant.server)
+    stored = database_text(tenant.server)
     log = tenant.server.log_path.read_bytes()
     for key in keys:
         secret_part = key.split("_", 3)[3]

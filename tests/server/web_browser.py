@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from sqlalchemy import MetaData, select
 
 from tests.support import ITO_SERVER, Server, free_port, wait_until
 
@@ -132,25 +131,6 @@ def poll_until_decided(url: str, grant: dict[str, Any], timeout: float = 30.0) -
         if error_code(response) != "authorization_pending":
             return response
         assert time.monotonic() < deadline, "still pending at the deadline"
-
-
-def database_text(server: Server) -> bytes:
-    """Every stored byte of the test database (SQLite file and WAL, or every PostgreSQL row)."""
-    if server.backend == "sqlite":
-        path = Path(server.database_url.removeprefix("sqlite:///"))
-        blobs = [path.read_bytes()]
-        wal = path.with_name(path.name + "-wal")
-        if wal.exists():
-            blobs.append(wal.read_bytes())
-        return b"".join(blobs)
-    metadata = MetaData()
-    metadata.reflect(server.engine)
-    out = []
-    with server.engine.connect() as conn:
-        for table in metadata.sorted_tables:
-            for row in conn.execute(select(table)):
-                out.append(repr(tuple(row)).encode())
-    return b"\n".join(out)
 
 
 @contextmanager

@@ -306,8 +306,6 @@ def test_a_killed_rank_is_restarted_by_torchrun_and_the_run_still_succeeds(
 
     final = _wait_state(t, run_id, TERMINAL, timeout=300)
     assert final["state"] == "succeeded", final
-    lines = [line["message"] for line in t.ito("runs", "logs", run_id).data["lines"]]
-    assert any(message.startswith("resumed from") for message in lines), lines
     leases = [e for e in final["events"] if e["kind"] == "state" and e["to_state"] == "running"]
     assert len(leases) == 1  # torchrun restarted the ranks inside the same attempt
     assert [e["kind"] for e in final["events"]].count("restart") >= 1

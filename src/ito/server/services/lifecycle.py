@@ -165,18 +165,19 @@ def _restart(session: Session, run: Run) -> None:
 
 
 def _request_cleanup(session: Session, run: Run) -> None:
-    _cleanup_transition(session, run, CleanupState.cleaning)
+    _cleanup_transition(session, run, CleanupState.cleaning, "cleanup cleaning")
     lease_for(session, run).cleanup_requested_at = utcnow()
 
 
-def _cleanup_transition(session: Session, run: Run, target: CleanupState) -> None:
+def _cleanup_transition(session: Session, run: Run, target: CleanupState, message: str,
+                        **data: Any) -> None:
+    """The one way ``cleanup_state`` changes: checked against its table, recorded as an event."""
     current = CleanupState(run.cleanup_state)
     if target not in CLEANUP_TRANSITIONS[current]:
         raise ItoError("invalid_transition", current=current.value, target=target.value)
     run.cleanup_state = target.value
     run.updated_at = utcnow()
-    record_event(session, run, "cleanup", f"cleanup {target.value}",
-                 data={"cleanup_state": target.value})
+    record_event(session, run, "cleanup", message, data={"cleanup_state": target.value} | data)
 
 
 def mark_cleaned(session: Session, worker: AuthContext, run_id: str,
@@ -195,11 +196,9 @@ def mark_cleaned(session: Session, worker: AuthContext, run_id: str,
     for row in session.scalars(select(CheckpointRow).where(CheckpointRow.run_id == run.id,
                                                            CheckpointRow.deleted_at.is_(None))):
         row.deleted_at = now
-    run.cleanup_state = CleanupState.cleaned.value
-    run.updated_at = now
-    record_event(session, run, "cleanup", f"cleaned: {bytes_freed} bytes freed",
-                 data={"cleanup_state": "cleaned", "bytes_freed": int(bytes_freed),
-                       "paths": paths[:20]})
+    _cleanup_transition(session, run, CleanupState.cleaned,
+                        f"cleaned: {bytes_freed} bytes freed", bytes_freed=int(bytes_freed),
+                        paths=paths[:20])
     return {"run_id": run.id, "cleanup_state": run.cleanup_state,
             "bytes_freed": lease.bytes_freed}
 

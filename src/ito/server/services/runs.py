@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ito.core.errors import ItoError
@@ -41,7 +41,6 @@ from ito.server.store.tables import (
 __all__ = [
     "CreateRunRequest",
     "CreateRunResult",
-    "count_runs",
     "create_run",
     "event_dict",
     "get_run",
@@ -249,11 +248,6 @@ def list_events(session: Session, account_id: str, run_id: str, *, after: int = 
     return list(session.scalars(
         select(RunEvent).where(RunEvent.run_id == run_id, RunEvent.account_id == account_id,
                                RunEvent.id > after).order_by(RunEvent.id).limit(limit)))
-
-
-def count_runs(session: Session, account_id: str) -> int:
-    return int(session.scalar(select(func.count()).select_from(Run)
-                              .where(Run.account_id == account_id)) or 0)
 
 
 def run_dict(run: Run) -> dict[str, Any]:
