@@ -81,3 +81,94 @@ def test_an_expired_lease_goes_recovering_and_the_next_lease_resumes(tenant: Ten
         again = lease_next(session, worker, SETTINGS, now + timedelta(seconds=33))
     assert again is not None and again["attempt"] == 2 and again["resuming"] is True
     db.dispose()
+
+
+def test_booking_telemetry_sums_unrounded_run_figures_and_counts_a_recomputed_step_once(
+    tenant: Tenant,
+) -> None:
+    from ito.server.services.leases import finish_run, report
+    from ito.server.services.telemetry import booking_telemetry, run_telemetry
+
+    booking = tenant.booking()
+    key = tenant.server.desk("/v1/desk/keys", {"account_id": tenant.account_id,
+                                               "role": "worker", "booking_id": booking})
+    db = Database(tenant.server.database_url)
+    with db.read() as session:
+        worker = authenticate(session, tenant.server.env["ITO_PEPPER"], key["api_key"])
+    now = utcnow()
+    # Step durations below the millisecond the figures are shown with, so that summing rounded
+    # per-run figures would give another booking goodput: 3 × 0.3 ms in 1 s held (run one);
+    # 2 × 0.4 ms plus one step recomputed after an expired lease, in 2 s held (run two).
+    plans = [(1.0, [(1, 1, 0.0003), (2, 1, 0.0003), (3, 1, 0.0003)]),
+             (2.0, [(1, 1, 0.0004), (2, 1, 9.0), (2, 2, 0.0004)])]
+    run_ids = []
+    for index, (held, steps) in enumerate(plans):
+        manifest = tenant.manifest(f"m{index}")
+        ref = tenant.approved_confirmation(manifest, booking_id=booking)
+        run_id = tenant.ito("train", "--booking", booking, "--manifest", str(manifest),
+                            "--confirmation-ref", ref, "--idempotency-key",
+                            f"k{index}").data["run_id"]
+        run_ids.append(run_id)
+        start = now + timedelta(seconds=100 * index)
+        with db.write() as session:
+            leased = lease_next(session, worker, SETTINGS, start)
+        assert leased is not None and leased["run_id"] == run_id
+        for attempt in sorted({a for _, a, _ in steps}):
+            if attempt > 1:  # the first attempt died; its step 2 is recomputed
+                with db.write() as session:
+                    expire_leases(session, start + timedelta(seconds=31))
+                with db.write() as session:
+                    assert lease_next(session, worker, SETTINGS,
+                                      start + timedelta(seconds=32)) is not None
+            with db.write() as session:
+                report(session, worker, run_id, attempt, [
+                    {"type": "metric", "stage": "pretrain", "step": step,
+                     "values": {"step_seconds": seconds}}
+                    for step, a, seconds in steps if a == attempt])
+        with db.write() as session:
+            last = max(a for _, a, _ in steps)
+            beat_from = start + timedelta(seconds=32) if last > 1 else start
+            lease = session.get(RunLease, run_id)
+            assert lease is not None
+            lease.last_heartbeat_at = beat_from
+            heartbeat(session, worker, SETTINGS, run_id, last,
+                      beat_from + timedelta(seconds=held))
+        with db.write() as session:
+            finish_run(session, worker, run_id, last, "succeeded", None, "done")
+
+    with db.read() as session:
+        runs = [run_telemetry(session, tenant.account_id, r) for r in run_ids]
+        total = booking_telemetry(session, tenant.account_id, booking)
+    # Step 2 of run two counts once, with its latest attempt's duration (not 9 s).
+    assert runs[1]["productive_seconds"] < 0.01
+    assert [r["wall_seconds_held"] for r in runs] == [1.0, 2.0]
+    assert runs[1]["interruptions"] == 1 and total["interruptions"] == 1
+    assert total["runs"] == 2 and total["wall_seconds_held"] == 3.0
+    assert total["goodput"] == round((3 * 0.0003 + 2 * 0.0004) / 3.0, 4)
+    assert [r["run_id"] for r in total["per_run"]] == run_ids
+    db.dispose()
+
+
+def test_a_single_run_booking_reports_exactly_the_run_figures(tenant: Tenant) -> None:
+    from ito.server.services.leases import report
+    from ito.server.services.telemetry import booking_telemetry, run_telemetry
+
+    db, worker, run_id = _run_with_worker(tenant, rate=1.0)
+    now = utcnow()
+    with db.write() as session:
+        assert lease_next(session, worker, SETTINGS, now) is not None
+    with db.write() as session:
+        report(session, worker, run_id, 1, [
+            {"type": "metric", "stage": "pretrain", "step": s,
+             "values": {"step_seconds": 0.0003}} for s in range(1, 6)])
+    with db.write() as session:
+        heartbeat(session, worker, SETTINGS, run_id, 1, now + timedelta(seconds=1))
+    with db.read() as session:
+        run = run_telemetry(session, tenant.account_id, run_id)
+        assert worker.booking_id is not None
+        booking = booking_telemetry(session, tenant.account_id, worker.booking_id)
+    assert run["goodput"] == round(5 * 0.0003 / 1.0, 4)
+    for field in ("goodput", "wall_seconds_held", "productive_seconds", "cost_usd",
+                  "interruptions", "checkpoint_bandwidth_bytes_per_s"):
+        assert booking[field] == run[field], field
+    db.dispose()

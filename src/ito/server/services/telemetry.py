@@ -10,6 +10,7 @@ MFU, per run and per booking — computed from what runs reported, never estimat
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, select
@@ -41,33 +42,58 @@ def _mean(session: Session, run_id: str, name: str) -> float | None:
     return float(value) if value is not None else None
 
 
-def _run_figures(session: Session, run: Run, booking: Booking) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Raw:
+    """One run's unrounded figures: aggregates are summed from these, never from rounded ones."""
+
+    busy: float
+    productive: float
+    interruptions: int
+    node_hours: float
+    written: int
+    seconds: float
+    cost: float
+
+
+def _raw(session: Session, run: Run, booking: Booking) -> _Raw:
     lease = session.get(RunLease, run.id)
     busy = lease.busy_seconds if lease else 0.0
-    interruptions = lease.interruptions if lease else 0
-    productive = _productive_seconds(session, run.id)
     written, seconds = session.execute(
         select(func.coalesce(func.sum(CheckpointRow.bytes), 0),
                func.coalesce(func.sum(CheckpointRow.seconds), 0.0))
         .where(CheckpointRow.run_id == run.id)).one()
-    node_hours = busy * booking.nodes / 3600.0
+    return _Raw(busy=busy, productive=_productive_seconds(session, run.id),
+                interruptions=lease.interruptions if lease else 0,
+                node_hours=busy * booking.nodes / 3600.0, written=int(written),
+                seconds=float(seconds), cost=lease.cost_usd if lease else 0.0)
+
+
+def _ratios(raw: _Raw) -> dict[str, Any]:
+    return {
+        "wall_seconds_held": round(raw.busy, 3),
+        "productive_seconds": round(raw.productive, 3),
+        "goodput": round(min(raw.productive / raw.busy, 1.0), 4) if raw.busy > 0 else None,
+        "interruptions": raw.interruptions,
+        "interruption_rate_per_node_hour": round(raw.interruptions / raw.node_hours, 4)
+        if raw.node_hours > 0 else None,
+        "checkpoint_bandwidth_bytes_per_s": round(raw.written / raw.seconds, 1)
+        if raw.seconds > 0 else None,
+        "cost_usd": round(raw.cost, 6),
+    }
+
+
+def _run_figures(session: Session, run: Run, booking: Booking) -> dict[str, Any]:
+    raw = _raw(session, run, booking)
+    lease = session.get(RunLease, run.id)
     return {
         "run_id": run.id,
         "state": run.state,
-        "wall_seconds_held": round(busy, 3),
-        "productive_seconds": round(productive, 3),
-        "goodput": round(min(productive / busy, 1.0), 4) if busy > 0 else None,
-        "interruptions": interruptions,
-        "node_hours": round(node_hours, 6),
-        "interruption_rate_per_node_hour": round(interruptions / node_hours, 4)
-        if node_hours > 0 else None,
-        "checkpoint_bytes": int(written),
-        "checkpoint_seconds": round(float(seconds), 3),
-        "checkpoint_bandwidth_bytes_per_s": round(int(written) / float(seconds), 1)
-        if float(seconds) > 0 else None,
+        **_ratios(raw),
+        "node_hours": round(raw.node_hours, 6),
+        "checkpoint_bytes": raw.written,
+        "checkpoint_seconds": round(raw.seconds, 3),
         "tokens_per_s": _mean(session, run.id, "tokens_per_s"),
         "mfu": _mean(session, run.id, "mfu"),
-        "cost_usd": round(lease.cost_usd, 6) if lease else 0.0,
         "bytes_freed": lease.bytes_freed if lease else 0,
     }
 
@@ -93,26 +119,19 @@ def booking_telemetry(session: Session, account_id: str | None,
         from ito.core.errors import ItoError
 
         raise ItoError("booking_not_found")
-    runs = [_run_figures(session, run, booking) for run in session.scalars(
-        select(Run).where(Run.booking_id == booking.id).order_by(Run.created_at))]
-    busy = sum(r["wall_seconds_held"] for r in runs)
-    productive = sum(r["productive_seconds"] for r in runs)
-    interruptions = sum(r["interruptions"] for r in runs)
-    node_hours = sum(r["node_hours"] for r in runs)
-    written = sum(r["checkpoint_bytes"] for r in runs)
-    seconds = sum(r["checkpoint_seconds"] for r in runs)
+    runs = list(session.scalars(
+        select(Run).where(Run.booking_id == booking.id).order_by(Run.created_at)))
+    raws = [_raw(session, run, booking) for run in runs]
+    total = _Raw(busy=sum(r.busy for r in raws), productive=sum(r.productive for r in raws),
+                 interruptions=sum(r.interruptions for r in raws),
+                 node_hours=sum(r.node_hours for r in raws),
+                 written=sum(r.written for r in raws), seconds=sum(r.seconds for r in raws),
+                 cost=sum(r.cost for r in raws))
     return {
         "booking_id": booking.id,
         "runs": len(runs),
-        "wall_seconds_held": round(busy, 3),
-        "productive_seconds": round(productive, 3),
-        "goodput": round(min(productive / busy, 1.0), 4) if busy > 0 else None,
-        "interruptions": interruptions,
-        "interruption_rate_per_node_hour": round(interruptions / node_hours, 4)
-        if node_hours > 0 else None,
-        "checkpoint_bandwidth_bytes_per_s": round(written / seconds, 1) if seconds > 0 else None,
-        "cost_usd": round(sum(r["cost_usd"] for r in runs), 6),
-        "per_run": runs,
+        **_ratios(total),
+        "per_run": [_run_figures(session, run, booking) for run in runs],
     }
 
 
