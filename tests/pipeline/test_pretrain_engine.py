@@ -196,3 +196,33 @@ def test_failed_gate_ends_the_run_gate_failed_with_exit_status_zero(tmp_path: Pa
     assert evs[-1]["type"] == "done" and evs[-1]["status"] == "gate_failed"
     assert ("pretrain", "completed") not in [
         (e["stage"], e["status"]) for e in evs if e["type"] == "stage"]
+
+
+def test_a_stop_request_commits_a_checkpoint_and_a_later_attempt_resumes_it_exactly(
+        reference: Path, tmp_path: Path) -> None:
+    # The worker's stop file is there before the first step: rank 0 raises the flag in step 1's
+    # all-reduce, every rank reads it while step 2 computes, and step 2 is committed.
+    spec = make_spec(tmp_path)
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "stop-1").write_text("budget\n")
+    result = torchrun(spec)
+    assert result.returncode == 0, result.stdout[-4000:]
+    evs = events(tmp_path)
+    assert evs[-1]["type"] == "done" and evs[-1]["status"] == "stopped"
+    assert evs[-1]["step"] == 2
+    assert [(e["stage"], e["step"]) for e in evs if e["type"] == "checkpoint"] == [
+        ("pretrain", 2)]
+    assert [c.step for c in committed_checkpoints(tmp_path / "ckpt")] == [2]
+    assert [s for s, _ in losses(evs)] == [1, 2]  # a committed step's metrics are out
+    assert not [e for e in evs if e["type"] == "gate"]
+
+    # Attempt 2 has its own stop file (none): it resumes after step 2 and matches the reference.
+    doc = json.loads(spec.read_text())
+    doc["attempt"] = 2
+    spec.write_text(json.dumps(doc))
+    result = torchrun(spec)
+    assert result.returncode == 0, result.stdout[-4000:]
+    evs = events(tmp_path)
+    assert evs[-1]["type"] == "done" and evs[-1]["status"] == "succeeded"
+    assert [s for s, _ in losses(evs)] == list(range(1, MAX_STEPS + 2))
+    assert_same_losses(losses(evs), dict(losses(events(reference))))

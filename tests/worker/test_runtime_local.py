@@ -51,6 +51,17 @@ def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     stop_server(srv)
 
 
+@pytest.fixture(scope="module")
+def budget_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server without a worker whose leases last 280 s: the budget guard keeps a whole TTL of
+    headroom, so a run whose estimate is E seconds is stopped once it has held E − 280 s."""
+    home = tmp_path_factory.mktemp("budget-home")
+    srv = start_server(f"sqlite:///{home / 'ito.db'}", home, worker=False,
+                       extra_env={"ITO_LEASE_TTL_SECONDS": "280", "ITO_HEARTBEAT_SECONDS": "1"})
+    yield srv
+    stop_server(srv)
+
+
 def _create(t: Tenant, manifest: Path, key: str) -> str:
     ref = t.approved_confirmation(manifest)
     created = t.ito("train", "--booking", t.booking_id, "--manifest", str(manifest),
@@ -310,3 +321,57 @@ def test_a_killed_rank_is_restarted_by_torchrun_and_the_run_still_succeeds(
     assert len(leases) == 1  # torchrun restarted the ranks inside the same attempt
     assert [e["kind"] for e in final["events"]].count("restart") >= 1
     assert t.ito("telemetry", "--run", run_id).data["interruptions"] >= 1
+
+
+def test_a_budget_stop_checkpoints_the_running_job_and_fails_it_budget_exceeded(
+    budget_server: Server, tmp_path: Path
+) -> None:
+    t = make_tenant(budget_server, tmp_path / "t", "thrifty")
+    booking = t.booking(rate_usd_per_gpu_hour=36.0)
+    manifest = t.manifest("budget")
+    document = json.loads(manifest.read_text())
+    document["curriculum"] = document["curriculum"][:1]  # pretrain only
+    document["curriculum"][0]["tokens"] = 100_000  # ~97 steps, paced at 0.5 s each below
+    manifest.write_text(json.dumps(document))
+    plan = t.ito("plan", "--booking", booking, "--manifest", str(manifest)).data["cost"]
+    # The tightest ceiling the budget gate accepts: the run's own estimate. The guard stops the
+    # run once held time + one lease TTL (280 s) would cost more, i.e. after E − 280 s held.
+    estimate_s = plan["seconds"]
+    assert 290 < estimate_s < 340, plan  # stops 10-60 s in: never after the ~60 s it trains
+    ceiling = plan["cost_usd"]
+    document["budget"] = {"ceiling_usd": ceiling, "max_incremental_cost_usd": ceiling}
+    manifest.write_text(json.dumps(document))
+    ref = t.approved_confirmation(manifest, booking_id=booking)
+    run_id = t.ito("train", "--booking", booking, "--manifest", str(manifest),
+                   "--confirmation-ref", ref, "--idempotency-key", "budget-1").data["run_id"]
+
+    worker_key = budget_server.desk("/v1/desk/keys", {"account_id": t.account_id,
+                                                       "role": "worker",
+                                                       "booking_id": booking})["api_key"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ITO_")} | {
+        "ITO_API_URL": budget_server.url, "ITO_API_KEY": worker_key,
+        "ITO_HOME": str(tmp_path / "worker-home"),
+        "ITO_FAULT_INJECTION": json.dumps({"min_step_seconds": 0.5})}
+    worker = subprocess.Popen([str(BIN / "ito-worker"), "--booking", booking, "--once"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        final = _wait_state(t, run_id, TERMINAL, timeout=300)
+        assert worker.wait(timeout=60) == 0
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+    assert final["state"] == "failed" and final["failure_code"] == "budget_exceeded", final
+    assert not _processes_of(run_id)
+
+    # It stopped mid-training, having committed the step where it saw the stop.
+    losses = t.ito("runs", "metrics", run_id, "--name", "loss").data["points"]
+    last_step = max(p["step"] for p in losses)
+    assert 1 <= last_step < 97
+    checkpoints = t.ito("runs", "checkpoints", run_id).data["checkpoints"]
+    assert max(c["step"] for c in checkpoints) == last_step
+    assert f"checkpoint committed at step {last_step}" in final["events"][-1]["message"]
+    # Every dollar accounted, none past the ceiling.
+    telemetry = t.ito("telemetry", "--run", run_id).data
+    assert 0 < telemetry["cost_usd"] <= ceiling
+    assert telemetry["wall_seconds_held"] >= estimate_s - 280 - 2

@@ -14,7 +14,13 @@ from typing import Any
 
 from ito.core.manifest import Manifest, parse_manifest
 
-__all__ = ["FailAt", "RestartFrom", "RunSpec", "load_spec"]
+__all__ = ["FailAt", "RestartFrom", "RunSpec", "load_spec", "stop_file"]
+
+
+def stop_file(workdir: Path, attempt: int) -> Path:
+    """The file whose existence asks an attempt's engine to checkpoint and stop (the worker
+    writes it on a budget stop; rank 0 looks for it every step)."""
+    return workdir / f"stop-{attempt}"
 
 
 @dataclass(frozen=True)
@@ -53,10 +59,17 @@ class RunSpec:
     loss_spike_at: int | None = None
     """Fault injection: the batch of this global step is replaced by random tokens (a real loss
     spike); attempt 1 only."""
+    min_step_seconds: float | None = None
+    """Test hook: each step lasts at least this long (stands in for a slower accelerator, so a
+    drill can act on a run that is still training)."""
     restart_from: RestartFrom | None = None
     """A human-approved restart: resume from exactly this checkpoint, skipping a data window."""
     document: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The spec as read, for logging."""
+
+    @property
+    def stop_path(self) -> Path:
+        return stop_file(self.workdir, self.attempt)
 
 
 def load_spec(path: Path) -> RunSpec:
@@ -83,6 +96,10 @@ def load_spec(path: Path) -> RunSpec:
     max_steps = doc.get("max_steps_per_stage")
     if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
         raise ValueError("spec.max_steps_per_stage: must be a positive integer or null")
+    pace = doc.get("min_step_seconds")
+    if pace is not None and (not isinstance(pace, int | float) or isinstance(pace, bool)
+                             or not 0 < pace <= 60):
+        raise ValueError("spec.min_step_seconds: must be a number in (0, 60] or null")
     for key in ("workdir", "checkpoint_dir", "events_path"):
         if not isinstance(doc.get(key), str) or not Path(doc[key]).is_absolute():
             raise ValueError(f"spec.{key}: must be an absolute path")
@@ -97,6 +114,7 @@ def load_spec(path: Path) -> RunSpec:
         max_steps_per_stage=max_steps,
         fail_at=fail_at,
         loss_spike_at=spike_at,
+        min_step_seconds=float(pace) if pace is not None else None,
         restart_from=restart,
         document=doc,
     )

@@ -56,6 +56,24 @@ class LossSpike(Exception):
     """Raised on every rank alike (the loss is all-reduced) to stop for a human's decision."""
 
 
+class StopRequested(Exception):
+    """Raised on every rank alike (rank 0's flag rides the loss all-reduce) once the stage has
+    committed a checkpoint at the step where the worker's stop was seen."""
+
+
+@dataclass
+class PendingStep:
+    """A step whose loss all-reduce is still in flight: its figures are read (and emitted) while
+    the next step computes, so no step waits on the collective or a device sync."""
+
+    step: int
+    lr: float
+    seconds: float
+    reduced: torch.Tensor
+    """``[loss summed over ranks, stop flag]`` once ``work`` completes."""
+    work: dist.Work | None
+    grad_norm: torch.Tensor
+
 @dataclass(frozen=True)
 class StagePlan:
     config: CurriculumStage
@@ -197,6 +215,11 @@ class Trainer:
                 self.checkpointer.close()
                 self.events.emit("done", status="spike", stage=plan.config.stage)
                 return "spike"
+            except StopRequested as stop:
+                self.checkpointer.close()
+                self.events.emit("done", status="stopped", stage=plan.config.stage,
+                                 step=stop.args[0])
+                return "stopped"
             if not passed:
                 self.checkpointer.close()
                 self.events.emit("done", status="gate_failed", stage=plan.config.stage)
@@ -226,6 +249,7 @@ class Trainer:
         every = self.spec.manifest.checkpoint.every_steps
         step_tokens = MICRO_BATCH * self.world * config.seq_len
         flops_per_token = self.size.flops_per_token(config.seq_len)
+        pending: PendingStep | None = None
         for k in range(stage_step, plan.steps):
             step = plan.first_step + k + 1
             fail = self.spec.fail_at
@@ -238,26 +262,34 @@ class Trainer:
                                       generator=torch.Generator().manual_seed(step))
             batch = batch.to(self.device)
             lr = scheduler.get_last_lr()[0]
-            loss, grad_norm = self._train_step(batch)
+            current = self._train_step(batch, step, float(lr))
             scheduler.step()
             tokens_seen += step_tokens
-            seconds = time.perf_counter() - start
-            tps = step_tokens / seconds
-            mfu = None if self.peak is None else flops_per_token * tps / (self.peak * self.world)
-            self.events.emit("metric", stage=name, step=step, values={
-                "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tps, "mfu": mfu,
-                "step_seconds": seconds})
-            z = self.detector.observe(loss)
-            if z is not None:
-                self._propose_restart(name, step, loss, z)
+            if self.spec.min_step_seconds is not None:
+                time.sleep(max(0.0, self.spec.min_step_seconds - (time.perf_counter() - start)))
+            current.seconds = time.perf_counter() - start
+            stop = pending is not None and self._report(name, pending, step_tokens,
+                                                        flops_per_token)
+            pending = current
             self.checkpointer.poll()
-            if step % every == 0 or k + 1 == plan.steps:
+            if stop or step % every == 0 or k + 1 == plan.steps:
+                # A committed step has its metrics out first (a crash after the commit must
+                # not lose them: the resumed attempt starts after it).
+                stop = self._report(name, pending, step_tokens, flops_per_token) or stop
+                pending = None
                 self.checkpointer.save(
                     stage=name, step=step, tokens_seen=tokens_seen, model=self.model,
                     optimizer=self.optimizer,
                     trainer={"stage": name, "stage_step": k + 1, "step": step,
                              "tokens_seen": tokens_seen, "scheduler": scheduler.state_dict(),
                              "data_offset": self.data_offset})
+                if stop:
+                    self.checkpointer.finish()
+                    self.events.log("warning", f"stop requested by the worker: checkpoint "
+                                               f"committed at step {step}")
+                    raise StopRequested(step)
+        # The stage's last step is always saved, so nothing is pending here.
+        assert pending is None
         results = [self._evaluate(spec, config.seq_len)
                    for spec in self.spec.manifest.eval_batteries[config.battery]]
         self.checkpointer.finish()
@@ -268,13 +300,34 @@ class Trainer:
             self.events.emit("stage", stage=name, status="completed")
         return tokens_seen, passed
 
+    def _report(self, stage: str, pending: PendingStep, step_tokens: int,
+                flops_per_token: float) -> bool:
+        """Complete a step's all-reduce, emit its metrics, watch its loss for a spike; returns
+        whether rank 0 had seen a stop request when the step ended (the same on every rank)."""
+        if pending.work is not None:
+            pending.work.wait()
+        loss_sum, flag = pending.reduced.tolist()
+        loss = loss_sum / self.world
+        tps = step_tokens / pending.seconds
+        mfu = None if self.peak is None else flops_per_token * tps / (self.peak * self.world)
+        self.events.emit("metric", stage=stage, step=pending.step, values={
+            "loss": loss, "lr": pending.lr, "grad_norm": float(pending.grad_norm.item()),
+            "tokens_per_s": tps, "mfu": mfu, "step_seconds": pending.seconds})
+        z = self.detector.observe(loss)
+        if z is not None:
+            self._propose_restart(stage, pending.step, loss, z)
+        return bool(flag > 0)
+
     def _propose_restart(self, stage: str, step: int, loss: float, z: float) -> None:
         """Never act on a spike: make sure the last good state is committed, propose restarting
-        from it with the spiking data window skipped, and stop for a human's decision."""
+        from it with the spiking data window skipped, and stop for a human's decision.
+
+        The spike is seen while the step after it computes, so a checkpoint of the spiking step
+        itself may exist: the proposal is the newest one from before it."""
         self.checkpointer.finish()
         committed = [0]
         if self.rank == 0:
-            found = committed_checkpoints(self.spec.checkpoint_dir)
+            found = [c for c in committed_checkpoints(self.spec.checkpoint_dir) if c.step < step]
             committed[0] = found[-1].step if found else 0
         dist.broadcast_object_list(committed, src=0, group=self.ckpt_group)
         good = int(committed[0])
@@ -292,7 +345,7 @@ class Trainer:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _train_step(self, batch: torch.Tensor) -> tuple[float, float]:
+    def _train_step(self, batch: torch.Tensor, step: int, lr: float) -> PendingStep:
         with self._autocast():
             loss = self.model(input_ids=batch, labels=batch).loss
         loss.backward()
@@ -303,9 +356,12 @@ class Trainer:
         self.checkpointer.wait_staging()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        mean = loss.detach().float().clone()
-        dist.all_reduce(mean)
-        return float(mean.item()) / self.world, float(norm.item())
+        stop = 1.0 if self.rank == 0 and self.spec.stop_path.exists() else 0.0
+        reduced = torch.stack([loss.detach().float(),
+                               torch.tensor(stop, device=loss.device)])
+        work = dist.all_reduce(reduced, async_op=True)
+        return PendingStep(step=step, lr=lr, seconds=0.0, reduced=reduced, work=work,
+                           grad_norm=norm.detach())
 
     # ---- evals --------------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from ito.core.errors import ItoError
+from ito.pipeline.spec import stop_file
 from ito.worker.api import WorkerApi
 from ito.worker.executors import Executor, LaunchSpec
 
@@ -120,7 +121,9 @@ class Supervisor:
                                   workdir=workdir, nodes=int(booking["nodes"]),
                                   gpus_per_node=int(booking["gpus_per_node"])))
         return self._follow(run_id, attempt, executor, EventTail(events_path),
-                            float(lease["heartbeat_s"]))
+                            float(lease["heartbeat_s"]),
+                            stop_grace_s=float(lease.get("lease_ttl_s", 30.0)) / 2,
+                            stop_path=stop_file(workdir, attempt))
 
     def _prepare(self, run_id: str, attempt: int, raw: bytes, workdir: Path) -> Outcome | None:
         if (workdir / "prepared" / "provenance.json").exists():
@@ -146,10 +149,13 @@ class Supervisor:
             thread.join(timeout=1.0)
             if thread.is_alive():
                 beat = self.api.heartbeat(run_id, attempt)
-                if beat.get("stop") == "cancel":
+                if beat.get("stop") in ("cancel", "budget"):
                     thread.join()
-                    return self._finish(run_id, attempt,
-                                        Outcome("cancelled", None, "cancelled during data prep"))
+                    return self._finish(run_id, attempt, Outcome(
+                        "cancelled", None, "cancelled during data prep")
+                        if beat["stop"] == "cancel" else Outcome(
+                        "failed", "budget_exceeded", "stopped during data prep before the next "
+                        "interval would cross the budget ceiling"))
         if "error" in result:
             error: ItoError = result["error"]
             return self._finish(run_id, attempt, Outcome("failed", error.code, error.message))
@@ -164,9 +170,11 @@ class Supervisor:
         return None
 
     def _follow(self, run_id: str, attempt: int, executor: Executor, tail: EventTail,
-                heartbeat_s: float) -> Outcome | None:
+                heartbeat_s: float, *, stop_grace_s: float, stop_path: Path) -> Outcome | None:
         done: dict[str, Any] | None = None
         next_beat = 0.0
+        stop_deadline: float | None = None
+        """Set once a budget stop asked the engine to checkpoint and exit."""
         while True:
             events = tail.read()
             if events:
@@ -184,7 +192,12 @@ class Supervisor:
                     self.api.report(run_id, attempt, [e for e in rest if e.get("type") != "done"])
                 if done is not None and done.get("status") == "spike":
                     return Outcome("awaiting_approval", None, "loss spike: restart proposed")
+                if stop_deadline is not None:
+                    return self._finish(run_id, attempt, _budget_outcome(done))
                 return self._finish(run_id, attempt, _outcome(done, exit_code))
+            if stop_deadline is not None and time.monotonic() > stop_deadline:
+                executor.kill()
+                return self._finish(run_id, attempt, _budget_outcome(None))
             if time.monotonic() >= next_beat:
                 try:
                     beat = self.api.heartbeat(run_id, attempt)
@@ -199,11 +212,11 @@ class Supervisor:
                     return self._finish(run_id, attempt, Outcome(
                         "cancelled", None, "cancelled; the processes were stopped and the last "
                         "committed checkpoint kept"))
-                if beat.get("stop") == "budget":
-                    executor.kill()
-                    return self._finish(run_id, attempt, Outcome(
-                        "failed", "budget_exceeded", "stopped before the next interval would "
-                        "cross the budget ceiling; the last committed checkpoint is kept"))
+                if beat.get("stop") == "budget" and stop_deadline is None:
+                    # The server stops while the worst case until the next beat is still under
+                    # the ceiling: that headroom (the lease TTL) pays for a final checkpoint.
+                    stop_path.write_text("budget\n")
+                    stop_deadline = time.monotonic() + stop_grace_s
             time.sleep(POLL_SECONDS)
 
     def _finish(self, run_id: str, attempt: int, outcome: Outcome) -> Outcome:
@@ -220,6 +233,15 @@ def executor_wait(executor: Executor, timeout: float = 120.0) -> None:
             executor.kill()
             return
         time.sleep(POLL_SECONDS)
+
+
+def _budget_outcome(done: dict[str, Any] | None) -> Outcome:
+    if done is not None and done.get("status") == "stopped":
+        return Outcome("failed", "budget_exceeded", f"stopped before the next interval would "
+                       f"cross the budget ceiling; checkpoint committed at step {done.get('step')}")
+    return Outcome("failed", "budget_exceeded", "stopped before the next interval would cross "
+                   "the budget ceiling; the engine did not checkpoint in time and was killed; "
+                   "the last committed checkpoint is kept")
 
 
 def _outcome(done: dict[str, Any] | None, exit_code: int) -> Outcome:
