@@ -28,9 +28,9 @@ approve → ``ito train``.
       attempt.
 
 Goodput (productive step time that survived ÷ wall time the run held a lease, §7.7) of the
-faulted run ÷ the clean run's. The lease-held wall time does not include the time between the
-worker's death and its lease expiring, so a second goodput over the run's whole wall time (first
-lease → finish) is shown beside it.
+faulted run ÷ the clean run's. The time held includes the outage (the dead attempt's last
+heartbeat to the next lease); a second goodput over the run's whole wall time (first lease →
+finish) is shown beside it as a cross-check.
 
 Defaults of the service: lease TTL 30 s, heartbeat 5 s, sweep 1 s. Detection takes at most the
 TTL plus one sweep, so with defaults about 31 s, and the resume adds the measured restart time —

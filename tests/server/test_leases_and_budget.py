@@ -80,6 +80,11 @@ def test_an_expired_lease_goes_recovering_and_the_next_lease_resumes(tenant: Ten
     with db.write() as session:
         again = lease_next(session, worker, SETTINGS, now + timedelta(seconds=33))
     assert again is not None and again["attempt"] == 2 and again["resuming"] is True
+    with db.read() as session:
+        lease = session.get(RunLease, run_id)
+        # The outage (31 s undetected + 2 s waiting for a worker) is time held, not cost.
+        assert lease is not None and lease.busy_seconds == pytest.approx(33.0)
+        assert lease.cost_usd == 0.0
     db.dispose()
 
 
@@ -141,10 +146,11 @@ def test_booking_telemetry_sums_unrounded_run_figures_and_counts_a_recomputed_st
         total = booking_telemetry(session, tenant.account_id, booking)
     # Step 2 of run two counts once, with its latest attempt's duration (not 9 s).
     assert runs[1]["productive_seconds"] < 0.01
-    assert [r["wall_seconds_held"] for r in runs] == [1.0, 2.0]
+    # Run two's outage (31 s until the expiry, 1 s until the next lease) is time held.
+    assert [r["wall_seconds_held"] for r in runs] == [1.0, 2.0 + 32.0]
     assert runs[1]["interruptions"] == 1 and total["interruptions"] == 1
-    assert total["runs"] == 2 and total["wall_seconds_held"] == 3.0
-    assert total["goodput"] == round((3 * 0.0003 + 2 * 0.0004) / 3.0, 4)
+    assert total["runs"] == 2 and total["wall_seconds_held"] == 35.0
+    assert total["goodput"] == round((3 * 0.0003 + 2 * 0.0004) / 35.0, 4)
     assert [r["run_id"] for r in total["per_run"]] == run_ids
     db.dispose()
 

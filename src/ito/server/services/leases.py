@@ -65,6 +65,11 @@ def expire_leases(session: Session, now: datetime, booking_id: str | None = None
         lease.worker_principal_id = None
         if run.state in (RunState.running.value, RunState.awaiting_approval.value):
             lease.interruptions += 1
+            # The dead attempt held the booking until now without making progress: the outage
+            # counts as time held (goodput's denominator), not as cost.
+            if lease.last_heartbeat_at is not None:
+                lease.busy_seconds += max((now - lease.last_heartbeat_at).total_seconds(), 0.0)
+            lease.last_heartbeat_at = now
             transition_run(session, run, RunState.recovering,
                            reason="the worker stopped heartbeating; the run will resume from "
                                   "its last committed checkpoint",
@@ -89,6 +94,12 @@ def lease_next(session: Session, worker: AuthContext, settings: LeaseSettings,
         return None
     lease = lease_for(session, run)
     resuming = run.state == RunState.recovering.value
+    approved_restart = bool(lease.proposal and lease.proposal.get("approved")
+                            and not lease.proposal.get("applied"))
+    if resuming and not approved_restart and lease.last_heartbeat_at is not None:
+        # From the expiry to this lease the run still held the booking, waiting for a worker.
+        # (After a loss spike the wait was a human's decision, not an outage.)
+        lease.busy_seconds += max((now - lease.last_heartbeat_at).total_seconds(), 0.0)
     lease.attempt += 1
     lease.worker_principal_id = worker.principal_id
     lease.lease_expires_at = now + settings.ttl

@@ -2,7 +2,8 @@
 MFU, per run and per booking — computed from what runs reported, never estimated.
 
 * goodput = productive training seconds that survived into the final state ÷ wall seconds the
-  run held the booking. A step counts once, with the duration of its latest attempt: steps
+  run held the booking, outages included (from a dead attempt's last heartbeat to the next
+  lease). A step counts once, with the duration of its latest attempt: steps
   recomputed after a failure (work lost since the last commit) are not productive.
 * interruption rate = interruptions (expired leases) ÷ node-hours held.
 * checkpoint bandwidth = bytes committed ÷ seconds spent writing them.

@@ -33,7 +33,8 @@ class RunLease(Base):
     proposal: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     """A human-gated action the run proposes (loss spike: restart from checkpoint S)."""
     busy_seconds: Mapped[float] = mapped_column(Float, default=0.0)
-    """Wall seconds the run held the booking's accelerators, over all attempts."""
+    """Wall seconds the run held the booking's accelerators, over all attempts — outages
+    included (a dead attempt's last beat to the next lease); not a human's wait after a spike."""
     productive_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     """Training seconds whose progress survived into the committed state."""
     interruptions: Mapped[int] = mapped_column(Integer, default=0)
