@@ -10,6 +10,7 @@ rendered as the HTML error page, with the same status.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -66,8 +67,11 @@ def _respond(request: Request, error: ItoError, status: int | None = None) -> Re
         page = error_page(error)
         page.status_code = status or error.status
         return page
+    headers = None
+    if error.code == "rate_limited" and "retry_after_s" in error.details:
+        headers = {"Retry-After": str(max(1, math.ceil(float(error.details["retry_after_s"]))))}
     return JSONResponse(status_code=status or error.status,
-                        content=error_envelope(error, live_api_contacted=True))
+                        content=error_envelope(error, live_api_contacted=True), headers=headers)
 
 
 def _install_error_handlers(app: FastAPI) -> None:

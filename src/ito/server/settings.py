@@ -50,6 +50,13 @@ class ServerSettings(BaseSettings):
     """How often a worker renews its lease; must be well under the TTL."""
     lease_sweep_seconds: float = Field(default=1.0, ge=0.1, le=600)
     """How often the server looks for expired leases."""
+    rate_limit_per_second: float = Field(default=20.0, gt=0, le=1_000_000)
+    """Requests a credential may make per second, sustained (``rate_limited`` past it)."""
+    rate_limit_burst: int = Field(default=200, ge=1, le=10_000_000)
+    """Requests a credential may make at once before the sustained rate applies."""
+    auth_failures_per_minute: int = Field(default=20, ge=1, le=1_000_000)
+    """Failed authentications (unknown API key, wrong password) a source address may make in
+    a minute; past it the address is refused, valid credentials included, for the rest of it."""
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.home / 'ito.db'}"

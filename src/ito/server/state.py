@@ -2,18 +2,56 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, field
 
+from ito.core.errors import ItoError
+from ito.core.rate_limit import FailureWindow, TokenBucket
 from ito.server.settings import ServerSettings
 from ito.server.store.db import Database
 
-__all__ = ["AppState"]
+__all__ = ["AppState", "Limits"]
+
+
+class Limits:
+    """The process's rate limits (:mod:`ito.core.rate_limit`) behind one lock: request handlers
+    run on a thread pool."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self._lock = threading.Lock()
+        self._requests = TokenBucket(settings.rate_limit_per_second, settings.rate_limit_burst)
+        self._failures = FailureWindow(settings.auth_failures_per_minute, 60.0)
+
+    def admit(self, principal_id: str) -> None:
+        """Spend one request of a principal, or refuse with ``rate_limited``."""
+        with self._lock:
+            wait = self._requests.take(principal_id, time.monotonic())
+        if wait is not None:
+            raise ItoError("rate_limited", "too many requests for this credential",
+                           retry_after_s=round(wait, 3))
+
+    def check_source(self, key: str) -> None:
+        """Refuse a source that failed authentication too often lately."""
+        with self._lock:
+            wait = self._failures.blocked(key, time.monotonic())
+        if wait is not None:
+            raise ItoError("rate_limited", "too many failed sign-ins from here",
+                           retry_after_s=round(wait, 3))
+
+    def failed(self, key: str) -> None:
+        with self._lock:
+            self._failures.fail(key, time.monotonic())
 
 
 @dataclass
 class AppState:
     settings: ServerSettings
     db: Database
+    limits: Limits = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.limits = Limits(self.settings)
 
     @property
     def pepper(self) -> str:

@@ -14,7 +14,8 @@ from ito.core.manifest import MANIFEST_MAX_BYTES
 from ito.server.services.credentials import AuthContext, authenticate
 from ito.server.state import AppState
 
-__all__ = ["Caller", "State", "decode_manifest_b64", "read_bounded_body", "require"]
+__all__ = ["Caller", "State", "decode_manifest_b64", "read_bounded_body", "require",
+           "source_of"]
 
 
 def _state(request: Request) -> AppState:
@@ -25,13 +26,28 @@ def _state(request: Request) -> AppState:
 State = Annotated[AppState, Depends(_state)]
 
 
+def source_of(request: Request) -> str:
+    """The address a request came from (the peer; a proxy in front must be trusted by setting
+    the server's forwarded-IP handling, not by believing headers here)."""
+    return f"ip:{request.client.host if request.client else 'unknown'}"
+
+
 def _caller(request: Request, state: State) -> AuthContext:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise ItoError("not_authenticated")
-    with state.db.read() as session:
-        return authenticate(session, state.pepper, token.strip())
+    source = source_of(request)
+    state.limits.check_source(source)
+    try:
+        with state.db.read() as session:
+            caller = authenticate(session, state.pepper, token.strip())
+    except ItoError as exc:
+        if exc.code == "not_authenticated":  # an unknown key: guessing costs a try
+            state.limits.failed(source)
+        raise
+    state.limits.admit(caller.principal_id)
+    return caller
 
 
 Caller = Annotated[AuthContext, Depends(_caller)]

@@ -18,7 +18,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from ito.core.errors import ItoError
-from ito.server.routers.deps import State
+from ito.server.routers.deps import State, source_of
 from ito.server.services.approvals import (
     account_view,
     confirmation_view,
@@ -149,6 +149,15 @@ async def login_submit(request: Request, state: State, email: FormField = "",
     next_url = _safe_next(next)
     if not csrf_valid(state.pepper, "login", request.cookies.get(LOGIN_COOKIE), csrf_token):
         return error_page(ItoError("csrf_failed"))
+    # Password guessing gets a few tries a minute per address and per account email.
+    sources = (source_of(request), "email:" + email.strip().lower())
+    try:
+        for source in sources:
+            state.limits.check_source(source)
+    except ItoError as limited:
+        log.warning("web sign-in refused: rate limited")
+        return _login_page(state, _login_secret(request), next_url=next_url, email=email,
+                           error=limited)
 
     def check() -> tuple[str, str] | None:
         with state.db.read() as session:
@@ -169,6 +178,8 @@ async def login_submit(request: Request, state: State, email: FormField = "",
 
     outcome = await run_in_threadpool(check)
     if outcome is None:
+        for source in sources:
+            state.limits.failed(source)
         log.warning("web sign-in refused: invalid credentials")
         return _login_page(state, _login_secret(request), next_url=next_url, email=email,
                            error=ItoError("invalid_credentials"))
