@@ -73,6 +73,11 @@ class Resources(_Strict):
     """Accelerators (or CPU worker processes) per node the run needs."""
     fabrics: Annotated[list[Fabric], Field(min_length=1)]
     """Fabrics this run accepts between nodes (inside a node any)."""
+    replica_groups: Annotated[int, Field(ge=1, le=64)] = 1
+    """Replica groups the accelerators split into (HSDP's replicate degree). Each group holds a
+    full FSDP2-sharded copy of the model; with more than one, the groups average gradients every
+    step through torchft, and a group that dies is dropped from the step while the others go
+    on, then heals from a live peer when it comes back (DESIGN §7.3)."""
 
 
 class Decontamination(_Strict):
@@ -362,6 +367,13 @@ def _cross_field_problems(m: Manifest) -> list[tuple[str, str]]:
         problems.append(("$.budget.max_incremental_cost_usd", "must not exceed ceiling_usd"))
     if m.resources.nodes > 1 and m.resources.fabrics == ["nvlink"]:
         problems.append(("$.resources.fabrics", "nvlink does not join nodes"))
+    res = m.resources
+    if (res.nodes * res.gpus_per_node) % res.replica_groups:
+        problems.append(("$.resources.replica_groups",
+                         "must divide the accelerators (nodes × gpus_per_node)"))
+    elif res.replica_groups > 1 and res.nodes > 1 and res.nodes % res.replica_groups:
+        problems.append(("$.resources.replica_groups",
+                         "across nodes, each replica group takes whole nodes: must divide nodes"))
     return problems
 
 

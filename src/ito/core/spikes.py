@@ -47,3 +47,10 @@ class SpikeDetector:
 
     def reset(self) -> None:
         self._losses.clear()
+
+    def history(self) -> list[float]:
+        """The window, oldest first (what a replica healed from this one must continue)."""
+        return list(self._losses)
+
+    def restore(self, losses: list[float]) -> None:
+        self._losses = deque(float(x) for x in losses[-self.window:])

@@ -9,6 +9,7 @@ NCCL for the tensors and gloo beside it (checkpoint uploads need a CPU backend).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import traceback
@@ -21,16 +22,26 @@ __all__ = ["main"]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ito.pipeline.run")
     parser.add_argument("--spec", required=True, type=Path, help="absolute path of spec.json")
+    parser.add_argument("--replica-id", type=int, default=None,
+                        help="this world's replica group (runs with several replica groups)")
+    parser.add_argument("--lighthouse", default=None, help="the torchft lighthouse's URL")
     args = parser.parse_args(argv)
 
     import torch
     import torch.distributed as dist
 
     from ito.pipeline.events import EventWriter
-    from ito.pipeline.spec import load_spec
+    from ito.pipeline.spec import Replica, load_spec
     from ito.pipeline.train import Trainer
 
     spec = load_spec(args.spec)
+    groups = spec.manifest.resources.replica_groups
+    if groups > 1 or args.replica_id is not None:
+        if args.replica_id is None or args.lighthouse is None or not 0 <= args.replica_id < groups:
+            parser.error(f"this run has {groups} replica group(s): pass --replica-id in "
+                         f"[0, {groups}) and --lighthouse")
+        spec = dataclasses.replace(spec, replica=Replica(args.replica_id, groups,
+                                                         args.lighthouse))
     if torch.cuda.is_available():
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local_rank)

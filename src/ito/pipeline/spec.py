@@ -14,7 +14,7 @@ from typing import Any
 
 from ito.core.manifest import Manifest, parse_manifest
 
-__all__ = ["FailAt", "RestartFrom", "RunSpec", "load_spec", "stop_file"]
+__all__ = ["FailAt", "Replica", "RestartFrom", "RunSpec", "load_spec", "stop_file"]
 
 
 def stop_file(workdir: Path, attempt: int) -> Path:
@@ -29,6 +29,8 @@ class FailAt:
     """Global rank that exits with status 137."""
     step: int
     """Global step (1-based) at whose start it exits, before doing any work of that step."""
+    replica: int = 0
+    """Replica group of that rank (runs with several replica groups)."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,16 @@ class RestartFrom:
     """Global step of the committed checkpoint to resume from."""
     skip_steps: int
     """Batches of data to skip after it (the window that produced the spike)."""
+
+
+@dataclass(frozen=True)
+class Replica:
+    """Which replica group this torchrun world is, of how many, and where their lighthouse is
+    (given on the command line: the spec file is shared by the groups)."""
+
+    id: int
+    groups: int
+    lighthouse: str
 
 
 @dataclass(frozen=True)
@@ -64,6 +76,8 @@ class RunSpec:
     drill can act on a run that is still training)."""
     restart_from: RestartFrom | None = None
     """A human-approved restart: resume from exactly this checkpoint, skipping a data window."""
+    replica: Replica | None = None
+    """Set for runs with several replica groups."""
     document: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The spec as read, for logging."""
 
@@ -85,7 +99,8 @@ def load_spec(path: Path) -> RunSpec:
             raise ValueError(f"spec.stages[{i}]: {name!r} is not a curriculum stage")
     fail_at = None
     if doc.get("fail_at") is not None:
-        fail_at = FailAt(rank=int(doc["fail_at"]["rank"]), step=int(doc["fail_at"]["step"]))
+        fail_at = FailAt(rank=int(doc["fail_at"]["rank"]), step=int(doc["fail_at"]["step"]),
+                         replica=int(doc["fail_at"].get("replica", 0)))
     spike_at = doc.get("loss_spike_at")
     if spike_at is not None and (not isinstance(spike_at, int) or spike_at < 1):
         raise ValueError("spec.loss_spike_at: must be a positive integer or null")

@@ -12,7 +12,7 @@ import contextlib
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +40,7 @@ from ito.pipeline.model import (
     lr_factor,
     peak_flops,
 )
+from ito.pipeline.replicas import ReplicaSync, local, to_local_tree
 from ito.pipeline.spec import RunSpec
 from ito.pipeline.tokenizer import TOKENIZER_FILE, build_tokenizer, load_tokenizer
 
@@ -61,6 +62,30 @@ class StopRequested(Exception):
     committed a checkpoint at the step where the worker's stop was seen."""
 
 
+class Rejoin(Exception):
+    """Raised on a rank that torchft healed from a peer: the trainer continues from the peer's
+    position (``args[0]``), whichever stage that is in."""
+
+
+class LeaderEvents:
+    """The events of a run with several replica groups: every group trains every step, only the
+    quorum's leader reports it (logs come from every group, tagged with it)."""
+
+    def __init__(self, events: EventWriter, replica_id: int,
+                 leading: Callable[[], bool]) -> None:
+        self._events, self._replica_id, self._leading = events, replica_id, leading
+
+    def emit(self, type_: str, **fields: object) -> None:
+        if self._leading():
+            self._events.emit(type_, **fields)
+
+    def log(self, level: str, message: str) -> None:
+        self._events.log(level, f"[replica {self._replica_id}] {message}")
+
+    def close(self) -> None:
+        self._events.close()
+
+
 @dataclass
 class PendingStep:
     """A step whose loss all-reduce is still in flight: its figures are read (and emitted) while
@@ -73,6 +98,10 @@ class PendingStep:
     """``[loss summed over ranks, stop flag]`` once ``work`` completes."""
     work: dist.Work | None
     grad_norm: torch.Tensor
+    tokens: int = 0
+    """Tokens the step trained on, over every rank of every participating group."""
+    replicas: int | None = None
+    """Replica groups that took part (runs with several)."""
 
 @dataclass(frozen=True)
 class StagePlan:
@@ -90,9 +119,21 @@ class Trainer:
         from torch.distributed.device_mesh import init_device_mesh
 
         self.spec = spec
-        self.events = events
+        self.replica = spec.replica
+        self.sync: ReplicaSync | None = None
+        self.events: EventWriter | LeaderEvents = events
+        if self.replica is not None:
+            self.events = LeaderEvents(events, self.replica.id, self._leading)
         self.device = device
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        groups = self.replica.groups if self.replica else 1
+        self.dp_rank = self.rank + (self.replica.id * self.world if self.replica else 0)
+        self.dp_world = self.world * groups
+        """Data-parallel rank and size over every replica group (each reads its own batches)."""
+        self.in_quorum = False
+        """Set while a healed rank re-enters its loop inside the quorum that healed it."""
+        self.position: dict[str, object] | None = None
+        """The trainer's state after its last committed step (what a healed peer continues)."""
         self.ckpt_group = ckpt_group
         self.size: ModelSize = SIZES[spec.manifest.model.size]
         self.seed = seed_from(spec.run_id)
@@ -104,7 +145,7 @@ class Trainer:
         self.model = build_model(self.size, self.seed, mesh)
         self.optimizer = build_optimizer(self.model, spec.manifest.model.size)
         self.checkpointer = Checkpointer(spec.checkpoint_dir, spec.manifest.checkpoint.keep_last,
-                                         events, ckpt_group)
+                                         self.events, ckpt_group)  # type: ignore[arg-type]
         self.peak = peak_flops()
         self.fault_armed = False
         self.spike_armed = False
@@ -139,7 +180,7 @@ class Trainer:
         plans, first = [], 0
         for name in self.spec.stages:
             index, config = by_name[name]
-            steps = max(1, config.tokens // (MICRO_BATCH * self.world * config.seq_len))
+            steps = max(1, config.tokens // (MICRO_BATCH * self.dp_world * config.seq_len))
             if self.spec.max_steps_per_stage is not None:
                 steps = min(steps, self.spec.max_steps_per_stage)
             plans.append(StagePlan(config, index, steps, first))
@@ -150,7 +191,10 @@ class Trainer:
         found: list[tuple[str, int, Path] | None] = [None]
         self.apply_restart = False
         if self.rank == 0:
-            for path in remove_uncommitted(self.spec.checkpoint_dir):
+            # With replica groups a live peer may be writing one of them right now: they are
+            # only ever skipped (no COMMIT), never deleted from here.
+            for path in (remove_uncommitted(self.spec.checkpoint_dir)
+                         if self.replica is None else []):
                 self.events.log("warning", f"ignored uncommitted checkpoint {path}")
             committed = committed_checkpoints(self.spec.checkpoint_dir)
             restart = self.spec.restart_from
@@ -201,6 +245,35 @@ class Trainer:
         self.fault_armed = self._fault_armed(resumed_step)
         self.spike_armed = (self.spec.loss_spike_at is not None and self.spec.attempt == 1
                             and resumed_step < self.spec.loss_spike_at)
+        if self.replica is None:
+            return self._run_stages(start_pos, stage_step, tokens_seen, trainer_state)
+        self.position = trainer_state
+        self.sync = ReplicaSync(replica_id=self.replica.id, lighthouse=self.replica.lighthouse,
+                                group=self.ckpt_group, state_dict=self._heal_state,
+                                load_state_dict=self._heal_load)
+        self.sync.set_step(max(resumed_step, 0))
+        try:
+            while True:
+                try:
+                    status = self._run_stages(start_pos, stage_step, tokens_seen, trainer_state)
+                    # Every group logs what it ends with: equal digests, equal models.
+                    self.events.log("info", f"rank {self.rank} parameters digest "
+                                            f"{self._digest()} at step {self.sync.step}")
+                    return status
+                except Rejoin as rejoin:
+                    trainer_state = rejoin.args[0]
+                    stages: list[str] = [p.config.stage for p in self.plans]
+                    start_pos = stages.index(str(trainer_state["stage"]))
+                    stage_step = int(str(trainer_state["stage_step"]))
+                    tokens_seen = int(str(trainer_state["tokens_seen"]))
+                    self.data_offset = int(str(trainer_state.get("data_offset", 0)))
+                    self.events.log("info", f"healed from a live replica group at step "
+                                            f"{trainer_state['step']}; continuing with it")
+        finally:
+            self.sync.shutdown()
+
+    def _run_stages(self, start_pos: int, stage_step: int, tokens_seen: int,
+                    trainer_state: dict[str, object] | None) -> str:
         # On a crash the in-flight save is abandoned, not awaited: its peers may be gone, and
         # without its COMMIT it is never loaded.
         for pos in range(start_pos, len(self.plans)):
@@ -230,7 +303,9 @@ class Trainer:
 
     def _fault_armed(self, resumed_step: int) -> bool:
         fail = self.spec.fail_at
-        return (fail is not None and fail.rank == self.rank and self.spec.attempt == 1
+        replica = self.replica.id if self.replica else 0
+        return (fail is not None and fail.rank == self.rank and fail.replica == replica
+                and self.spec.attempt == 1
                 and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
                 and resumed_step < fail.step)
 
@@ -244,45 +319,74 @@ class Trainer:
             scheduler.load_state_dict(resume["scheduler"])  # type: ignore[arg-type]
             for group, base in zip(self.optimizer.param_groups, scheduler.base_lrs, strict=True):
                 group["lr"] = base * lr_factor(scheduler.last_epoch, plan.steps)
-        self.events.emit("stage", stage=name, status="started")
+        if not self.in_quorum:  # a healed rank re-enters a stage its leader already began
+            self.events.emit("stage", stage=name, status="started")
         self.detector.reset()
+        if resume is not None and isinstance(resume.get("spike_window"), list):
+            self.detector.restore(resume["spike_window"])  # type: ignore[arg-type]
         every = self.spec.manifest.checkpoint.every_steps
         step_tokens = MICRO_BATCH * self.world * config.seq_len
         flops_per_token = self.size.flops_per_token(config.seq_len)
         pending: PendingStep | None = None
-        for k in range(stage_step, plan.steps):
+        if self.replica is not None and resume is None:
+            self.position = self._trainer_state(name, 0, plan.first_step, tokens_seen, scheduler)
+        k = stage_step
+        while k < plan.steps:
             step = plan.first_step + k + 1
             fail = self.spec.fail_at
             if self.fault_armed and fail is not None and step == fail.step:
                 os._exit(137)
+            if self.sync is not None:
+                if self.in_quorum:
+                    # Healed at this step's quorum: this rank is already one of its
+                    # participants and takes part in the step from the position it got.
+                    self.in_quorum = False
+                elif self.sync.start_step():
+                    assert self.position is not None
+                    self.in_quorum = True
+                    raise Rejoin(self.position)
             start = time.perf_counter()
-            batch = data.batch(k + self.data_offset, self.rank, self.world, MICRO_BATCH)
+            batch = data.batch(k + self.data_offset, self.dp_rank, self.dp_world, MICRO_BATCH)
             if self.spike_armed and step == self.spec.loss_spike_at:
                 batch = torch.randint(0, self.size.vocab, batch.shape,
                                       generator=torch.Generator().manual_seed(step))
             batch = batch.to(self.device)
             lr = scheduler.get_last_lr()[0]
             current = self._train_step(batch, step, float(lr))
+            if current is None:
+                continue  # a replica group failed during the step: retried with the others
             scheduler.step()
-            tokens_seen += step_tokens
+            if self.sync is not None:
+                current.replicas = self.sync.participants
+                current.tokens = step_tokens // self.dp_world * self.world * current.replicas
+            else:
+                current.tokens = step_tokens
+            tokens_seen += current.tokens
             if self.spec.min_step_seconds is not None:
                 time.sleep(max(0.0, self.spec.min_step_seconds - (time.perf_counter() - start)))
             current.seconds = time.perf_counter() - start
             stop = pending is not None and self._report(name, pending, step_tokens,
                                                         flops_per_token)
             pending = current
-            self.checkpointer.poll()
-            if stop or step % every == 0 or k + 1 == plan.steps:
+            k += 1
+            saving = stop or step % every == 0 or k == plan.steps
+            if saving or self.replica is not None:
                 # A committed step has its metrics out first (a crash after the commit must
-                # not lose them: the resumed attempt starts after it).
+                # not lose them: the resumed attempt starts after it). With replica groups
+                # every step is read at once: the spike window is part of what a healed peer
+                # continues, so it must hold this step's loss.
                 stop = self._report(name, pending, step_tokens, flops_per_token) or stop
                 pending = None
-                self.checkpointer.save(
-                    stage=name, step=step, tokens_seen=tokens_seen, model=self.model,
-                    optimizer=self.optimizer,
-                    trainer={"stage": name, "stage_step": k + 1, "step": step,
-                             "tokens_seen": tokens_seen, "scheduler": scheduler.state_dict(),
-                             "data_offset": self.data_offset})
+                saving = saving or stop
+            if self.replica is not None:
+                self.position = self._trainer_state(name, k, step, tokens_seen, scheduler)
+            self.checkpointer.poll()
+            if saving:
+                if self._saves():
+                    self.checkpointer.save(
+                        stage=name, step=step, tokens_seen=tokens_seen, model=self.model,
+                        optimizer=self.optimizer,
+                        trainer=self._trainer_state(name, k, step, tokens_seen, scheduler))
                 if stop:
                     self.checkpointer.finish()
                     self.events.log("warning", f"stop requested by the worker: checkpoint "
@@ -300,6 +404,72 @@ class Trainer:
             self.events.emit("stage", stage=name, status="completed")
         return tokens_seen, passed
 
+    def _trainer_state(self, stage: str, stage_step: int, step: int, tokens_seen: int,
+                       scheduler: torch.optim.lr_scheduler.LRScheduler) -> dict[str, object]:
+        state: dict[str, object] = {
+            "stage": stage, "stage_step": stage_step, "step": step, "tokens_seen": tokens_seen,
+            "scheduler": scheduler.state_dict(), "data_offset": self.data_offset}
+        if self.replica is not None:
+            state["spike_window"] = self.detector.history()
+        return state
+
+    # ---- replica groups -----------------------------------------------------------------------
+
+    def _leading(self) -> bool:
+        """Whether this group reports (and checkpoints): rank 0 of the current quorum; before
+        the first quorum, replica group 0."""
+        if self.sync is None:
+            return self.replica is None or self.replica.id == 0
+        rank = self.sync.manager.participating_rank()
+        return rank == 0 if rank is not None else self.replica is not None \
+            and self.replica.id == 0
+
+    def _digest(self) -> str:
+        import hashlib
+
+        digest = hashlib.sha256()
+        for param in self.model.parameters():
+            digest.update(local(param).detach().float().contiguous().cpu().numpy().tobytes())
+        return digest.hexdigest()[:16]
+
+    def _saves(self) -> bool:
+        return self.replica is None or self._leading()
+
+    def _heal_state(self) -> dict[str, object]:
+        """What a peer that is behind copies from this rank (local shards, see replicas.py)."""
+        return {"model": to_local_tree(dict(self.model.state_dict())),
+                "optim": to_local_tree(self.optimizer.state_dict()),
+                "position": self.position}
+
+    def _heal_load(self, state: dict[str, object]) -> None:
+        from torch.distributed.tensor import DTensor
+
+        tensors = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
+        model_state = state["model"]
+        assert isinstance(model_state, dict)
+        with torch.no_grad():
+            for name, value in model_state.items():
+                local(tensors[name]).copy_(value)
+        optim = state["optim"]
+        assert isinstance(optim, dict)
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        for index, entry in optim["state"].items():
+            param = params[int(index)]
+            restored: dict[str, object] = {}
+            for key, value in entry.items():
+                if key != "step" and isinstance(param, DTensor):
+                    restored[key] = DTensor.from_local(value, param.device_mesh,
+                                                       param.placements, run_check=False,
+                                                       shape=param.shape, stride=param.stride())
+                else:
+                    restored[key] = value
+            self.optimizer.state[param] = restored
+        for group, saved in zip(self.optimizer.param_groups, optim["param_groups"], strict=True):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        self.position = state["position"]  # type: ignore[assignment]
+
+    # ---- per-step figures ---------------------------------------------------------------------
+
     def _report(self, stage: str, pending: PendingStep, step_tokens: int,
                 flops_per_token: float) -> bool:
         """Complete a step's all-reduce, emit its metrics, watch its loss for a spike; returns
@@ -308,11 +478,13 @@ class Trainer:
             pending.work.wait()
         loss_sum, flag = pending.reduced.tolist()
         loss = loss_sum / self.world
-        tps = step_tokens / pending.seconds
-        mfu = None if self.peak is None else flops_per_token * tps / (self.peak * self.world)
+        tps = pending.tokens / pending.seconds
+        devices = self.world * (pending.replicas or 1)
+        mfu = None if self.peak is None else flops_per_token * tps / (self.peak * devices)
         self.events.emit("metric", stage=stage, step=pending.step, values={
             "loss": loss, "lr": pending.lr, "grad_norm": float(pending.grad_norm.item()),
-            "tokens_per_s": tps, "mfu": mfu, "step_seconds": pending.seconds})
+            "tokens_per_s": tps, "mfu": mfu, "step_seconds": pending.seconds,
+            **({"replicas": pending.replicas} if pending.replicas is not None else {})})
         z = self.detector.observe(loss)
         if z is not None:
             self._propose_restart(stage, pending.step, loss, z)
@@ -345,10 +517,22 @@ class Trainer:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _train_step(self, batch: torch.Tensor, step: int, lr: float) -> PendingStep:
+    def _train_step(self, batch: torch.Tensor, step: int, lr: float) -> PendingStep | None:
+        """One optimizer step; ``None`` if the replica groups' quorum discarded it."""
         with self._autocast():
             loss = self.model(input_ids=batch, labels=batch).loss
         loss.backward()
+        stop = 1.0 if self.rank == 0 and self.spec.stop_path.exists() else 0.0
+        figures = torch.stack([loss.detach().float(),
+                               torch.tensor(stop, device=loss.device)])
+        if self.sync is not None:
+            # Gradient shards, loss and stop flag averaged with the other groups at once.
+            grads = [local(p.grad) for p in self.model.parameters() if p.grad is not None]
+            if not self.sync.average([*grads, figures]):
+                self.optimizer.zero_grad(set_to_none=True)
+                self.events.log("warning", f"step {step} discarded: a replica group failed "
+                                           "during it; retrying with the live ones")
+                return None
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), MAX_GRAD_NORM)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
@@ -356,11 +540,8 @@ class Trainer:
         self.checkpointer.wait_staging()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        stop = 1.0 if self.rank == 0 and self.spec.stop_path.exists() else 0.0
-        reduced = torch.stack([loss.detach().float(),
-                               torch.tensor(stop, device=loss.device)])
-        work = dist.all_reduce(reduced, async_op=True)
-        return PendingStep(step=step, lr=lr, seconds=0.0, reduced=reduced, work=work,
+        work = dist.all_reduce(figures, async_op=True)
+        return PendingStep(step=step, lr=lr, seconds=0.0, reduced=figures, work=work,
                            grad_norm=norm.detach())
 
     # ---- evals --------------------------------------------------------------------------------

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+from ito.pipeline.lighthouse import Lighthouse
+
 __all__ = ["Executor", "LaunchSpec", "LocalExecutor", "descendants"]
 
 
@@ -29,6 +31,8 @@ class LaunchSpec:
     nodes: int
     gpus_per_node: int
     max_restarts: int = 2
+    replica_groups: int = 1
+    """More than one: a torchft lighthouse and one torchrun world per group."""
 
 
 class Executor(Protocol):
@@ -62,41 +66,80 @@ def descendants(pid: int) -> list[int]:
 
 
 class LocalExecutor:
-    """torchrun on this host; one node, ``gpus_per_node`` processes (gloo on CPU)."""
+    """torchrun on this host; one node, ``gpus_per_node`` processes (gloo on CPU).
+
+    With several replica groups: a torchft lighthouse, then one torchrun per group, each with
+    ``gpus_per_node / groups`` processes and its own restarts (a restarted group heals from a
+    live one). The run is over when every group has exited; it exited 0 if any group did (the
+    leader's ``done`` event says how it ended).
+    """
+
+    JOIN_TIMEOUT_MS = 60_000
+    """A live group is waited for (it may be evaluating or checkpointing)..."""
+    HEARTBEAT_TIMEOUT_MS = 5_000
+    """...a silent one is dropped from the quorum after 5 s."""
 
     def __init__(self) -> None:
-        self.process: subprocess.Popen[bytes] | None = None
+        self.processes: list[subprocess.Popen[bytes]] = []
         self.log_file: BinaryIO | None = None
+        self.lighthouse: Lighthouse | None = None
 
-    def command(self, launch: LaunchSpec) -> list[str]:
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        return self.processes[0] if self.processes else None
+
+    def command(self, launch: LaunchSpec, replica: int | None = None,
+                lighthouse: str | None = None) -> list[str]:
         torchrun = str(Path(sys.executable).parent / "torchrun")
-        return [torchrun, "--standalone", f"--nproc-per-node={launch.gpus_per_node}",
-                f"--max-restarts={launch.max_restarts}",
-                "-m", "ito.pipeline.run", "--spec", str(launch.spec_path)]
+        nproc = launch.gpus_per_node // launch.replica_groups
+        command = [torchrun, "--standalone", f"--nproc-per-node={nproc}",
+                   f"--max-restarts={launch.max_restarts}",
+                   "-m", "ito.pipeline.run", "--spec", str(launch.spec_path)]
+        if replica is not None and lighthouse is not None:
+            command += ["--replica-id", str(replica), "--lighthouse", lighthouse]
+        return command
 
     def start(self, launch: LaunchSpec) -> None:
         log_path = launch.workdir / f"torchrun-attempt-{launch.attempt}.log"
         self.log_file = log_path.open("ab")
         env = {k: v for k, v in os.environ.items() if not k.startswith("ITO_")}
         env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "1")
-        self.process = subprocess.Popen(self.command(launch), cwd=launch.workdir, env=env,
-                                        stdout=self.log_file, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+        commands = [self.command(launch)]
+        if launch.replica_groups > 1:
+            self.lighthouse = Lighthouse.start(
+                launch.workdir / f"lighthouse-attempt-{launch.attempt}.log",
+                join_timeout_ms=self.JOIN_TIMEOUT_MS,
+                heartbeat_timeout_ms=self.HEARTBEAT_TIMEOUT_MS)
+            commands = [self.command(launch, i, self.lighthouse.address)
+                        for i in range(launch.replica_groups)]
+        for command in commands:
+            self.processes.append(subprocess.Popen(
+                command, cwd=launch.workdir, env=env, stdout=self.log_file,
+                stderr=subprocess.STDOUT, start_new_session=True))
 
     def poll(self) -> int | None:
-        assert self.process is not None
-        return self.process.poll()
+        assert self.processes
+        codes = [p.poll() for p in self.processes]
+        if any(code is None for code in codes):
+            return None
+        self._stop_lighthouse()
+        return 0 if 0 in codes else next(c for c in codes if c is not None)
 
     def kill(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            self._close()
-            return
-        for pid in reversed(descendants(self.process.pid)):
-            _signal(pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=30)
+        for process in self.processes:
+            if process.poll() is None:
+                for pid in reversed(descendants(process.pid)):
+                    _signal(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
+        self._stop_lighthouse()
         self._close()
+
+    def _stop_lighthouse(self) -> None:
+        if self.lighthouse is not None:
+            self.lighthouse.stop()
+            self.lighthouse = None
 
     def _close(self) -> None:
         if self.log_file is not None:

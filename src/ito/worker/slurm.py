@@ -157,6 +157,10 @@ class SlurmExecutor:
     # -- Executor -------------------------------------------------------------------------------
 
     def start(self, launch: LaunchSpec) -> None:
+        if launch.replica_groups > 1:
+            # Refused before anything is submitted: the run fails with a code, nothing runs.
+            raise ItoError("plan_refused", "runs with several replica groups are launched by "
+                           "the local executor only in this version")
         script = launch.workdir / f"slurm-attempt-{launch.attempt}.sh"
         script.write_text(self.batch_script(launch))
         script.chmod(0o700)
