@@ -11,7 +11,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy.orm import Session
 
+from ito.core.manifest import manifest_digest
+from ito.server.services.confirmations import _seal
+from ito.server.store.tables import Confirmation
 from tests.support import Tenant, wait_until
 
 pytestmark = pytest.mark.slow
@@ -373,3 +377,51 @@ def test_booking_past_its_term_is_not_eligible(tenant: Tenant) -> None:
     assert fresh.data["eligible"] is True
     assert fresh.data["topology"] == {"gpu": "cpu", "nodes": 1, "gpus_per_node": 2,
                                       "gpu_memory_gb": 8}
+
+
+# --- checkpoint storage ----------------------------------------------------------------------
+
+def _rebind_approved_confirmation(tenant: Tenant, ref: str, manifest: Path) -> None:
+    """Re-seal an approved confirmation for another manifest, as a server without the storage
+    check could have approved it: gate 3 then passes and gate 5 alone has to refuse."""
+    with Session(tenant.server.engine) as session, session.begin():
+        confirmation = session.get(Confirmation, ref)
+        assert confirmation is not None and confirmation.state == "approved"
+        confirmation.manifest_digest = manifest_digest(manifest.read_bytes())
+        confirmation.capability_hash = _seal(tenant.server.env["ITO_PEPPER"], confirmation)
+
+
+def test_checkpoint_storage_escaping_the_booking_is_refused_and_creates_nothing(
+    tenant: Tenant,
+) -> None:
+    # A run whose checkpoint directory a hostile manifest tries to take over.
+    good = tenant.manifest("good")
+    victim = train(tenant, good, tenant.approved_confirmation(good), "victim").data["run_id"]
+    spare_ref = tenant.approved_confirmation(good)
+    root = f"file://{tenant.workdir}/storage"
+    hostile = {
+        "encoded-dotdot-and-fragment": f"{root}/%2e%2e/%2e%2e/home/worker#",
+        "another-run-and-fragment": f"{root}/runs/{victim}#",
+        "inside-another-run": f"{root}/runs/{victim}",
+        "encoded-slash": f"{root}/x%2f..%2f..%2fetc",
+        "empty-segment": f"{root}//x",
+    }
+    before = tenant.counts()
+    assert before["runs"] == 1 and before["confirmations"] == {"consumed": 1, "approved": 1}
+    for name, storage in hostile.items():
+        manifest = tenant.manifest(name)
+        document = json.loads(manifest.read_text())
+        document["checkpoint"]["storage"] = storage
+        manifest.write_text(json.dumps(document, indent=2))
+
+        plan = tenant.ito("plan", "--booking", tenant.booking_id, "--manifest", str(manifest))
+        assert plan.rc == 0 and plan.data["ready"] is False, (name, plan.stdout)
+        assert [r["code"] for r in plan.data["refusals"]] == ["checkpoint_storage_invalid"]
+        assert_refused(tenant.ito("confirm", "--action", "train", "--booking",
+                                  tenant.booking_id, "--manifest", str(manifest)),
+                       "checkpoint_storage_invalid")
+        _rebind_approved_confirmation(tenant, spare_ref, manifest)
+        assert_refused(train(tenant, manifest, spare_ref, f"k-{name}"),
+                       "checkpoint_storage_invalid")
+        assert tenant.counts() == before, name
+    assert not (tenant.workdir / "storage").exists()

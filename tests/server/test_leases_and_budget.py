@@ -178,3 +178,54 @@ def test_a_single_run_booking_reports_exactly_the_run_figures(tenant: Tenant) ->
                   "interruptions", "checkpoint_bandwidth_bytes_per_s"):
         assert booking[field] == run[field], field
     db.dispose()
+
+
+def test_a_revoked_booking_fails_its_waiting_runs_and_stops_the_running_one(
+    tenant: Tenant,
+) -> None:
+    from ito.server.services.bookings import set_booking_state
+
+    db, worker, run_id = _run_with_worker(tenant, rate=0.5)
+    assert worker.booking_id is not None
+    now = utcnow()
+    with db.write() as session:
+        assert lease_next(session, worker, SETTINGS, now) is not None
+    # A second run of the booking waits in the queue.
+    manifest = tenant.manifest("second")
+    ref = tenant.approved_confirmation(manifest, booking_id=worker.booking_id)
+    queued = tenant.ito("train", "--booking", worker.booking_id, "--manifest", str(manifest),
+                        "--confirmation-ref", ref, "--idempotency-key", "k2").data["run_id"]
+    with db.write() as session:
+        set_booking_state(session, worker.booking_id, "revoked")
+    # The running one is told to stop (with a checkpoint), with the booking's code...
+    with db.write() as session:
+        beat = heartbeat(session, worker, SETTINGS, run_id, 1, now + timedelta(seconds=5))
+    assert beat["stop"] == "booking" and beat["stop_code"] == "booking_revoked"
+    # ...and nothing more starts: the waiting run fails closed instead of being leased.
+    with db.write() as session:
+        assert lease_next(session, worker, SETTINGS, now + timedelta(seconds=6)) is None
+    with db.read() as session:
+        waiting = session.get(Run, queued)
+        assert waiting is not None and waiting.state == "failed"
+        assert waiting.failure_code == "booking_revoked"
+    db.dispose()
+
+
+def test_a_run_is_stopped_a_lease_ttl_before_the_term_ends(tenant: Tenant) -> None:
+    db, worker, run_id = _run_with_worker(tenant, rate=0.5)
+    from ito.server.store.tables import Booking
+
+    with db.read() as session:
+        booking = session.get(Booking, worker.booking_id)
+        assert booking is not None
+        term_end = booking.term_end
+    start = term_end - timedelta(seconds=100)
+    with db.write() as session:
+        assert lease_next(session, worker, SETTINGS, start) is not None
+    with db.write() as session:  # 60 s left: more than one TTL (30 s)
+        assert heartbeat(session, worker, SETTINGS, run_id, 1,
+                         term_end - timedelta(seconds=60))["stop"] is None
+    with db.write() as session:  # 20 s left: the next beat could come after the end
+        beat = heartbeat(session, worker, SETTINGS, run_id, 1, term_end - timedelta(seconds=20))
+    assert beat["stop"] == "booking" and beat["stop_code"] == "booking_expired"
+    db.dispose()

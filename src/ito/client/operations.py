@@ -5,6 +5,12 @@ An operation never raises for anything a user, the API or the network can cause:
 an error envelope with ``live_api_contacted`` telling whether any byte may have reached the API.
 Manifests are read securely (§6.1) before any network call. A lost response to ``train`` is
 resolved by looking the run up by its idempotency key (§6.2), never by creating again.
+
+An id that goes into a URL path (run, booking, confirmation) must be exactly an id of its kind
+as the server mints them (:mod:`ito.core.ids`), or the operation is refused with
+``invalid_arguments`` before anything is sent; each path segment is percent-quoted as well. A
+value such as ``../confirmations/cfr_…/approve#`` can therefore never steer a request to another
+endpoint (approval through ``ito runs cancel`` with an approver key in the environment).
 """
 
 from __future__ import annotations
@@ -12,12 +18,14 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from ito.client.config import ClientConfig
 from ito.client.secure_file import SecureRead, read_manifest_securely
 from ito.client.transport import ApiClient, ApiRefusal, TransportFailure
 from ito.core.envelope import error_envelope, ok_envelope
 from ito.core.errors import ItoError
+from ito.core.ids import is_public_id
 
 __all__ = ["ACTIONS", "Envelope", "Operations"]
 
@@ -25,6 +33,7 @@ Envelope = dict[str, Any]
 ACTIONS = {"train": "train.create", "cancel": "run.cancel", "cleanup": "run.cleanup",
            "restart": "run.restart_from_checkpoint"}
 _F = TypeVar("_F", bound=Callable[..., Envelope])
+_ID_KINDS = {"run": "run", "booking": "bkg", "confirmation": "cfr"}
 
 
 class _Stop(Exception):
@@ -53,6 +62,23 @@ def _operation(method: _F) -> _F:
 def _local_refusal(error: ItoError, notice: str | None = None) -> _Stop:
     return _Stop(error_envelope(error, notice or "refused before anything was sent; nothing "
                                 "was created", live_api_contacted=False))
+
+
+def _id(value: str, kind: str) -> str:
+    """``value`` if it is an id of ``kind`` (run, booking, confirmation), else a refusal before
+    anything is sent. The value is not echoed: it may be anything."""
+    prefix = _ID_KINDS[kind]
+    if not is_public_id(value, prefix):
+        raise _local_refusal(ItoError(
+            "invalid_arguments", f"the {kind} id must look like {prefix}_ followed by 24 "
+            "characters a-z and 2-7", argument=kind))
+    return value
+
+
+def _path(*segments: str) -> str:
+    """``/v1/…`` from fixed and checked segments, each percent-quoted (no ``/``, ``?``, ``#``
+    or dot-segment survives)."""
+    return "/v1/" + "/".join(quote(segment, safe="") for segment in segments)
 
 
 def _transport_stop(failure: TransportFailure, mutation: bool) -> _Stop:
@@ -109,11 +135,11 @@ class Operations:
     @_operation
     def status(self, run: str | None = None, idempotency_key: str | None = None) -> Envelope:
         """This account's bookings and recent runs, or one run."""
-        if run and idempotency_key:
+        if run is not None and idempotency_key is not None:
             raise _local_refusal(ItoError("invalid_arguments", "give a run or an idempotency "
                                           "key, not both"))
-        if run:
-            return self._call("GET", f"/v1/runs/{run}")
+        if run is not None:
+            return self._call("GET", _path("runs", _id(run, "run")))
         if idempotency_key is not None:
             runs = self._call("GET", "/v1/runs",
                               params={"idempotency_key": idempotency_key})["data"]["runs"]
@@ -130,15 +156,17 @@ class Operations:
         """Bookings of this account, one booking, or its fresh eligibility."""
         if booking is None:
             return self._call("GET", "/v1/bookings")
-        suffix = "/eligibility" if eligibility else ""
-        return self._call("GET", f"/v1/bookings/{booking}{suffix}")
+        segments = ["bookings", _id(booking, "booking")]
+        if eligibility:
+            segments.append("eligibility")
+        return self._call("GET", _path(*segments))
 
     @_operation
     def runs(self, run: str | None = None, booking: str | None = None,
              limit: int = 50) -> Envelope:
         """Runs of this account (newest first), or one run with its events."""
         if run is not None:
-            return self._call("GET", f"/v1/runs/{run}")
+            return self._call("GET", _path("runs", _id(run, "run")))
         params: dict[str, Any] = {"limit": limit}
         if booking:
             params["booking_id"] = booking
@@ -184,7 +212,8 @@ class Operations:
     def decide(self, ref: str, approve: bool) -> Envelope:
         """Approve or reject a confirmation (approver credential only; never an MCP tool)."""
         verb = "approve" if approve else "reject"
-        return self._call("POST", f"/v1/confirmations/{ref}/{verb}", mutation=True)
+        return self._call("POST", _path("confirmations", _id(ref, "confirmation"), verb),
+                          mutation=True)
 
     @_operation
     def train(self, booking: str, manifest: str, confirmation_ref: str,
@@ -199,7 +228,7 @@ class Operations:
                                 "confirmation_ref": confirmation_ref,
                                 "idempotency_key": idempotency_key}
         try:
-            client.request("GET", f"/v1/manifests/{read.digest}")
+            client.request("GET", _path("manifests", read.digest))
         except ApiRefusal as refusal:
             if refusal.code != "manifest_not_found":
                 raise _Stop(refusal.envelope) from None
@@ -245,7 +274,7 @@ class Operations:
     @_operation
     def logs(self, run: str, since: int | None = None, limit: int = 500) -> Envelope:
         """Log lines of a run after the cursor ``since``, in stable order."""
-        return self._call("GET", f"/v1/runs/{run}/logs",
+        return self._call("GET", _path("runs", _id(run, "run"), "logs"),
                           params={"since": since or 0, "limit": limit})
 
     @_operation
@@ -254,12 +283,12 @@ class Operations:
         params: dict[str, Any] = {"since": since or 0}
         if name:
             params["name"] = name
-        return self._call("GET", f"/v1/runs/{run}/metrics", params=params)
+        return self._call("GET", _path("runs", _id(run, "run"), "metrics"), params=params)
 
     @_operation
     def checkpoints(self, run: str) -> Envelope:
         """Committed checkpoints of a run."""
-        return self._call("GET", f"/v1/runs/{run}/checkpoints")
+        return self._call("GET", _path("runs", _id(run, "run"), "checkpoints"))
 
     @_operation
     def cancel(self, run: str, confirmation_ref: str, idempotency_key: str) -> Envelope:
@@ -279,18 +308,19 @@ class Operations:
     def _run_action(self, run: str, verb: str, ref: str, key: str) -> Envelope:
         from ito.core.gates import validate_idempotency_key
 
+        _id(run, "run")
         validate_idempotency_key(key)
         body = {"confirmation_ref": ref, "idempotency_key": key}
         client = self._client()
         try:
-            return client.request("POST", f"/v1/runs/{run}/{verb}", json=body, mutation=True)
+            return client.request("POST", _path("runs", run, verb), json=body, mutation=True)
         except ApiRefusal as refusal:
             raise _Stop(refusal.envelope) from None
         except TransportFailure as failure:
             if failure.error.code != "transport_ambiguous":
                 raise _transport_stop(failure, mutation=True) from None
         # The answer was lost: the run's state says whether the action was applied.
-        state = self._call("GET", f"/v1/runs/{run}")["data"]
+        state = self._call("GET", _path("runs", run))["data"]
         raise _Stop(error_envelope(
             ItoError("transport_ambiguous", idempotency_key=key, run_state=state["state"],
                      cleanup_state=state["cleanup_state"]),

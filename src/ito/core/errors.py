@@ -99,6 +99,8 @@ REGISTRY: dict[str, ErrorSpec] = {
     "run_not_terminal": _s(409, "the run has not ended; cancel it first"),
     "lease_lost": _s(409, "this worker no longer holds the run's lease"),
     "rate_limited": _s(429, "too many requests", True),
+    "request_too_large": _s(413, "the request body exceeds the server's size bound"),
+    "method_not_allowed": _s(405, "this method is not allowed here"),
     # --- device login (RFC 8628 §3.5 error responses) and web sign-in ------------------------
     "authorization_pending": _s(400, "the device code has not been approved yet", True),
     "slow_down": _s(429, "polling too fast; wait longer between polls", True),

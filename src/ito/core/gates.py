@@ -17,6 +17,7 @@ from ito.core.errors import ItoError
 from ito.core.manifest import Manifest
 from ito.core.model_sizes import SIZES
 from ito.core.pricing import CostEstimate, estimate_cost
+from ito.core.storage import run_checkpoint_uri
 
 __all__ = [
     "BookingView",
@@ -165,16 +166,9 @@ def _check_checkpoint_storage(
 ) -> tuple[str, int]:
     if not booking.storage_uri:
         raise ItoError("checkpoint_storage_invalid", "the booking has no checkpoint storage")
-    root = booking.storage_uri.rstrip("/")
-    storage = manifest.checkpoint.storage
-    if storage == "booking":
-        uri = f"{root}/runs/{run_id_hint}"
-    else:
-        parts = storage.split("/")
-        if ".." in parts or "." in parts[3:] or not storage.startswith(root + "/"):
-            raise ItoError("checkpoint_storage_invalid",
-                           "checkpoint storage must be inside the booking's storage")
-        uri = f"{storage.rstrip('/')}/{run_id_hint}"
+    # Decided on the normalised, percent-decoded path the worker will use (ito.core.storage);
+    # the URI stored on the run is that normalised one.
+    uri = run_checkpoint_uri(manifest.checkpoint.storage, booking.storage_uri, run_id_hint)
     size = SIZES[manifest.model.size]
     # keep_last committed checkpoints plus the one being written.
     needed = size.parameters * CHECKPOINT_BYTES_PER_PARAMETER * (manifest.checkpoint.keep_last + 1)

@@ -2,8 +2,10 @@
 
 Every response body is the §4 envelope. Errors are converted here, at the boundary: an
 :class:`ItoError` keeps its code and status; request-shape errors become ``invalid_arguments``
-(without echoing input); unknown routes ``not_found``; anything unexpected ``internal_error``
-with the traceback in the server log only. Under ``/ui`` (the web pages) the same refusals are
+(without echoing input); unknown routes ``not_found``; a known route with another method
+``method_not_allowed``; a body over ``max_request_bytes`` ``request_too_large``, before anything
+reads it (:mod:`ito.server.body_limit`); anything unexpected ``internal_error`` with the
+traceback in the server log only. Under ``/ui`` (the web pages) the same refusals are
 rendered as the HTML error page, with the same status.
 """
 
@@ -22,6 +24,7 @@ from ito import __version__
 from ito.core.envelope import error_envelope
 from ito.core.errors import ItoError
 from ito.server.background import lifespan_for
+from ito.server.body_limit import BodyLimit
 from ito.server.routers import (
     bookings,
     confirmations,
@@ -59,6 +62,7 @@ def create_app(settings: ServerSettings, db: Database | None = None, *,
                    web, worker, telemetry):
         app.include_router(module.router)
     _install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, respond=_respond)
     return app
 
 
@@ -89,10 +93,13 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
-        code = "not_found" if exc.status_code == 404 else "invalid_arguments"
-        error = ItoError(code, "no such endpoint" if code == "not_found" else
-                         "this method is not allowed here")
-        return _respond(request, error, exc.status_code)
+        if exc.status_code == 404:
+            return _respond(request, ItoError("not_found", "no such endpoint"))
+        if exc.status_code == 405:
+            response = _respond(request, ItoError("method_not_allowed"))
+            response.headers.update(exc.headers or {})  # Allow: the methods that are
+            return response
+        return _respond(request, ItoError("invalid_arguments"), exc.status_code)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:

@@ -15,6 +15,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from ito.core.manifest import MANIFEST_MAX_BYTES
+
 __all__ = ["ServerSettings", "default_ito_home", "load_settings"]
 
 _EXAMPLE_PEPPERS = {"change-me", "changeme", "example", "pepper", "secret", "test"}
@@ -57,6 +59,11 @@ class ServerSettings(BaseSettings):
     auth_failures_per_minute: int = Field(default=20, ge=1, le=1_000_000)
     """Failed authentications (unknown API key, wrong password) a source address may make in
     a minute; past it the address is refused, valid credentials included, for the rest of it."""
+    max_request_bytes: int = Field(default=4 * MANIFEST_MAX_BYTES, ge=2 * MANIFEST_MAX_BYTES,
+                                   le=1024 * 1024 * 1024)
+    """Largest request body accepted, checked before anything reads it (``request_too_large``
+    past it). The largest legitimate bodies are a manifest sent base64 inside JSON (about 4/3 of
+    the manifest bound) and a worker's report batch; the floor keeps every manifest sendable."""
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.home / 'ito.db'}"

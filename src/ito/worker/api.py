@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -9,6 +10,10 @@ import httpx
 from ito.core.errors import REGISTRY, ItoError
 
 __all__ = ["WorkerApi"]
+
+REPORT_MAX_EVENTS = 2000
+REPORT_MAX_BYTES = 1 << 20
+"""Per report request; the server refuses bodies past ``max_request_bytes`` (4 MiB default)."""
 
 
 class WorkerApi:
@@ -21,10 +26,19 @@ class WorkerApi:
         self._client.close()
 
     def _post(self, path: str, body: dict[str, Any] | None = None) -> Any:
-        return self._envelope(self._client.post(path, json=body or {}))
+        try:
+            response = self._client.post(path, json=body or {})
+        except httpx.HTTPError:
+            # Retryable: the caller decides how long a silent API may last (the lease TTL).
+            raise ItoError("transport_timeout", "the API could not be reached") from None
+        return self._envelope(response)
 
     def _get(self, path: str) -> Any:
-        return self._envelope(self._client.get(path))
+        try:
+            response = self._client.get(path)
+        except httpx.HTTPError:
+            raise ItoError("transport_timeout", "the API could not be reached") from None
+        return self._envelope(response)
 
     @staticmethod
     def _envelope(response: httpx.Response) -> Any:
@@ -50,9 +64,19 @@ class WorkerApi:
         return dict(self._post(f"/v1/worker/runs/{run_id}/heartbeat", {"attempt": attempt}))
 
     def report(self, run_id: str, attempt: int, events: list[dict[str, Any]]) -> None:
-        for start in range(0, len(events), 2000):
-            self._post(f"/v1/worker/runs/{run_id}/report",
-                       {"attempt": attempt, "events": events[start:start + 2000]})
+        """Send events in order, in batches well under the server's request bound."""
+        batch: list[dict[str, Any]] = []
+        size = 0
+        for event in events:
+            cost = len(json.dumps(event)) + 2
+            if batch and (len(batch) >= REPORT_MAX_EVENTS or size + cost > REPORT_MAX_BYTES):
+                self._post(f"/v1/worker/runs/{run_id}/report",
+                           {"attempt": attempt, "events": batch})
+                batch, size = [], 0
+            batch.append(event)
+            size += cost
+        if batch:
+            self._post(f"/v1/worker/runs/{run_id}/report", {"attempt": attempt, "events": batch})
 
     def finish(self, run_id: str, attempt: int, status: str, *, failure_code: str | None = None,
                message: str = "") -> dict[str, Any]:

@@ -24,10 +24,11 @@ class WorkerLoop:
                  *, poll_seconds: float = 1.0, stop: threading.Event | None = None,
                  spec_overrides: dict[str, Any] | None = None) -> None:
         self.api = api
-        self.supervisor = Supervisor(api, home, executor_factory, spec_overrides=spec_overrides)
+        self.stop = stop or threading.Event()
+        self.supervisor = Supervisor(api, home, executor_factory, spec_overrides=spec_overrides,
+                                     stop=self.stop)
         self.home = home
         self.poll_seconds = poll_seconds
-        self.stop = stop or threading.Event()
 
     def tick(self) -> bool:
         """One round; True if it did any work."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import shutil
 import threading
 import time
@@ -18,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from ito.core.errors import ItoError
+from ito.core.storage import checkpoint_local_path
 from ito.pipeline.spec import stop_file
 from ito.worker.api import WorkerApi
 from ito.worker.executors import Executor, LaunchSpec
@@ -28,15 +29,19 @@ from ito.worker.executors import Executor, LaunchSpec
 __all__ = ["EventTail", "Supervisor", "checkpoint_path", "cleanup_run"]
 
 POLL_SECONDS = 0.2
+_LOST = ("lease_lost", "run_not_found", "credential_revoked")
+"""Answers after which this attempt must stop at once: another may be running."""
+log = logging.getLogger("ito.worker")
 POST_TRAINING = ("sft", "dpo", "rlvr")
 
 
-def checkpoint_path(uri: str) -> Path:
-    parsed = urlparse(uri)
-    if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
-        raise ItoError("checkpoint_storage_invalid", "this worker writes checkpoints to file:// "
-                       "storage only")
-    return Path(unquote(parsed.path))
+def checkpoint_path(uri: str, storage_root: str | None, run_id: str) -> Path:
+    """The local directory of a run's checkpoints, re-checked here against the booking's storage
+    root before anything is written or deleted (the server checked it too; this process is the
+    one that would ``rmtree`` it)."""
+    if not storage_root:
+        raise ItoError("checkpoint_storage_invalid", "the booking has no checkpoint storage")
+    return Path(checkpoint_local_path(uri, storage_root, run_id))
 
 
 class EventTail:
@@ -77,11 +82,15 @@ class Outcome:
 
 class Supervisor:
     def __init__(self, api: WorkerApi, home: Path, executor_factory: Callable[[], Executor],
-                 *, spec_overrides: dict[str, Any] | None = None) -> None:
+                 *, spec_overrides: dict[str, Any] | None = None,
+                 stop: threading.Event | None = None) -> None:
         self.api = api
         self.home = home
         self.executor_factory = executor_factory
         self.spec_overrides = spec_overrides or {}
+        self.stop = stop or threading.Event()
+        """Set when the worker shuts down: the processes are killed and the lease left to
+        expire, so the run goes ``recovering`` and resumes under the next worker."""
 
     def run(self, lease: dict[str, Any]) -> Outcome | None:
         run_id, attempt = lease["run_id"], int(lease["attempt"])
@@ -90,14 +99,15 @@ class Supervisor:
         raw = base64.b64decode(lease["manifest_b64"])
         document = json.loads(raw)
         try:
-            checkpoints = checkpoint_path(lease["checkpoint_uri"])
+            checkpoints = checkpoint_path(lease["checkpoint_uri"],
+                                          lease["booking"].get("storage_uri"), run_id)
         except ItoError as exc:
             return self._finish(run_id, attempt, Outcome("failed", exc.code, exc.message))
         checkpoints.mkdir(parents=True, exist_ok=True)
 
         prep = self._prepare(run_id, attempt, raw, workdir)
-        if prep is not None:
-            return prep
+        if prep is not None or self.stop.is_set():
+            return prep  # an outcome, or None: the worker is stopping and leaves the lease
         skipped = [s for s in POST_TRAINING if (document.get("post_training") or {}).get(s)]
         if skipped:
             self.api.report(run_id, attempt, [{
@@ -117,13 +127,24 @@ class Supervisor:
         spec_path.write_text(json.dumps(spec))
         booking = lease["booking"]
         executor = self.executor_factory()
-        executor.start(LaunchSpec(run_id=run_id, attempt=attempt, spec_path=spec_path,
-                                  workdir=workdir, nodes=int(booking["nodes"]),
-                                  gpus_per_node=int(booking["gpus_per_node"])))
-        return self._follow(run_id, attempt, executor, EventTail(events_path),
-                            float(lease["heartbeat_s"]),
-                            stop_grace_s=float(lease.get("lease_ttl_s", 30.0)) / 2,
-                            stop_path=stop_file(workdir, attempt))
+        groups = int((document.get("resources") or {}).get("replica_groups", 1))
+        try:
+            executor.start(LaunchSpec(run_id=run_id, attempt=attempt, spec_path=spec_path,
+                                      workdir=workdir, nodes=int(booking["nodes"]),
+                                      gpus_per_node=int(booking["gpus_per_node"]),
+                                      replica_groups=groups))
+        except ItoError as exc:
+            executor.kill()
+            return self._finish(run_id, attempt, Outcome("failed", exc.code, exc.message))
+        ttl = float(lease.get("lease_ttl_s", 30.0))
+        try:
+            return self._follow(run_id, attempt, executor, EventTail(events_path),
+                                float(lease["heartbeat_s"]), ttl=ttl, stop_grace_s=ttl / 2,
+                                stop_path=stop_file(workdir, attempt))
+        except BaseException:
+            # Whatever went wrong here, no training process outlives its supervision.
+            executor.kill()
+            raise
 
     def _prepare(self, run_id: str, attempt: int, raw: bytes, workdir: Path) -> Outcome | None:
         if (workdir / "prepared" / "provenance.json").exists():
@@ -147,15 +168,18 @@ class Supervisor:
         thread.start()
         while thread.is_alive():
             thread.join(timeout=1.0)
+            if self.stop.is_set():
+                return None
             if thread.is_alive():
                 beat = self.api.heartbeat(run_id, attempt)
-                if beat.get("stop") in ("cancel", "budget"):
+                if beat.get("stop") in ("cancel", "budget", "booking"):
                     thread.join()
                     return self._finish(run_id, attempt, Outcome(
                         "cancelled", None, "cancelled during data prep")
                         if beat["stop"] == "cancel" else Outcome(
-                        "failed", "budget_exceeded", "stopped during data prep before the next "
-                        "interval would cross the budget ceiling"))
+                        "failed", str(beat.get("stop_code") or "budget_exceeded"),
+                        "stopped during data prep: the budget or the booking does not allow "
+                        "another interval"))
         if "error" in result:
             error: ItoError = result["error"]
             return self._finish(run_id, attempt, Outcome("failed", error.code, error.message))
@@ -170,53 +194,89 @@ class Supervisor:
         return None
 
     def _follow(self, run_id: str, attempt: int, executor: Executor, tail: EventTail,
-                heartbeat_s: float, *, stop_grace_s: float, stop_path: Path) -> Outcome | None:
+                heartbeat_s: float, *, ttl: float, stop_grace_s: float,
+                stop_path: Path) -> Outcome | None:
         done: dict[str, Any] | None = None
         next_beat = 0.0
         stop_deadline: float | None = None
-        """Set once a budget stop asked the engine to checkpoint and exit."""
-        while True:
-            events = tail.read()
-            if events:
-                done = next((e for e in events if e.get("type") == "done"), done)
-                self.api.report(run_id, attempt, [e for e in events if e.get("type") != "done"])
-            if any(e.get("type") == "spike" for e in events):
-                # The run now awaits a human; the server released the lease.
-                executor_wait(executor)
-                return Outcome("awaiting_approval", None, "loss spike: restart proposed")
-            exit_code = executor.poll()
-            if exit_code is not None:
-                rest = tail.read()
-                done = next((e for e in rest if e.get("type") == "done"), done)
-                if rest:
-                    self.api.report(run_id, attempt, [e for e in rest if e.get("type") != "done"])
-                if done is not None and done.get("status") == "spike":
-                    return Outcome("awaiting_approval", None, "loss spike: restart proposed")
-                if stop_deadline is not None:
-                    return self._finish(run_id, attempt, _budget_outcome(done))
-                return self._finish(run_id, attempt, _outcome(done, exit_code))
-            if stop_deadline is not None and time.monotonic() > stop_deadline:
-                executor.kill()
-                return self._finish(run_id, attempt, _budget_outcome(None))
-            if time.monotonic() >= next_beat:
-                try:
-                    beat = self.api.heartbeat(run_id, attempt)
-                except ItoError as exc:
-                    if exc.code in ("lease_lost", "run_not_found", "credential_revoked"):
-                        executor.kill()
-                        return None
+        """Set once a budget or booking stop asked the engine to checkpoint and exit."""
+        stop_code = "budget_exceeded"
+        unsent: list[dict[str, Any]] = []
+        last_contact = time.monotonic()
+        """When the API last answered. Past one lease TTL of silence the lease may be gone and
+        another attempt running: the processes are killed and nothing more is reported."""
+
+        def send(events: list[dict[str, Any]]) -> None:
+            nonlocal last_contact
+            unsent.extend(e for e in events if e.get("type") != "done")
+            if not unsent:
+                return
+            try:
+                self.api.report(run_id, attempt, unsent)
+            except ItoError as exc:
+                if exc.code in _LOST or exc.retryable:
                     raise
-                next_beat = time.monotonic() + heartbeat_s
-                if beat.get("stop") == "cancel":
+                log.warning("run %s: a report batch was refused (%s) and dropped", run_id,
+                            exc.code)
+            else:
+                last_contact = time.monotonic()
+            unsent.clear()
+
+        spiked = False
+        while True:
+            try:
+                events = tail.read()
+                done = next((e for e in events if e.get("type") == "done"), done)
+                spiked = spiked or any(e.get("type") == "spike" for e in events)
+                send(events)
+                if spiked:
+                    # The run now awaits a human; the server released the lease.
+                    executor_wait(executor)
+                    return Outcome("awaiting_approval", None, "loss spike: restart proposed")
+                exit_code = executor.poll()
+                if exit_code is not None:
+                    rest = tail.read()
+                    done = next((e for e in rest if e.get("type") == "done"), done)
+                    send(rest)
+                    if done is not None and done.get("status") == "spike":
+                        return Outcome("awaiting_approval", None, "loss spike: restart proposed")
+                    if stop_deadline is not None:
+                        return self._finish(run_id, attempt, _stop_outcome(stop_code, done))
+                    return self._finish(run_id, attempt, _outcome(done, exit_code))
+                if stop_deadline is not None and time.monotonic() > stop_deadline:
                     executor.kill()
-                    return self._finish(run_id, attempt, Outcome(
-                        "cancelled", None, "cancelled; the processes were stopped and the last "
-                        "committed checkpoint kept"))
-                if beat.get("stop") == "budget" and stop_deadline is None:
-                    # The server stops while the worst case until the next beat is still under
-                    # the ceiling: that headroom (the lease TTL) pays for a final checkpoint.
-                    stop_path.write_text("budget\n")
-                    stop_deadline = time.monotonic() + stop_grace_s
+                    return self._finish(run_id, attempt, _stop_outcome(stop_code, None))
+                if self.stop.is_set():
+                    executor.kill()
+                    return None
+                if time.monotonic() >= next_beat:
+                    beat = self.api.heartbeat(run_id, attempt)
+                    last_contact = time.monotonic()
+                    next_beat = last_contact + heartbeat_s
+                    if beat.get("stop") == "cancel":
+                        executor.kill()
+                        return self._finish(run_id, attempt, Outcome(
+                            "cancelled", None, "cancelled; the processes were stopped and the "
+                            "last committed checkpoint kept"))
+                    if beat.get("stop") in ("budget", "booking") and stop_deadline is None:
+                        # The server stops while the worst case until the next beat is still
+                        # under the ceiling (or inside the term): that headroom (the lease TTL)
+                        # pays for a final checkpoint.
+                        stop_code = str(beat.get("stop_code") or "budget_exceeded")
+                        stop_path.write_text(beat["stop"] + "\n")
+                        stop_deadline = time.monotonic() + stop_grace_s
+            except ItoError as exc:
+                if exc.code in _LOST:
+                    executor.kill()
+                    return None
+                if not exc.retryable:
+                    raise
+                if time.monotonic() - last_contact > ttl:
+                    log.error("run %s: no answer from the API for a lease TTL; stopping the "
+                              "processes (the run resumes from its last commit)", run_id)
+                    executor.kill()
+                    return None
+                next_beat = time.monotonic() + min(heartbeat_s, 1.0)
             time.sleep(POLL_SECONDS)
 
     def _finish(self, run_id: str, attempt: int, outcome: Outcome) -> Outcome:
@@ -235,13 +295,14 @@ def executor_wait(executor: Executor, timeout: float = 120.0) -> None:
         time.sleep(POLL_SECONDS)
 
 
-def _budget_outcome(done: dict[str, Any] | None) -> Outcome:
+def _stop_outcome(code: str, done: dict[str, Any] | None) -> Outcome:
+    why = ("the next interval would cross the budget ceiling" if code == "budget_exceeded"
+           else f"the booking can no longer be used ({code})")
     if done is not None and done.get("status") == "stopped":
-        return Outcome("failed", "budget_exceeded", f"stopped before the next interval would "
-                       f"cross the budget ceiling; checkpoint committed at step {done.get('step')}")
-    return Outcome("failed", "budget_exceeded", "stopped before the next interval would cross "
-                   "the budget ceiling; the engine did not checkpoint in time and was killed; "
-                   "the last committed checkpoint is kept")
+        return Outcome("failed", code, f"stopped because {why}; checkpoint committed at step "
+                                       f"{done.get('step')}")
+    return Outcome("failed", code, f"stopped because {why}; the engine did not checkpoint in "
+                                   "time and was killed; the last committed checkpoint is kept")
 
 
 def _outcome(done: dict[str, Any] | None, exit_code: int) -> Outcome:
@@ -256,7 +317,8 @@ def _outcome(done: dict[str, Any] | None, exit_code: int) -> Outcome:
 
 def cleanup_run(api: WorkerApi, home: Path, job: dict[str, Any]) -> int:
     """Delete a run's checkpoints and scratch data; report the bytes freed."""
-    paths = [checkpoint_path(job["checkpoint_uri"]), home / "work" / job["run_id"]]
+    paths = [checkpoint_path(job["checkpoint_uri"], job.get("storage_uri"), job["run_id"]),
+             home / "work" / job["run_id"]]
     freed = 0
     deleted = []
     for path in paths:

@@ -149,10 +149,12 @@ def decide_confirmation(
 
 
 def usable_confirmation(
-    session: Session, account_id: str, pepper: str, ref: str, now: datetime
+    session: Session, ctx: AuthContext, pepper: str, ref: str, now: datetime
 ) -> Confirmation:
-    """Gate 3's state checks: approved, unexpired, unconsumed, capability intact."""
-    confirmation = get_confirmation(session, account_id, ref)
+    """Gate 3's state checks, shared by every use (train, cancel, cleanup, restart): approved,
+    unexpired, unconsumed, capability intact, and presented by the principal that requested it
+    — another requester of the same account cannot spend it (``confirmation_mismatch``)."""
+    confirmation = get_confirmation(session, ctx.account_id, ref)
     state = confirmation.state
     if state == ConfirmationState.consumed.value:
         raise ItoError("confirmation_consumed")
@@ -168,6 +170,9 @@ def usable_confirmation(
     ):
         raise ItoError("confirmation_mismatch", "the confirmation's bindings changed after "
                        "approval")
+    if confirmation.requester_id != ctx.principal_id:
+        raise ItoError("confirmation_mismatch", "the confirmation was requested by another "
+                       "principal; request your own")
     return confirmation
 
 

@@ -14,7 +14,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ito.core.errors import ItoError
+from ito.core.gates import check_eligibility
 from ito.core.states import RunState
+from ito.server.services.bookings import booking_view
 from ito.server.services.credentials import AuthContext
 from ito.server.services.runs import record_event, transition_run
 from ito.server.store.runtime_tables import CheckpointRow, RunLease, RunLog, RunMetric
@@ -86,6 +88,20 @@ def lease_next(session: Session, worker: AuthContext, settings: LeaseSettings,
     """The oldest leasable run of the worker's booking, now held by this worker."""
     assert worker.booking_id is not None
     expire_leases(session, now, worker.booking_id)
+    booking_row = session.get(Booking, worker.booking_id)
+    assert booking_row is not None
+    try:
+        check_eligibility(booking_view(booking_row), now)
+    except ItoError as ineligible:
+        # Fail closed: no run starts or resumes on a booking the buyer no longer holds.
+        for waiting in session.scalars(
+                select(Run).where(Run.booking_id == worker.booking_id,
+                                  Run.account_id == worker.account_id,
+                                  Run.state.in_(_LEASABLE)).with_for_update()):
+            transition_run(session, waiting, RunState.failed, failure_code=ineligible.code,
+                           reason=f"not started: the booking is no longer usable "
+                                  f"({ineligible.code})")
+        return None
     run = session.scalar(
         select(Run).where(Run.booking_id == worker.booking_id,
                           Run.account_id == worker.account_id, Run.state.in_(_LEASABLE))
@@ -125,7 +141,8 @@ def lease_next(session: Session, worker: AuthContext, settings: LeaseSettings,
         "checkpoint_uri": run.checkpoint_uri,
         "booking": {"booking_id": booking.id, "gpu": booking.gpu, "nodes": booking.nodes,
                     "gpus_per_node": booking.gpus_per_node,
-                    "node_inventory": booking.node_inventory},
+                    "node_inventory": booking.node_inventory,
+                    "storage_uri": booking.storage_uri},
         "lease_ttl_s": settings.ttl.total_seconds(),
         "heartbeat_s": settings.heartbeat_seconds,
     }
@@ -164,12 +181,21 @@ def heartbeat(session: Session, worker: AuthContext, settings: LeaseSettings, ru
     # that worst case stays under the ceiling.
     next_interval = settings.ttl.total_seconds() / 3600.0 * booking.nodes \
         * booking.gpus_per_node * booking.rate_usd_per_gpu_hour
-    stop = None
+    stop, stop_code = None, None
+    try:
+        check_eligibility(booking_view(booking), now)
+        if booking.term_end - now < settings.ttl:
+            # The term would end before the next beat could stop the run.
+            raise ItoError("booking_expired", booking_id=booking.id)
+    except ItoError as ineligible:
+        stop_code = ineligible.code
     if run.state == RunState.cancelling.value:
         stop = "cancel"
+    elif stop_code is not None:
+        stop = "booking"
     elif ceiling and lease.cost_usd + next_interval > ceiling:
-        stop = "budget"
-    return {"run_id": run.id, "state": run.state, "stop": stop,
+        stop, stop_code = "budget", "budget_exceeded"
+    return {"run_id": run.id, "state": run.state, "stop": stop, "stop_code": stop_code,
             "lease_expires_at": lease.lease_expires_at.isoformat(),
             "cost_usd": round(lease.cost_usd, 6)}
 

@@ -23,7 +23,7 @@ from ito.server.services.leases import lease_for
 from ito.server.services.runs import get_run, record_event, transition_run
 from ito.server.store.db import Database
 from ito.server.store.runtime_tables import CheckpointRow, RunLog, RunMetric
-from ito.server.store.tables import Run, utcnow
+from ito.server.store.tables import Booking, Run, utcnow
 
 __all__ = [
     "CLEANUP_TRANSITIONS",
@@ -95,8 +95,7 @@ def apply_run_action(db: Database, ctx: AuthContext, pepper: str, *, run_id: str
                 return data | {"state": run.state, "cleanup_state": run.cleanup_state}, True
             run = get_run(session, ctx.account_id, run_id)
             now = utcnow()
-            confirmation = usable_confirmation(session, ctx.account_id, pepper,
-                                               confirmation_ref, now)
+            confirmation = usable_confirmation(session, ctx, pepper, confirmation_ref, now)
             if confirmation.action != act.value or confirmation.target_id != run.id:
                 raise ItoError("confirmation_mismatch", "the confirmation approves another "
                                "action or run", bound_action=confirmation.action,
@@ -207,4 +206,9 @@ def cleanup_jobs(session: Session, worker: AuthContext) -> list[dict[str, Any]]:
     runs = session.scalars(select(Run).where(Run.booking_id == worker.booking_id,
                                              Run.account_id == worker.account_id,
                                              Run.cleanup_state == CleanupState.cleaning.value))
-    return [{"run_id": r.id, "checkpoint_uri": r.checkpoint_uri} for r in runs]
+    booking = session.get(Booking, worker.booking_id)
+    storage = booking.storage_uri if booking is not None else None
+    # The booking's storage root travels with each job: the worker re-checks that what it is
+    # about to delete lies inside it.
+    return [{"run_id": r.id, "checkpoint_uri": r.checkpoint_uri, "storage_uri": storage}
+            for r in runs]

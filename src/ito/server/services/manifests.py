@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from ito.core.errors import ItoError
@@ -15,7 +16,12 @@ __all__ = ["find_manifest", "load_manifest", "manifest_dict", "store_manifest"]
 
 
 def store_manifest(session: Session, account_id: str, raw: bytes) -> tuple[ManifestRow, bool]:
-    """Validate and store; the same bytes again are a no-op. Returns (row, created)."""
+    """Validate and store; the same bytes again are a no-op. Returns (row, created).
+
+    Two transactions storing the same new manifest at once (PostgreSQL; SQLite serialises
+    writers) both miss it on the first look; the loser's insert then meets the unique
+    constraint. It runs in a savepoint, so only the insert is undone and the winner's row
+    (committed, hence visible under READ COMMITTED) is returned instead."""
     digest = manifest_digest(raw)
     existing = find_manifest(session, account_id, digest)
     if existing is not None:
@@ -24,8 +30,14 @@ def store_manifest(session: Session, account_id: str, raw: bytes) -> tuple[Manif
     manifest = parse_manifest(raw)
     row = ManifestRow(account_id=account_id, digest=digest, content=raw, size_bytes=len(raw),
                       summary=manifest_summary(manifest))
-    session.add(row)
-    session.flush()
+    try:
+        with session.begin_nested():
+            session.add(row)
+    except IntegrityError:
+        existing = find_manifest(session, account_id, digest)
+        if existing is None:
+            raise
+        return existing, False
     return row, True
 
 

@@ -118,7 +118,7 @@ def _create_in_transaction(
         raise ItoError("manifest_not_found", digest=req.manifest_digest)
 
     # Gate 3: approved, unexpired, unconsumed, every binding equal.
-    confirmation = usable_confirmation(session, ctx.account_id, pepper, req.confirmation_ref, now)
+    confirmation = usable_confirmation(session, ctx, pepper, req.confirmation_ref, now)
     if confirmation.action != ACTION or confirmation.target_kind != "booking" \
             or confirmation.target_id != booking.id:
         raise ItoError("confirmation_mismatch", "the confirmation approves another action or "
