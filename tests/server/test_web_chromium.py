@@ -254,6 +254,10 @@ def test_signed_out_chromium_is_sent_to_sign_in_and_cannot_approve(
     assert not [c for c in web.page.context.cookies() if c["name"] == "ito_session"]
     refused = web.submit(web.button("approve"))
     assert refused.status == 401
+    # Its sign-in link leads back to the confirmation.
+    link = web.page.get_attribute('a[href^="/ui/login"]', "href")
+    assert link is not None
+    assert parse_qs(urlsplit(link).query)["next"] == [f"/ui/confirmations/{ref}"]
     assert confirmation_state(tenant, ref) == "pending"
     assert tenant.counts()["confirmations"] == {"pending": 1}
 

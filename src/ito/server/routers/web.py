@@ -104,8 +104,10 @@ def _form_guard(request: Request, state: AppState,
     secret = request.cookies.get(SESSION_COOKIE)
     user, csrf = _signed_in(request, state)
     if user is None:
+        # Back to the page the form was on once signed in (a path of ours: _safe_next).
+        here = _safe_next(request.url.path)
         return None, "", error_page(ItoError("not_authenticated", "sign in first"),
-                                    sign_in_url="/ui/login")
+                                    sign_in_url=f"/ui/login?next={quote(here, safe='')}")
     if not csrf_valid(state.pepper, "session", secret, presented):
         log.warning("csrf check failed for web session %s on %s", user.session_id,
                     request.url.path)
