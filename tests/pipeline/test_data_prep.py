@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -301,6 +302,25 @@ def test_a_missing_file_is_refused(recipe: Recipe, tmp_path: Path) -> None:
     exc = _refusal(manifest, tmp_path / "work")
     assert exc.code == "data_policy_violation"
     assert (exc.details["reason"], exc.details["data_id"]) == ("unreadable", "arith-prefs")
+
+
+def test_a_device_or_fifo_is_refused_without_being_read(recipe: Recipe, tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)  # opening it for reading would block forever without O_NONBLOCK
+    for uri in ("file:///dev/zero", f"file://{fifo}"):
+        recipe.doc["data"][1]["uri"] = uri
+        exc = _refusal(recipe.manifest(), tmp_path / "work")
+        assert exc.code == "data_policy_violation"
+        assert (exc.details["reason"], exc.details["data_id"]) == ("not_regular_file",
+                                                                    "arith-sft")
+
+
+def test_a_symlinked_data_file_is_refused(recipe: Recipe, tmp_path: Path) -> None:
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(recipe.path("arith-sft"))
+    recipe.doc["data"][1]["uri"] = f"file://{link}"
+    exc = _refusal(recipe.manifest(), tmp_path / "work")
+    assert (exc.code, exc.details["reason"]) == ("data_policy_violation", "unreadable")
 
 
 @pytest.mark.parametrize("bad_line", [b"not json", b"[1, 2]", b'{"text": 5}', b"\xff\xfe",

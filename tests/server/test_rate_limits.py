@@ -92,3 +92,12 @@ def test_password_guessing_at_the_sign_in_page_is_refused_for_the_minute(
             assert approver.password not in right.text
         finally:
             browser.close()
+
+
+def test_device_codes_are_bounded_per_source_address(server: Server, tmp_path: Path) -> None:
+    with extra_server(server, tmp_path, ITO_RATE_LIMIT_PER_SECOND="0.5",
+                      ITO_RATE_LIMIT_BURST="3") as url:
+        answers = [httpx.post(url + "/v1/device/code", json={}, timeout=30) for _ in range(6)]
+    codes = [r.json()["error"]["code"] if r.status_code != 200 else "ok" for r in answers]
+    assert codes[:3] == ["ok"] * 3 and "rate_limited" in codes[3:]
+    assert all(c in ("ok", "rate_limited") for c in codes)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import tempfile
 import unicodedata
 from dataclasses import dataclass, field
@@ -55,6 +56,8 @@ __all__ = [
 ]
 
 PREPARED_DIR = "prepared"
+MAX_DATA_FILE_BYTES = 2 << 30
+"""Largest data file one preparation reads (it is held in memory to be hashed and parsed)."""
 PROVENANCE_FILE = "provenance.json"
 PROVENANCE_SCHEMA = "ito.data_prep.provenance.v1"
 
@@ -354,11 +357,28 @@ def _read(ref: DataRef) -> bytes:
         raise ItoError("data_policy_violation", f"data {ref.id!r}: a file URI must name an "
                        "absolute local path", reason="unreadable", data_id=ref.id)
     try:
-        return Path(path).read_bytes()
+        # Never a device, FIFO or socket (``/dev/zero`` never ends, a FIFO never answers), and
+        # never more than the bound: the whole file is held to be hashed and parsed.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise ItoError("data_policy_violation", f"data {ref.id!r} is not a regular "
+                               "file", reason="not_regular_file", data_id=ref.id)
+            if info.st_size > MAX_DATA_FILE_BYTES:
+                raise ItoError("data_policy_violation", f"data {ref.id!r} is larger than "
+                               f"{MAX_DATA_FILE_BYTES} bytes", reason="too_large",
+                               data_id=ref.id, max_bytes=MAX_DATA_FILE_BYTES)
+            raw = handle.read(MAX_DATA_FILE_BYTES + 1)
     except OSError as exc:
         raise ItoError("data_policy_violation", f"data {ref.id!r} cannot be read "
                        f"({exc.strerror or type(exc).__name__})", reason="unreadable",
                        data_id=ref.id) from None
+    if len(raw) > MAX_DATA_FILE_BYTES:  # it grew while being read
+        raise ItoError("data_policy_violation", f"data {ref.id!r} is larger than "
+                       f"{MAX_DATA_FILE_BYTES} bytes", reason="too_large", data_id=ref.id,
+                       max_bytes=MAX_DATA_FILE_BYTES)
+    return raw
 
 
 def _no_constant(name: str) -> Any:

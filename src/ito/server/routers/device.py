@@ -7,11 +7,11 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body
+from fastapi import APIRouter, Body, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ito.core.envelope import ok_envelope
-from ito.server.routers.deps import State
+from ito.server.routers.deps import State, source_of
 from ito.server.services.device_auth import poll_device_code, start_device_login
 from ito.server.store.tables import utcnow
 
@@ -33,8 +33,10 @@ class DeviceTokenBody(BaseModel):
 
 
 @router.post("/code")
-def device_code(state: State,
+def device_code(request: Request, state: State,
                 body: Annotated[DeviceCodeBody | None, Body()] = None) -> dict[str, Any]:
+    # Unauthenticated and it writes a row: bounded per source address like a credential.
+    state.limits.admit("device-code " + source_of(request))
     settings = state.settings
     with state.db.write() as session:
         grant = start_device_login(
