@@ -247,6 +247,38 @@ def test_a_two_node_run_trains_through_ito_worker_with_the_slurm_executor(
     assert [g["data"]["passed"] for g in final["events"] if g["kind"] == "gate"] == [True, True]
 
 
+def test_a_two_node_run_with_a_replica_group_per_node_trains_on_slurm(
+    plain_server: Server, slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    t = make_tenant(plain_server, tmp_path / "t", "slurm-replicas")
+    booking = t.booking(nodes=2, gpus_per_node=1, fabric="ethernet")
+    manifest = t.manifest("two-groups")
+    document = json.loads(manifest.read_text())
+    document["resources"] = {"accelerators": ["cpu"], "nodes": 2, "gpus_per_node": 1,
+                             "fabrics": ["ethernet"], "replica_groups": 2}
+    manifest.write_text(json.dumps(document))
+    worker_key = plain_server.desk("/v1/desk/keys", {"account_id": t.account_id,
+                                                      "role": "worker",
+                                                      "booking_id": booking})["api_key"]
+    ref = t.approved_confirmation(manifest, booking_id=booking)
+    run_id = t.ito("train", "--booking", booking, "--manifest", str(manifest),
+                   "--confirmation-ref", ref, "--idempotency-key", "slurm-groups"
+                   ).data["run_id"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ITO_")} | {
+        "ITO_API_URL": plain_server.url, "ITO_API_KEY": worker_key,
+        "ITO_HOME": str(tmp_path / "worker-home"), "SLURM_CONF": str(slurm_cluster.conf)}
+    worker = subprocess.run([str(BIN / "ito-worker"), "--booking", booking, "--executor",
+                             "slurm", "--once", "--json"], env=env, capture_output=True,
+                            text=True, timeout=600, check=False)
+    assert worker.returncode == 0, worker.stderr[-3000:]
+    final = _state(t, run_id)
+    assert final["state"] == "succeeded", final
+    # One replica group per node, meeting through the lighthouse the batch script started.
+    assert list((tmp_path / "worker-home").rglob("lighthouse-*.log"))
+    points = t.ito("runs", "metrics", run_id, "--name", "replicas").data["points"]
+    assert points and points[-1]["value"] == 2.0
+
+
 def test_a_loss_spike_waits_for_a_confirmed_restart_and_never_acts_alone(
     plain_server: Server, tmp_path: Path
 ) -> None:

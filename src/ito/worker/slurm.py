@@ -134,11 +134,47 @@ class SlurmExecutor:
                  "--spec", shlex.quote(str(launch.spec_path))]
         return "exec " + " ".join(words)
 
+    def replica_node_command(self, launch: LaunchSpec) -> str:
+        """With one replica group per node: each node is its own ``torchrun`` world (standalone
+        rendezvous), replica group ``$SLURM_NODEID``, meeting the others through the lighthouse
+        the batch script started."""
+        torchrun = str(Path(sys.executable).parent / "torchrun")
+        words = [shlex.quote(torchrun), "--standalone",
+                 f"--nproc-per-node={launch.gpus_per_node}",
+                 f"--max-restarts={launch.max_restarts}",
+                 *(shlex.quote(word) for word in self.entry),
+                 "--spec", shlex.quote(str(launch.spec_path)),
+                 '--replica-id="$SLURM_NODEID"', '--lighthouse="$LIGHTHOUSE"']
+        return "exec " + " ".join(words)
+
     def batch_script(self, launch: LaunchSpec) -> str:
         """The sbatch script: find the rendezvous endpoint on the first node, srun each node."""
         python = shlex.quote(sys.executable)
         free_port = ("import socket; s = socket.socket(); s.bind(('', 0)); "
                      "print(s.getsockname()[1])")
+        if launch.replica_groups > 1:
+            lighthouse = shlex.quote(str(Path(sys.executable).parent / "torchft_lighthouse"))
+            return "\n".join([
+                "#!/bin/bash",
+                f"# ito run {launch.run_id}, attempt {launch.attempt}, "
+                f"{launch.replica_groups} replica groups; written by SlurmExecutor.",
+                "set -euo pipefail",
+                'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+                'head_addr=$(scontrol show node -o "$head_node" '
+                "| sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')",
+                f"lighthouse_port=$({python} -c {shlex.quote(free_port)})",
+                f'{lighthouse} --bind "0.0.0.0:$lighthouse_port" --min_replicas 1 '
+                "--join_timeout_ms 60000 --heartbeat_timeout_ms 5000 --quorum_tick_ms 50 "
+                '> "lighthouse-$SLURM_JOB_ID.log" 2>&1 &',
+                "lighthouse_pid=$!",
+                "trap 'kill $lighthouse_pid 2>/dev/null || true' EXIT",
+                'export LIGHTHOUSE="http://${head_addr:-$head_node}:$lighthouse_port"',
+                'echo "lighthouse at $LIGHTHOUSE for $SLURM_NNODES replica groups"',
+                # A group that fails must not take the others down: they go on without it.
+                'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=0 '
+                f"bash -c {shlex.quote(self.replica_node_command(launch))}",
+                "",
+            ])
         return "\n".join([
             "#!/bin/bash",
             f"# ito run {launch.run_id}, attempt {launch.attempt}; written by SlurmExecutor.",
@@ -157,10 +193,10 @@ class SlurmExecutor:
     # -- Executor -------------------------------------------------------------------------------
 
     def start(self, launch: LaunchSpec) -> None:
-        if launch.replica_groups > 1:
+        if launch.replica_groups > 1 and launch.replica_groups != launch.nodes:
             # Refused before anything is submitted: the run fails with a code, nothing runs.
-            raise ItoError("plan_refused", "runs with several replica groups are launched by "
-                           "the local executor only in this version")
+            raise ItoError("plan_refused", "on Slurm each replica group is one node: "
+                           "replica_groups must equal the booked nodes")
         script = launch.workdir / f"slurm-attempt-{launch.attempt}.sh"
         script.write_text(self.batch_script(launch))
         script.chmod(0o700)
