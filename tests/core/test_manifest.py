@@ -261,6 +261,12 @@ def _nvlink_two_nodes(doc: Doc) -> None:
     doc["resources"].update(nodes=2, fabrics=["nvlink"])
 
 
+def _replicas_across_nodes(doc: Doc) -> None:
+    # 3 nodes × 2 = 6 accelerators in 2 groups would split a node between groups.
+    doc["resources"].update(nodes=3, gpus_per_node=2, replica_groups=2,
+                            fabrics=["infiniband"])
+
+
 CROSS_FIELD_CASES = [
     ("unknown-data-id", _set(("curriculum", 0, "data"), ["nope"]), "$.curriculum[0].data[0]"),
     ("stage-order", _swap_stages, "$.curriculum[1].stage"),
@@ -284,6 +290,9 @@ CROSS_FIELD_CASES = [
                                         "soft_tokens"), 32),
      "$.post_training.rlvr.dapo.overlong.soft_tokens"),
     ("seq-len-over-model", _set(("curriculum", 1, "seq_len"), 4096), "$.curriculum[1].seq_len"),
+    ("replica-groups-not-dividing", _set(("resources", "replica_groups"), 3),
+     "$.resources.replica_groups"),
+    ("replica-groups-splitting-nodes", _replicas_across_nodes, "$.resources.replica_groups"),
 ]
 
 
@@ -296,6 +305,15 @@ def test_a_cross_field_inconsistency_is_refused_with_its_path(
     exc = _refusal(_raw(doc))
     assert exc.code == "manifest_invalid"
     assert path in _paths(exc)
+
+
+def test_replica_groups_default_to_one_and_may_split_a_node_or_take_whole_nodes(
+        doc: Doc) -> None:
+    assert parse_manifest(_raw(doc)).resources.replica_groups == 1
+    doc["resources"]["replica_groups"] = 2  # one node, 2 processes: one each
+    assert parse_manifest(_raw(doc)).resources.replica_groups == 2
+    doc["resources"].update(nodes=4, gpus_per_node=8, fabrics=["infiniband"])
+    assert parse_manifest(_raw(doc)).resources.replica_groups == 2  # two nodes each
 
 
 def test_custom_data_is_accepted_when_the_ladder_is_enabled(doc: Doc) -> None:
