@@ -115,6 +115,6 @@ def test_revoked_login_token_stops_status_at_once(tenant: Tenant, tmp_path: Path
         key_id = conn.execute(text("SELECT id FROM api_keys WHERE prefix = :p"),
                               {"p": prefix}).scalar_one()
     tenant.server.desk(f"/v1/desk/keys/{key_id}/revoke", {})
-    for args in (["status"], ["runs", "list"], ["runs", "watch", "run_x"]):
+    for args in (["status"], ["runs", "list"], ["runs", "watch", "run_" + "a" * 24]):
         result = run_cli([ITO, *args, "--json"], env, timeout=30)
         assert result.rc == 1 and result.code == "credential_revoked", args
