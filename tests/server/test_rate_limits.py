@@ -1,7 +1,8 @@
 """Rate limits on a real server (both backends): a credential past its rate gets
 ``rate_limited`` (429, ``Retry-After``) while others go on; a source that keeps presenting
 unknown keys, or wrong passwords at the sign-in page, is refused for the rest of the minute —
-valid credentials included — and nothing is created meanwhile."""
+valid credentials included — and nothing is created meanwhile. (On SQLite only: the limits live
+in the server process, not in the store.)"""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import pytest
 from tests.server.web_browser import Browser, csrf_field, extra_server, make_approver
 from tests.support import Server, Tenant, make_tenant, wait_until
 
-pytestmark = pytest.mark.slow
+# The limiter lives in the server process, not the store: one backend is enough.
+pytestmark = [pytest.mark.slow,
+              pytest.mark.parametrize("backend_url", ["sqlite"], indirect=True)]
 BURST = 10
 
 

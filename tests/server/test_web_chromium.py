@@ -25,7 +25,9 @@ from tests.server.chromium_support import (
 from tests.server.web_browser import make_approver
 from tests.support import ITO, Tenant, run_cli
 
-pytestmark = pytest.mark.slow
+# The browser's behaviour does not depend on the store (the httpx page tests run on both).
+pytestmark = [pytest.mark.slow,
+              pytest.mark.parametrize("backend_url", ["sqlite"], indirect=True)]
 
 
 @pytest.fixture(scope="module")

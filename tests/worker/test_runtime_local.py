@@ -408,23 +408,3 @@ def test_a_budget_stop_checkpoints_the_running_job_and_fails_it_budget_exceeded(
     assert 0 < telemetry["cost_usd"] <= ceiling
     assert telemetry["wall_seconds_held"] >= estimate_s - 280 - 2
 
-
-def test_a_run_with_two_replica_groups_trains_through_the_in_process_worker(
-    worker_server: Server, tmp_path: Path
-) -> None:
-    t = make_tenant(worker_server, tmp_path / "t", "replicated")
-    manifest = t.manifest("replicas")
-    document = json.loads(manifest.read_text())
-    document["resources"]["replica_groups"] = 2  # two worlds of one process, torchft between
-    manifest.write_text(json.dumps(document))
-    run_id = _create(t, manifest, "replicas-1")
-    final = _wait_state(t, run_id, TERMINAL)
-    assert final["state"] == "succeeded", final
-    points = t.ito("runs", "metrics", run_id, "--name", "replicas").data["points"]
-    assert points and {p["value"] for p in points} <= {1.0, 2.0}
-    assert points[-1]["value"] == 2.0  # both groups took the last step
-    steps = [p["step"] for p in t.ito("runs", "metrics", run_id, "--name", "loss"
-                                      ).data["points"]]
-    assert steps == sorted(set(steps))  # one report per step: only the leader reports
-    assert [e["data"]["passed"] for e in final["events"] if e["kind"] == "gate"] == [True, True]
-    assert not _processes_of(run_id)  # both worlds are gone
