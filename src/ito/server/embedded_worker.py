@@ -80,6 +80,10 @@ class EmbeddedWorkers:
         with self.db.write() as session:
             booking = session.get(Booking, booking_id)
             assert booking is not None
+            previous = self.keys.get(booking_id)
+            if previous is not None:
+                # A loop that ended (its key revoked, say) leaves no usable key behind.
+                revoke_key(session, previous)
             minted = create_key(session, self.pepper, account_id=booking.account_id,
                                 role="worker", booking_id=booking_id, name="embedded worker")
         self.keys[booking_id] = minted.key_id
