@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from ito.pipeline.fault_tolerance import Lighthouse
+from ito.pipeline.lighthouse import Lighthouse
 
 pytestmark = pytest.mark.slow
 

@@ -9,11 +9,20 @@ from datetime import timedelta
 import pytest
 
 from ito.core.errors import ItoError
+from ito.server.services.bookings import set_booking_state
 from ito.server.services.credentials import authenticate
-from ito.server.services.leases import LeaseSettings, expire_leases, heartbeat, lease_next
+from ito.server.services.leases import (
+    LeaseSettings,
+    expire_leases,
+    finish_run,
+    heartbeat,
+    lease_next,
+    report,
+)
+from ito.server.services.telemetry import booking_telemetry, run_telemetry
 from ito.server.store.db import Database
 from ito.server.store.runtime_tables import RunLease
-from ito.server.store.tables import Run, utcnow
+from ito.server.store.tables import Booking, Run, utcnow
 from tests.support import Tenant
 
 pytestmark = pytest.mark.slow
@@ -91,8 +100,6 @@ def test_an_expired_lease_goes_recovering_and_the_next_lease_resumes(tenant: Ten
 def test_booking_telemetry_sums_unrounded_run_figures_and_counts_a_recomputed_step_once(
     tenant: Tenant,
 ) -> None:
-    from ito.server.services.leases import finish_run, report
-    from ito.server.services.telemetry import booking_telemetry, run_telemetry
 
     booking = tenant.booking()
     key = tenant.server.desk("/v1/desk/keys", {"account_id": tenant.account_id,
@@ -156,8 +163,6 @@ def test_booking_telemetry_sums_unrounded_run_figures_and_counts_a_recomputed_st
 
 
 def test_a_single_run_booking_reports_exactly_the_run_figures(tenant: Tenant) -> None:
-    from ito.server.services.leases import report
-    from ito.server.services.telemetry import booking_telemetry, run_telemetry
 
     db, worker, run_id = _run_with_worker(tenant, rate=1.0)
     now = utcnow()
@@ -183,7 +188,6 @@ def test_a_single_run_booking_reports_exactly_the_run_figures(tenant: Tenant) ->
 def test_a_revoked_booking_fails_its_waiting_runs_and_stops_the_running_one(
     tenant: Tenant,
 ) -> None:
-    from ito.server.services.bookings import set_booking_state
 
     db, worker, run_id = _run_with_worker(tenant, rate=0.5)
     assert worker.booking_id is not None
@@ -213,7 +217,6 @@ def test_a_revoked_booking_fails_its_waiting_runs_and_stops_the_running_one(
 
 def test_a_run_is_stopped_a_lease_ttl_before_the_term_ends(tenant: Tenant) -> None:
     db, worker, run_id = _run_with_worker(tenant, rate=0.5)
-    from ito.server.store.tables import Booking
 
     with db.read() as session:
         booking = session.get(Booking, worker.booking_id)

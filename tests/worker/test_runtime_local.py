@@ -79,6 +79,16 @@ def _wait_state(t: Tenant, run_id: str, states: set[str], timeout: float = 300) 
                            timeout=timeout, interval=0.5))
 
 
+def _worker_env(server: Server, t: Tenant, booking: str, home: Path,
+                **extra: str) -> dict[str, str]:
+    """An ``ito-worker``'s environment: a fresh worker key of ``booking`` in ``ITO_API_KEY``
+    (the only way a key is passed), none of this process's other ``ITO_*`` settings."""
+    key = server.desk("/v1/desk/keys", {"account_id": t.account_id, "role": "worker",
+                                        "booking_id": booking})["api_key"]
+    return {k: v for k, v in os.environ.items() if not k.startswith("ITO_")} | {
+        "ITO_API_URL": server.url, "ITO_API_KEY": key, "ITO_HOME": str(home)} | extra
+
+
 def _long_manifest(t: Tenant, name: str) -> Path:
     path = t.manifest(name)
     document = json.loads(path.read_text())
@@ -166,12 +176,7 @@ def test_a_killed_worker_is_detected_and_another_worker_resumes_the_run(
     plain_server: Server, tmp_path: Path
 ) -> None:
     t = make_tenant(plain_server, tmp_path / "t", "resilient")
-    worker_key = plain_server.desk("/v1/desk/keys", {"account_id": t.account_id,
-                                                      "role": "worker",
-                                                      "booking_id": t.booking_id})["api_key"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ITO_")} | {
-        "ITO_API_URL": plain_server.url, "ITO_API_KEY": worker_key,
-        "ITO_HOME": str(tmp_path / "worker-home")}
+    env = _worker_env(plain_server, t, t.booking_id, tmp_path / "worker-home")
     run_id = _create(t, t.manifest(), "resume-1")
 
     first = subprocess.Popen([str(BIN / "ito-worker"), "--booking", t.booking_id], env=env,
@@ -216,31 +221,33 @@ def test_worker_key_of_another_booking_cannot_lease(plain_server: Server,
     assert refused.rc == 1 and refused.code == "forbidden_scope"
 
 
-def test_a_two_node_run_trains_through_ito_worker_with_the_slurm_executor(
-    plain_server: Server, slurm_cluster: Cluster, tmp_path: Path
-) -> None:
-    t = make_tenant(plain_server, tmp_path / "t", "slurm-buyer")
-    booking = t.booking(nodes=2, gpus_per_node=1, fabric="infiniband")
-    manifest = t.manifest("two-nodes")
+def _slurm_run(server: Server, cluster: Cluster, tmp_path: Path, name: str,
+               resources: dict[str, Any]) -> tuple[Tenant, str, dict[str, Any]]:
+    """A two-node booking, a confirmed run of the test recipe with ``resources``, and one
+    ``ito-worker --executor slurm --once`` that must take it to its end; returns the final run."""
+    t = make_tenant(server, tmp_path / "t", name)
+    booking = t.booking(nodes=2, gpus_per_node=1, fabric=resources["fabrics"][0])
+    manifest = t.manifest(name)
     document = json.loads(manifest.read_text())
-    document["resources"] = {"accelerators": ["cpu"], "nodes": 2, "gpus_per_node": 1,
-                             "fabrics": ["infiniband"]}
+    document["resources"] = resources
     manifest.write_text(json.dumps(document))
-    worker_key = plain_server.desk("/v1/desk/keys", {"account_id": t.account_id,
-                                                      "role": "worker",
-                                                      "booking_id": booking})["api_key"]
     ref = t.approved_confirmation(manifest, booking_id=booking)
     run_id = t.ito("train", "--booking", booking, "--manifest", str(manifest),
-                   "--confirmation-ref", ref, "--idempotency-key", "slurm-1").data["run_id"]
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ITO_")} | {
-        "ITO_API_URL": plain_server.url, "ITO_API_KEY": worker_key,
-        "ITO_HOME": str(tmp_path / "worker-home"), "SLURM_CONF": str(slurm_cluster.conf)}
+                   "--confirmation-ref", ref, "--idempotency-key", name).data["run_id"]
+    env = _worker_env(server, t, booking, tmp_path / "worker-home",
+                      SLURM_CONF=str(cluster.conf))
     worker = subprocess.run([str(BIN / "ito-worker"), "--booking", booking, "--executor",
                              "slurm", "--once", "--json"], env=env, capture_output=True,
                             text=True, timeout=600, check=False)
     assert worker.returncode == 0, worker.stderr[-3000:]
-    final = _state(t, run_id)
+    return t, run_id, _state(t, run_id)
+
+
+def test_a_two_node_run_trains_through_ito_worker_with_the_slurm_executor(
+    plain_server: Server, slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    _, _, final = _slurm_run(plain_server, slurm_cluster, tmp_path, "slurm-buyer", {
+        "accelerators": ["cpu"], "nodes": 2, "gpus_per_node": 1, "fabrics": ["infiniband"]})
     assert final["state"] == "succeeded", final
     job_logs = list((tmp_path / "worker-home").rglob("slurm-*.out"))
     assert job_logs, "the run did not go through sbatch"
@@ -250,28 +257,9 @@ def test_a_two_node_run_trains_through_ito_worker_with_the_slurm_executor(
 def test_a_two_node_run_with_a_replica_group_per_node_trains_on_slurm(
     plain_server: Server, slurm_cluster: Cluster, tmp_path: Path
 ) -> None:
-    t = make_tenant(plain_server, tmp_path / "t", "slurm-replicas")
-    booking = t.booking(nodes=2, gpus_per_node=1, fabric="ethernet")
-    manifest = t.manifest("two-groups")
-    document = json.loads(manifest.read_text())
-    document["resources"] = {"accelerators": ["cpu"], "nodes": 2, "gpus_per_node": 1,
-                             "fabrics": ["ethernet"], "replica_groups": 2}
-    manifest.write_text(json.dumps(document))
-    worker_key = plain_server.desk("/v1/desk/keys", {"account_id": t.account_id,
-                                                      "role": "worker",
-                                                      "booking_id": booking})["api_key"]
-    ref = t.approved_confirmation(manifest, booking_id=booking)
-    run_id = t.ito("train", "--booking", booking, "--manifest", str(manifest),
-                   "--confirmation-ref", ref, "--idempotency-key", "slurm-groups"
-                   ).data["run_id"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ITO_")} | {
-        "ITO_API_URL": plain_server.url, "ITO_API_KEY": worker_key,
-        "ITO_HOME": str(tmp_path / "worker-home"), "SLURM_CONF": str(slurm_cluster.conf)}
-    worker = subprocess.run([str(BIN / "ito-worker"), "--booking", booking, "--executor",
-                             "slurm", "--once", "--json"], env=env, capture_output=True,
-                            text=True, timeout=600, check=False)
-    assert worker.returncode == 0, worker.stderr[-3000:]
-    final = _state(t, run_id)
+    t, run_id, final = _slurm_run(plain_server, slurm_cluster, tmp_path, "slurm-replicas", {
+        "accelerators": ["cpu"], "nodes": 2, "gpus_per_node": 1, "fabrics": ["ethernet"],
+        "replica_groups": 2})
     assert final["state"] == "succeeded", final
     # One replica group per node, meeting through the lighthouse the batch script started.
     assert list((tmp_path / "worker-home").rglob("lighthouse-*.log"))
@@ -287,14 +275,9 @@ def test_a_loss_spike_waits_for_a_confirmed_restart_and_never_acts_alone(
     document = json.loads(manifest.read_text())
     document["curriculum"][0]["tokens"] = 60_000  # 58 steps of 1024 tokens
     manifest.write_text(json.dumps(document))
-    worker_key = plain_server.desk("/v1/desk/keys", {"account_id": t.account_id,
-                                                      "role": "worker",
-                                                      "booking_id": t.booking_id})["api_key"]
     run_id = _create(t, manifest, "spike-1")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ITO_")} | {
-        "ITO_API_URL": plain_server.url, "ITO_API_KEY": worker_key,
-        "ITO_HOME": str(tmp_path / "worker-home"),
-        "ITO_FAULT_INJECTION": json.dumps({"loss_spike_at": 40})}
+    env = _worker_env(plain_server, t, t.booking_id, tmp_path / "worker-home",
+                      ITO_FAULT_INJECTION=json.dumps({"loss_spike_at": 40}))
     worker = subprocess.Popen([str(BIN / "ito-worker"), "--booking", t.booking_id,
                                "--poll-seconds", "0.5"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -377,13 +360,8 @@ def test_a_budget_stop_checkpoints_the_running_job_and_fails_it_budget_exceeded(
     run_id = t.ito("train", "--booking", booking, "--manifest", str(manifest),
                    "--confirmation-ref", ref, "--idempotency-key", "budget-1").data["run_id"]
 
-    worker_key = budget_server.desk("/v1/desk/keys", {"account_id": t.account_id,
-                                                       "role": "worker",
-                                                       "booking_id": booking})["api_key"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ITO_")} | {
-        "ITO_API_URL": budget_server.url, "ITO_API_KEY": worker_key,
-        "ITO_HOME": str(tmp_path / "worker-home"),
-        "ITO_FAULT_INJECTION": json.dumps({"min_step_seconds": 0.5})}
+    env = _worker_env(budget_server, t, booking, tmp_path / "worker-home",
+                      ITO_FAULT_INJECTION=json.dumps({"min_step_seconds": 0.5}))
     worker = subprocess.Popen([str(BIN / "ito-worker"), "--booking", booking, "--once"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)

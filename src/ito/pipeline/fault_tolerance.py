@@ -31,12 +31,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ito.core.model_sizes import ModelSize, model_size
-from ito.pipeline.lighthouse import Lighthouse
 
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM
 
-__all__ = ["Lighthouse", "ReplicaSettings", "ReplicaTrainer", "StepRecord", "synthetic_batch"]
+__all__ = ["ReplicaSettings", "ReplicaTrainer", "StepRecord", "synthetic_batch"]
 
 MAX_GRAD_NORM = 1.0
 """As in the pretrain engine (:mod:`ito.pipeline.train`)."""

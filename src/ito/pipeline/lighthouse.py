@@ -12,6 +12,11 @@ from pathlib import Path
 
 __all__ = ["Lighthouse"]
 
+RUN_JOIN_TIMEOUT_MS = 60_000
+"""For a run's replica groups: a live group is waited for (it may be evaluating or
+checkpointing)..."""
+RUN_HEARTBEAT_TIMEOUT_MS = 5_000
+"""...a silent one is dropped from the quorum after 5 s."""
 _LISTENING = re.compile(r"Lighthouse listening on: \S*:(\d+)")
 
 

@@ -233,10 +233,7 @@ class Trainer:
                                                  self.ckpt_group)
             if rng is not None:
                 restore_rng(rng)
-            start_pos = names.index(stage_name)
-            stage_step = int(str(trainer_state["stage_step"]))
-            tokens_seen = int(str(trainer_state["tokens_seen"]))
-            self.data_offset = int(str(trainer_state.get("data_offset", 0)))
+            start_pos, stage_step, tokens_seen = self._resume_position(trainer_state)
             self.events.log("info", f"resumed from {path} (step {resumed_step})")
             if self.spec.restart_from is not None and self._restart_applies():
                 self.data_offset += self.spec.restart_from.skip_steps
@@ -262,11 +259,7 @@ class Trainer:
                     return status
                 except Rejoin as rejoin:
                     trainer_state = rejoin.args[0]
-                    stages: list[str] = [p.config.stage for p in self.plans]
-                    start_pos = stages.index(str(trainer_state["stage"]))
-                    stage_step = int(str(trainer_state["stage_step"]))
-                    tokens_seen = int(str(trainer_state["tokens_seen"]))
-                    self.data_offset = int(str(trainer_state.get("data_offset", 0)))
+                    start_pos, stage_step, tokens_seen = self._resume_position(trainer_state)
                     self.events.log("info", f"healed from a live replica group at step "
                                             f"{trainer_state['step']}; continuing with it")
         finally:
@@ -300,6 +293,14 @@ class Trainer:
         self.checkpointer.close()
         self.events.emit("done", status="succeeded")
         return "succeeded"
+
+    def _resume_position(self, state: dict[str, object]) -> tuple[int, int, int]:
+        """Plan index, stage step and tokens seen of a trainer record (a checkpoint's, or a
+        healing peer's); sets the data offset it carries."""
+        stages: list[str] = [p.config.stage for p in self.plans]
+        self.data_offset = int(str(state.get("data_offset", 0)))
+        return (stages.index(str(state["stage"])), int(str(state["stage_step"])),
+                int(str(state["tokens_seen"])))
 
     def _fault_armed(self, resumed_step: int) -> bool:
         fail = self.spec.fail_at
@@ -382,7 +383,7 @@ class Trainer:
                 self.position = self._trainer_state(name, k, step, tokens_seen, scheduler)
             self.checkpointer.poll()
             if saving:
-                if self._saves():
+                if self._leading():
                     self.checkpointer.save(
                         stage=name, step=step, tokens_seen=tokens_seen, model=self.model,
                         optimizer=self.optimizer,
@@ -431,9 +432,6 @@ class Trainer:
         for param in self.model.parameters():
             digest.update(local(param).detach().float().contiguous().cpu().numpy().tobytes())
         return digest.hexdigest()[:16]
-
-    def _saves(self) -> bool:
-        return self.replica is None or self._leading()
 
     def _heal_state(self) -> dict[str, object]:
         """What a peer that is behind copies from this rank (local shards, see replicas.py)."""

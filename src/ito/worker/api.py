@@ -25,20 +25,19 @@ class WorkerApi:
     def close(self) -> None:
         self._client.close()
 
-    def _post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
-            response = self._client.post(path, json=body or {})
+            response = self._client.request(method, path, **kwargs)
         except httpx.HTTPError:
             # Retryable: the caller decides how long a silent API may last (the lease TTL).
             raise ItoError("transport_timeout", "the API could not be reached") from None
         return self._envelope(response)
 
+    def _post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        return self._request("POST", path, json=body or {})
+
     def _get(self, path: str) -> Any:
-        try:
-            response = self._client.get(path)
-        except httpx.HTTPError:
-            raise ItoError("transport_timeout", "the API could not be reached") from None
-        return self._envelope(response)
+        return self._request("GET", path)
 
     @staticmethod
     def _envelope(response: httpx.Response) -> Any:

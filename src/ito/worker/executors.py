@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from ito.pipeline.lighthouse import Lighthouse
+from ito.pipeline.lighthouse import RUN_HEARTBEAT_TIMEOUT_MS, RUN_JOIN_TIMEOUT_MS, Lighthouse
 
 __all__ = ["Executor", "LaunchSpec", "LocalExecutor", "descendants"]
 
@@ -74,19 +74,10 @@ class LocalExecutor:
     leader's ``done`` event says how it ended).
     """
 
-    JOIN_TIMEOUT_MS = 60_000
-    """A live group is waited for (it may be evaluating or checkpointing)..."""
-    HEARTBEAT_TIMEOUT_MS = 5_000
-    """...a silent one is dropped from the quorum after 5 s."""
-
     def __init__(self) -> None:
         self.processes: list[subprocess.Popen[bytes]] = []
         self.log_file: BinaryIO | None = None
         self.lighthouse: Lighthouse | None = None
-
-    @property
-    def process(self) -> subprocess.Popen[bytes] | None:
-        return self.processes[0] if self.processes else None
 
     def command(self, launch: LaunchSpec, replica: int | None = None,
                 lighthouse: str | None = None) -> list[str]:
@@ -108,8 +99,8 @@ class LocalExecutor:
         if launch.replica_groups > 1:
             self.lighthouse = Lighthouse.start(
                 launch.workdir / f"lighthouse-attempt-{launch.attempt}.log",
-                join_timeout_ms=self.JOIN_TIMEOUT_MS,
-                heartbeat_timeout_ms=self.HEARTBEAT_TIMEOUT_MS)
+                join_timeout_ms=RUN_JOIN_TIMEOUT_MS,
+                heartbeat_timeout_ms=RUN_HEARTBEAT_TIMEOUT_MS)
             commands = [self.command(launch, i, self.lighthouse.address)
                         for i in range(launch.replica_groups)]
         for command in commands:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ito.core.errors import ItoError
+from ito.pipeline.lighthouse import RUN_HEARTBEAT_TIMEOUT_MS, RUN_JOIN_TIMEOUT_MS
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -164,7 +165,8 @@ class SlurmExecutor:
                 "| sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')",
                 f"lighthouse_port=$({python} -c {shlex.quote(free_port)})",
                 f'{lighthouse} --bind "0.0.0.0:$lighthouse_port" --min_replicas 1 '
-                "--join_timeout_ms 60000 --heartbeat_timeout_ms 5000 --quorum_tick_ms 50 "
+                f"--join_timeout_ms {RUN_JOIN_TIMEOUT_MS} "
+                f"--heartbeat_timeout_ms {RUN_HEARTBEAT_TIMEOUT_MS} --quorum_tick_ms 50 "
                 '> "lighthouse-$SLURM_JOB_ID.log" 2>&1 &',
                 "lighthouse_pid=$!",
                 "trap 'kill $lighthouse_pid 2>/dev/null || true' EXIT",

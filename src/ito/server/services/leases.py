@@ -127,10 +127,11 @@ def lease_next(session: Session, worker: AuthContext, settings: LeaseSettings,
                    data={"attempt": lease.attempt})
     manifest = session.scalar(select(ManifestRow).where(
         ManifestRow.account_id == run.account_id, ManifestRow.digest == run.manifest_digest))
-    booking = session.get(Booking, run.booking_id)
-    assert manifest is not None and booking is not None
+    booking = booking_row
+    assert manifest is not None
     restart = None
-    if lease.proposal and lease.proposal.get("approved") and not lease.proposal.get("applied"):
+    if approved_restart:
+        assert lease.proposal is not None
         restart = {"step": lease.proposal["checkpoint_step"],
                    "skip_steps": lease.proposal["skip_steps"]}
         lease.proposal = dict(lease.proposal) | {"applied": True}
@@ -184,11 +185,11 @@ def heartbeat(session: Session, worker: AuthContext, settings: LeaseSettings, ru
     stop, stop_code = None, None
     try:
         check_eligibility(booking_view(booking), now)
-        if booking.term_end - now < settings.ttl:
-            # The term would end before the next beat could stop the run.
-            raise ItoError("booking_expired", booking_id=booking.id)
     except ItoError as ineligible:
         stop_code = ineligible.code
+    else:
+        if booking.term_end - now < settings.ttl:
+            stop_code = "booking_expired"  # the term would end before the next beat
     if run.state == RunState.cancelling.value:
         stop = "cancel"
     elif stop_code is not None:

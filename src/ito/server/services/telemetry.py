@@ -54,6 +54,7 @@ class _Raw:
     written: int
     seconds: float
     cost: float
+    bytes_freed: int = 0
 
 
 def _raw(session: Session, run: Run, booking: Booking) -> _Raw:
@@ -66,7 +67,8 @@ def _raw(session: Session, run: Run, booking: Booking) -> _Raw:
     return _Raw(busy=busy, productive=_productive_seconds(session, run.id),
                 interruptions=lease.interruptions if lease else 0,
                 node_hours=busy * booking.nodes / 3600.0, written=int(written),
-                seconds=float(seconds), cost=lease.cost_usd if lease else 0.0)
+                seconds=float(seconds), cost=lease.cost_usd if lease else 0.0,
+                bytes_freed=lease.bytes_freed if lease else 0)
 
 
 def _ratios(raw: _Raw) -> dict[str, Any]:
@@ -83,9 +85,9 @@ def _ratios(raw: _Raw) -> dict[str, Any]:
     }
 
 
-def _run_figures(session: Session, run: Run, booking: Booking) -> dict[str, Any]:
-    raw = _raw(session, run, booking)
-    lease = session.get(RunLease, run.id)
+def _run_figures(session: Session, run: Run, booking: Booking,
+                 raw: _Raw | None = None) -> dict[str, Any]:
+    raw = raw or _raw(session, run, booking)
     return {
         "run_id": run.id,
         "state": run.state,
@@ -95,7 +97,7 @@ def _run_figures(session: Session, run: Run, booking: Booking) -> dict[str, Any]
         "checkpoint_seconds": round(raw.seconds, 3),
         "tokens_per_s": _mean(session, run.id, "tokens_per_s"),
         "mfu": _mean(session, run.id, "mfu"),
-        "bytes_freed": lease.bytes_freed if lease else 0,
+        "bytes_freed": raw.bytes_freed,
     }
 
 
@@ -132,7 +134,8 @@ def booking_telemetry(session: Session, account_id: str | None,
         "booking_id": booking.id,
         "runs": len(runs),
         **_ratios(total),
-        "per_run": [_run_figures(session, run, booking) for run in runs],
+        "per_run": [_run_figures(session, run, booking, raw)
+                    for run, raw in zip(runs, raws, strict=True)],
     }
 
 
