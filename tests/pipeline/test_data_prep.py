@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -353,11 +352,8 @@ def test_the_ngram_override_is_used_and_recorded(recipe: Recipe, tmp_path: Path)
     assert report.to_dict()["parameters"]["decontamination"]["n_override"] == 8
 
 
-def test_the_demo_recipe_prepares_well_within_ten_seconds(tmp_path: Path) -> None:
+def test_the_demo_recipe_prepares_every_row_of_its_web_data(tmp_path: Path) -> None:
+    # How fast is a bench's question (bench/ scripts), not a test's: no timed assertion here.
     demo = _write_recipe("demo", tmp_path / "data")
-    started = time.perf_counter()
     report = prepare_data(demo.manifest(), tmp_path / "work")
-    elapsed = time.perf_counter() - started
-
     assert report.dataset("web").input_rows == 3000
-    assert elapsed < 10.0

@@ -48,6 +48,10 @@ def test_spec_reads_the_contract_and_refuses_unknown_stages_and_relative_paths(
                                 max_steps_per_stage=3))
     assert spec.stages == ("pretrain",) and spec.max_steps_per_stage == 3
     assert spec.fail_at is not None and (spec.fail_at.rank, spec.fail_at.step) == (1, 5)
+    assert spec.fail_at.rejoin_after_steps is None
+    held = load_spec(write_spec(tmp_path, manifest, fail_at={"rank": 0, "step": 5, "replica": 1,
+                                                             "rejoin_after_steps": 6}))
+    assert held.fail_at is not None and held.fail_at.rejoin_after_steps == 6
     with pytest.raises(ValueError, match=r"spec\.stages\[0\]"):
         load_spec(write_spec(tmp_path, manifest, stages=["midtrain"]))
     with pytest.raises(ValueError, match=r"spec\.workdir"):

@@ -28,9 +28,15 @@ class FailAt:
     rank: int
     """Global rank that exits with status 137."""
     step: int
-    """Global step (1-based) at whose start it exits, before doing any work of that step."""
+    """Global step (1-based) at whose start it exits, before doing any work of that step (the
+    first step at or past it that the rank runs: a group healed from a peer may jump over it)."""
     replica: int = 0
     """Replica group of that rank (runs with several replica groups)."""
+    rejoin_after_steps: int | None = None
+    """Runs with several replica groups: the killed group's restarted processes wait, before
+    they contact any peer, until a checkpoint this many steps past the newest one they found
+    on restarting is committed. This orders the drill (the survivor trains alone from the kill
+    to that commit) without relying on how fast a restart happens to be."""
 
 
 @dataclass(frozen=True)
@@ -99,8 +105,10 @@ def load_spec(path: Path) -> RunSpec:
             raise ValueError(f"spec.stages[{i}]: {name!r} is not a curriculum stage")
     fail_at = None
     if doc.get("fail_at") is not None:
+        rejoin = doc["fail_at"].get("rejoin_after_steps")
         fail_at = FailAt(rank=int(doc["fail_at"]["rank"]), step=int(doc["fail_at"]["step"]),
-                         replica=int(doc["fail_at"].get("replica", 0)))
+                         replica=int(doc["fail_at"].get("replica", 0)),
+                         rejoin_after_steps=int(rejoin) if rejoin is not None else None)
     spike_at = doc.get("loss_spike_at")
     if spike_at is not None and (not isinstance(spike_at, int) or spike_at < 1):
         raise ValueError("spec.loss_spike_at: must be a positive integer or null")

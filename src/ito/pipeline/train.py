@@ -49,6 +49,8 @@ __all__ = ["MICRO_BATCH", "LossSpike", "Trainer"]
 MICRO_BATCH = 4
 """Sequences per rank per step."""
 MAX_GRAD_NORM = 1.0
+REJOIN_HOLD_S = 300.0
+"""Bound on a restarted replica group's wait under ``fail_at.rejoin_after_steps``."""
 MAX_EVAL_SEQUENCES = 64
 """Held-out sequences an eval reads at most (the first ones, in file order)."""
 
@@ -223,6 +225,7 @@ class Trainer:
         start_pos, stage_step, tokens_seen = 0, 0, 0
         trainer_state: dict[str, object] | None = None
         resumed_step = -1
+        self._hold_rejoin()
         latest = self._latest()
         if latest is not None:
             stage_name, resumed_step, path = latest
@@ -302,6 +305,34 @@ class Trainer:
         return (stages.index(str(state["stage"])), int(str(state["stage_step"])),
                 int(str(state["tokens_seen"])))
 
+    def _hold_rejoin(self) -> None:
+        """Fault injection (``fail_at.rejoin_after_steps``): the killed replica group, restarted,
+        waits for the survivor to commit that many steps past the newest commit it finds, before
+        it loads anything or contacts the lighthouse. Bounded: past the deadline it goes on and
+        says so."""
+        fail = self.spec.fail_at
+        replica = self.replica.id if self.replica else None
+        if (fail is None or fail.rejoin_after_steps is None or replica != fail.replica
+                or self.spec.attempt != 1
+                or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"):
+            return
+        if self.rank == 0:
+            def newest() -> int:
+                found = committed_checkpoints(self.spec.checkpoint_dir)
+                return found[-1].step if found else 0
+
+            target = newest() + fail.rejoin_after_steps
+            deadline = time.monotonic() + REJOIN_HOLD_S
+            while (reached := newest()) < target and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if reached >= target:
+                self.events.log("info", f"fault injection: rejoining after the commit at step "
+                                        f"{reached}")
+            else:
+                self.events.log("warning", f"fault injection: no commit at step {target} within "
+                                           f"{REJOIN_HOLD_S:.0f}s; rejoining anyway")
+        dist.barrier(group=self.ckpt_group)
+
     def _fault_armed(self, resumed_step: int) -> bool:
         fail = self.spec.fail_at
         replica = self.replica.id if self.replica else 0
@@ -335,7 +366,9 @@ class Trainer:
         while k < plan.steps:
             step = plan.first_step + k + 1
             fail = self.spec.fail_at
-            if self.fault_armed and fail is not None and step == fail.step:
+            if self.fault_armed and fail is not None and step >= fail.step:
+                self.events.log("warning", f"fault injection: rank {self.rank} exits at step "
+                                           f"{step}")
                 os._exit(137)
             if self.sync is not None:
                 if self.in_quorum:
