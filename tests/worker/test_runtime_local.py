@@ -176,7 +176,10 @@ def test_a_killed_worker_is_detected_and_another_worker_resumes_the_run(
     plain_server: Server, tmp_path: Path
 ) -> None:
     t = make_tenant(plain_server, tmp_path / "t", "resilient")
-    env = _worker_env(plain_server, t, t.booking_id, tmp_path / "worker-home")
+    # The first attempt hangs at step 12, after committing step 10: the kill below lands on a
+    # run that is still training however fast this machine is (attempt 2 is not held).
+    env = _worker_env(plain_server, t, t.booking_id, tmp_path / "worker-home",
+                      ITO_FAULT_INJECTION=json.dumps({"pause_at_step": 12}))
     run_id = _create(t, t.manifest(), "resume-1")
 
     first = subprocess.Popen([str(BIN / "ito-worker"), "--booking", t.booking_id], env=env,
@@ -200,6 +203,10 @@ def test_a_killed_worker_is_detected_and_another_worker_resumes_the_run(
     assert final["state"] == "succeeded", final
     leases = [e for e in final["events"] if e["kind"] == "state" and e["to_state"] == "running"]
     assert len(leases) == 2 and "resuming" in leases[1]["message"]
+    losses = t.ito("runs", "metrics", run_id, "--name", "loss").data["points"]
+    # Attempt 1 reported every step up to its commit at 10 and none past its hang at 12.
+    assert max(p["step"] for p in losses if p["attempt"] == 1) in (10, 11)
+    assert min(p["step"] for p in losses if p["attempt"] == 2) == 11  # from the commit at 10
     assert t.ito("telemetry", "--run", run_id).data["interruptions"] == 1
 
 

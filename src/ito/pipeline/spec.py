@@ -77,6 +77,11 @@ class RunSpec:
     loss_spike_at: int | None = None
     """Fault injection: the batch of this global step is replaced by random tokens (a real loss
     spike); attempt 1 only."""
+    pause_at_step: int | None = None
+    """Fault injection: on attempt 1, before torchrun's first restart, every rank commits its
+    in-flight checkpoint and then hangs at the start of this global step (up to
+    ``PAUSE_S``), so a drill that kills the worker or a rank acts on a run that is certainly
+    still training, however fast the machine."""
     min_step_seconds: float | None = None
     """Test hook: each step lasts at least this long (stands in for a slower accelerator, so a
     drill can act on a run that is still training)."""
@@ -119,6 +124,10 @@ def load_spec(path: Path) -> RunSpec:
     max_steps = doc.get("max_steps_per_stage")
     if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
         raise ValueError("spec.max_steps_per_stage: must be a positive integer or null")
+    pause_at = doc.get("pause_at_step")
+    if pause_at is not None and (not isinstance(pause_at, int) or isinstance(pause_at, bool)
+                                 or pause_at < 1):
+        raise ValueError("spec.pause_at_step: must be a positive integer or null")
     pace = doc.get("min_step_seconds")
     if pace is not None and (not isinstance(pace, int | float) or isinstance(pace, bool)
                              or not 0 < pace <= 60):
@@ -137,6 +146,7 @@ def load_spec(path: Path) -> RunSpec:
         max_steps_per_stage=max_steps,
         fail_at=fail_at,
         loss_spike_at=spike_at,
+        pause_at_step=pause_at,
         min_step_seconds=float(pace) if pace is not None else None,
         restart_from=restart,
         document=doc,

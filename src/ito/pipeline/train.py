@@ -49,6 +49,8 @@ __all__ = ["MICRO_BATCH", "LossSpike", "Trainer"]
 MICRO_BATCH = 4
 """Sequences per rank per step."""
 MAX_GRAD_NORM = 1.0
+PAUSE_S = 300.0
+"""How long ``pause_at_step`` hangs the ranks (the drill kills them well before)."""
 REJOIN_HOLD_S = 300.0
 """Bound on a restarted replica group's wait under ``fail_at.rejoin_after_steps``."""
 MAX_EVAL_SEQUENCES = 64
@@ -150,6 +152,7 @@ class Trainer:
                                          self.events, ckpt_group)  # type: ignore[arg-type]
         self.peak = peak_flops()
         self.fault_armed = False
+        self.pause_armed = False
         self.spike_armed = False
         self.data_offset = 0
         """Batches skipped by approved restarts; the batch of stage step k is k + offset."""
@@ -243,6 +246,9 @@ class Trainer:
                 self.events.log("info", f"approved restart: skipping "
                                         f"{self.spec.restart_from.skip_steps} batch(es) of data")
         self.fault_armed = self._fault_armed(resumed_step)
+        self.pause_armed = (self.spec.pause_at_step is not None and self.spec.attempt == 1
+                            and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+                            and resumed_step < self.spec.pause_at_step)
         self.spike_armed = (self.spec.loss_spike_at is not None and self.spec.attempt == 1
                             and resumed_step < self.spec.loss_spike_at)
         if self.replica is None:
@@ -370,6 +376,12 @@ class Trainer:
                 self.events.log("warning", f"fault injection: rank {self.rank} exits at step "
                                            f"{step}")
                 os._exit(137)
+            if (self.pause_armed and self.spec.pause_at_step is not None
+                    and step >= self.spec.pause_at_step):
+                self.pause_armed = False
+                self.checkpointer.finish()  # what was saved is committed, then the hang
+                self.events.log("warning", f"fault injection: hanging at step {step}")
+                time.sleep(PAUSE_S)
             if self.sync is not None:
                 if self.in_quorum:
                     # Healed at this step's quorum: this rank is already one of its

@@ -60,7 +60,8 @@ def main_command(
 
 def _fault_injection() -> dict[str, Any] | None:
     """``ITO_FAULT_INJECTION`` (JSON: ``fail_at``, ``loss_spike_at``, ``max_steps_per_stage``,
-    ``min_step_seconds``) for tests and drills; never settable through the API."""
+    ``min_step_seconds``, ``pause_at_step``) for tests and drills; never settable through the
+    API."""
     raw = os.environ.get("ITO_FAULT_INJECTION")
     if not raw:
         return None
@@ -68,7 +69,8 @@ def _fault_injection() -> dict[str, Any] | None:
         value = json.loads(raw)
     except ValueError:
         raise ItoError("invalid_arguments", "ITO_FAULT_INJECTION is not JSON") from None
-    allowed = {"fail_at", "loss_spike_at", "max_steps_per_stage", "min_step_seconds"}
+    allowed = {"fail_at", "loss_spike_at", "max_steps_per_stage", "min_step_seconds",
+               "pause_at_step"}
     if not isinstance(value, dict) or not set(value) <= allowed:
         raise ItoError("invalid_arguments", f"ITO_FAULT_INJECTION takes only {sorted(allowed)}")
     return value
