@@ -42,6 +42,7 @@ from ito.pipeline.model import (
 )
 from ito.pipeline.replicas import ReplicaSync, local, to_local_tree
 from ito.pipeline.spec import RunSpec
+from ito.pipeline.storage_fs import proven_dir
 from ito.pipeline.tokenizer import TOKENIZER_FILE, build_tokenizer, load_tokenizer
 
 __all__ = ["MICRO_BATCH", "LossSpike", "Trainer"]
@@ -144,7 +145,8 @@ class Trainer:
         mesh = init_device_mesh(device.type, (self.world,))
         self.model = build_model(self.size, self.seed, mesh)
         self.optimizer = build_optimizer(self.model, spec.manifest.model.size)
-        self.checkpointer = Checkpointer(spec.checkpoint_dir, spec.manifest.checkpoint.keep_last,
+        self.checkpointer = Checkpointer(spec.checkpoint_storage,
+                                         spec.manifest.checkpoint.keep_last,
                                          self.events, ckpt_group)  # type: ignore[arg-type]
         self.peak = peak_flops()
         self.fault_armed = False
@@ -157,15 +159,20 @@ class Trainer:
     # ---- set-up -------------------------------------------------------------------------------
 
     def _tokenizer(self) -> Tokenizer:
-        root = self.spec.checkpoint_dir
-        if self.rank == 0 and not (root / TOKENIZER_FILE).exists():
-            ids = list(dict.fromkeys(d for s in self.spec.manifest.curriculum for d in s.data))
-            texts = (t for i in ids for t in self._split(i)[0])
-            build_tokenizer(texts, self.size.vocab, root)
-            self.events.log("info", f"tokenizer trained on {', '.join(ids)} "
-                                    f"(vocabulary {self.size.vocab})")
+        # It lives beside the checkpoints: written and read through the proven directory.
+        storage = self.spec.checkpoint_storage
+        if self.rank == 0:
+            with proven_dir(storage, create=True) as root:
+                if TOKENIZER_FILE not in root.entries():
+                    ids = list(dict.fromkeys(d for s in self.spec.manifest.curriculum
+                                             for d in s.data))
+                    texts = (t for i in ids for t in self._split(i)[0])
+                    build_tokenizer(texts, self.size.vocab, root.handle)
+                    self.events.log("info", f"tokenizer trained on {', '.join(ids)} "
+                                            f"(vocabulary {self.size.vocab})")
         dist.barrier(group=self.ckpt_group)
-        return load_tokenizer(root)
+        with proven_dir(storage) as root:
+            return load_tokenizer(root.handle)
 
     def _split(self, data_id: str) -> tuple[list[str], list[str]]:
         if data_id not in self._splits:
@@ -193,10 +200,10 @@ class Trainer:
         if self.rank == 0:
             # With replica groups a live peer may be writing one of them right now: they are
             # only ever skipped (no COMMIT), never deleted from here.
-            for path in (remove_uncommitted(self.spec.checkpoint_dir)
+            for path in (remove_uncommitted(self.spec.checkpoint_storage)
                          if self.replica is None else []):
                 self.events.log("warning", f"ignored uncommitted checkpoint {path}")
-            committed = committed_checkpoints(self.spec.checkpoint_dir)
+            committed = committed_checkpoints(self.spec.checkpoint_storage)
             restart = self.spec.restart_from
             if restart is not None and not any(c.step > restart.step for c in committed):
                 # A human chose this checkpoint: resume from it exactly. (Once the restarted
@@ -497,7 +504,8 @@ class Trainer:
         self.checkpointer.finish()
         committed = [0]
         if self.rank == 0:
-            found = [c for c in committed_checkpoints(self.spec.checkpoint_dir) if c.step < step]
+            found = [c for c in committed_checkpoints(self.spec.checkpoint_storage)
+                     if c.step < step]
             committed[0] = found[-1].step if found else 0
         dist.broadcast_object_list(committed, src=0, group=self.ckpt_group)
         good = int(committed[0])

@@ -34,7 +34,15 @@ class WorkerLoop:
         """One round; True if it did any work."""
         worked = False
         for job in self.api.cleanups():
-            freed = cleanup_run(self.api, self.home, job)
+            try:
+                freed = cleanup_run(self.api, self.home, job)
+            except ItoError as exc:
+                if exc.code != "checkpoint_storage_invalid":
+                    raise
+                # Nothing was deleted through the refused path; the run stays ``cleaning`` and
+                # the next round tries again. Leasing other runs goes on meanwhile.
+                log.error("run %s: cleanup refused (%s)", job["run_id"], exc.message)
+                continue
             log.info("cleaned run %s: %d bytes freed", job["run_id"], freed)
             worked = True
         lease = self.api.lease()
