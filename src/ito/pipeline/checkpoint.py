@@ -46,6 +46,7 @@ __all__ = [
     "COMMIT",
     "Checkpointer",
     "Committed",
+    "checkpoint_location",
     "committed_checkpoints",
     "load_checkpoint",
     "restore_rng",
@@ -70,6 +71,11 @@ def _storage(root: Path | StoragePath) -> StoragePath:
 
 def _step_name(step: int) -> str:
     return f"step_{step:08d}"
+
+
+def checkpoint_location(root: Path | StoragePath, stage: str, step: int) -> StoragePath:
+    """Where the checkpoint of ``stage`` at global ``step`` lives below ``root``."""
+    return _storage(root).child(stage, _step_name(step))
 
 
 def committed_checkpoints(root: Path | StoragePath) -> list[Committed]:

@@ -26,6 +26,7 @@ from ito.core.model_sizes import SIZES, ModelSize
 from ito.core.spikes import SpikeDetector
 from ito.pipeline.checkpoint import (
     Checkpointer,
+    checkpoint_location,
     committed_checkpoints,
     load_checkpoint,
     remove_uncommitted,
@@ -236,8 +237,11 @@ class Trainer:
             names = [p.config.stage for p in self.plans]
             if stage_name not in names:
                 raise ValueError(f"checkpoint {path} is of stage {stage_name!r}, not in this run")
-            trainer_state, rng = load_checkpoint(path, self.model, self.optimizer,
-                                                 self.ckpt_group)
+            # Read through the directory proven on disk, as it is written.
+            with proven_dir(checkpoint_location(self.spec.checkpoint_storage, stage_name,
+                                                resumed_step)) as step_dir:
+                trainer_state, rng = load_checkpoint(step_dir.handle, self.model,
+                                                     self.optimizer, self.ckpt_group)
             if rng is not None:
                 restore_rng(rng)
             start_pos, stage_step, tokens_seen = self._resume_position(trainer_state)

@@ -110,6 +110,8 @@ class Supervisor:
                 checkpoints = proven.real
         except ItoError as exc:
             return self._finish(run_id, attempt, Outcome("failed", exc.code, exc.message))
+        self.api.report(run_id, attempt, [{"type": "log", "level": "info",
+                                           "message": f"checkpoints at {checkpoints}"}])
 
         prep = self._prepare(run_id, attempt, raw, workdir)
         if prep is not None or self.stop.is_set():
