@@ -245,8 +245,13 @@ def test_cleanup_deletes_a_run_directory_without_following_links_planted_in_it(
 ) -> None:
     t = make_tenant(worker_server, tmp_path / "t", "planted-link")
     outside = _outside(tmp_path)
-    storage = t.workdir / "storage"
-    storage.mkdir()
+    # The operator reaches the storage through a link above the booking's root (their layout,
+    # followed); what the API reports is where the files really are.
+    real = tmp_path / "real-volume"
+    (real / "storage").mkdir(parents=True)
+    (t.workdir / "volume").symlink_to(real)
+    t.booking_id = t.booking(storage_uri=f"file://{t.workdir}/volume/storage")
+    storage = real / "storage"
     (storage / "runs").symlink_to(tmp_path / "nowhere")  # dangling: the run fails at once
     run_id = _create(t, t.manifest(), "planted-1")
     failed = _wait_state(t, run_id, TERMINAL)
