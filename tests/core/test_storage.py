@@ -15,7 +15,13 @@ import pytest
 from ito.core.errors import ItoError
 from ito.core.gates import BookingView, check_resources
 from ito.core.manifest import Manifest, parse_manifest
-from ito.core.storage import checkpoint_local_path, contained_storage_uri, run_checkpoint_uri
+from ito.core.storage import (
+    booking_storage_uri,
+    checkpoint_local_parts,
+    checkpoint_local_path,
+    contained_storage_uri,
+    run_checkpoint_uri,
+)
 from ito.recipes import build_recipe
 
 ROOT = "file:///data/bkg"
@@ -220,6 +226,60 @@ def test_worker_recheck_answers_the_decoded_local_path() -> None:
         "outside", "not-file"])
 def test_worker_recheck_refuses(uri: str, root: str) -> None:
     assert _code(lambda: checkpoint_local_path(uri, root, RUN)) == "checkpoint_storage_invalid"
+
+
+def test_worker_recheck_splits_at_the_booking_root() -> None:
+    assert checkpoint_local_parts(f"{ROOT}/my%20dir/{RUN}", ROOT + "/", RUN) == \
+        ("/data/bkg", ("my dir", RUN))
+    assert checkpoint_local_parts(f"file:///runs/{RUN}", "file:///", RUN) == ("/", ("runs", RUN))
+
+
+# --- the booking's own storage, when the desk records it --------------------------------------
+
+BAD_BOOKING_STORAGE = {
+    "filesystem-root": "file:///",
+    "filesystem-root-localhost": "file://localhost/",
+    "etc": "file:///etc",
+    "inside-etc": "file:///etc/ito/storage",
+    "usr": "file:///usr/local/ito",
+    "proc": "file:///proc/self",
+    "sys": "file:///sys",
+    "dev": "file:///dev/shm/x",
+    "boot": "file:///boot",
+    "root-home": "file:///root/storage",
+    "lib64": "file:///lib64",
+    "run": "file:///run/ito",
+    "var-lib": "file:///var/lib",
+    "var-lib-slash": "file:///var/lib/",
+    "tmp": "file:///tmp",
+    "home": "file:///home",
+    "relative": "file:data/bkg",
+    "no-scheme": "/data/bkg",
+    "other-host": "file://host.example/data/bkg",
+    "dotdot": "file:///data/../etc",
+    "encoded-dotdot": "file:///data/%2e%2e/etc",
+    "fragment": "file:///data/bkg#x",
+    "s3": "s3://bucket/bkg",
+    "gs": "gs://bucket/bkg",
+    "empty": "",
+}
+
+
+@pytest.mark.parametrize("uri", BAD_BOOKING_STORAGE.values(), ids=BAD_BOOKING_STORAGE.keys())
+def test_booking_storage_that_no_worker_may_write_is_refused(uri: str) -> None:
+    assert _code(lambda: booking_storage_uri(uri)) == "checkpoint_storage_invalid"
+
+
+@pytest.mark.parametrize(("uri", "expected"), [
+    (ROOT, ROOT),
+    (ROOT + "/", ROOT),
+    ("file://localhost/srv/ito/bkg", "file://localhost/srv/ito/bkg"),
+    ("file:///var/lib/ito/storage", "file:///var/lib/ito/storage"),
+    ("file:///tmp/pytest-of-x/storage", "file:///tmp/pytest-of-x/storage"),
+    ("file:///home/alice/ito", "file:///home/alice/ito"),
+])
+def test_booking_storage_in_an_ordinary_directory_is_accepted(uri: str, expected: str) -> None:
+    assert booking_storage_uri(uri) == expected
 
 
 # --- through the gate ------------------------------------------------------------------------

@@ -172,6 +172,115 @@ def test_cancel_reaches_the_running_job_and_cleanup_frees_its_bytes(
     assert t.ito("runs", "logs", run_id).data["lines"]  # the record and logs stay
 
 
+def _tree(top: Path) -> dict[str, bytes | None]:
+    """Every entry under ``top`` (links as themselves) with the bytes of its regular files."""
+    found: dict[str, bytes | None] = {}
+    for base, dirs, files in os.walk(top):
+        for name in dirs + files:
+            path = Path(base, name)
+            found[str(path.relative_to(top))] = None if path.is_symlink() or not path.is_file() \
+                else path.read_bytes()
+    return found
+
+
+def _outside(tmp_path: Path) -> Path:
+    """A directory outside every booking's storage, holding what looks like someone's committed
+    checkpoint and an uncommitted one: nothing may be written, pruned or deleted there."""
+    outside = tmp_path / "outside"
+    committed = outside / "step_00000001"
+    committed.mkdir(parents=True)
+    (committed / "COMMIT").write_text(json.dumps({"step": 1, "stage": "pretrain"}))
+    (committed / "precious.bin").write_bytes(b"\x01" * 4096)
+    (outside / "step_00000002").mkdir()
+    (outside / "step_00000002" / "half.bin").write_bytes(b"\x02" * 64)
+    (outside / "precious.txt").write_text("keep me")
+    return outside
+
+
+def test_a_link_in_the_booking_storage_fails_the_run_before_anything_is_written_outside(
+    worker_server: Server, tmp_path: Path
+) -> None:
+    t = make_tenant(worker_server, tmp_path / "t", "linked-storage")
+    outside = _outside(tmp_path)
+    storage = t.workdir / "storage"
+    storage.mkdir()
+    (storage / "runs").symlink_to(outside)  # where every run's directory would be created
+    before = _tree(outside)
+
+    run_id = _create(t, t.manifest(), "linked-1")
+    final = _wait_state(t, run_id, TERMINAL)
+
+    assert final["state"] == "failed", final
+    assert final["failure_code"] == "checkpoint_storage_invalid"
+    assert _tree(outside) == before
+    assert not t.ito("runs", "checkpoints", run_id).data["checkpoints"]
+
+
+def test_a_link_swapped_in_while_training_refuses_the_next_checkpoint_and_prunes_nothing(
+    worker_server: Server, tmp_path: Path
+) -> None:
+    t = make_tenant(worker_server, tmp_path / "t", "swapped-storage")
+    outside = _outside(tmp_path)
+    before = _tree(outside)
+    run_id = _create(t, _long_manifest(t, "long"), "swapped-1")
+    listed = wait_until(lambda: t.ito("runs", "checkpoints", run_id).data["checkpoints"],
+                        timeout=300, interval=0.5)
+    stage_dir = t.workdir / "storage" / "runs" / run_id / "pretrain"
+    assert Path(listed[0]["path"]).parent == stage_dir  # the real location is reported
+
+    # The stage directory the next save and the keep-last pruning use becomes a link to a
+    # directory outside the booking, which holds an older "committed checkpoint" to prune.
+    os.rename(stage_dir, tmp_path / "moved-away")
+    stage_dir.symlink_to(outside)
+    final = _wait_state(t, run_id, TERMINAL)
+
+    assert final["state"] == "failed", final
+    assert final["failure_code"] == "checkpoint_storage_invalid"
+    wait_until(lambda: not _processes_of(run_id), timeout=60)
+    assert _tree(outside) == before
+
+
+def test_cleanup_deletes_a_run_directory_without_following_links_planted_in_it(
+    worker_server: Server, tmp_path: Path
+) -> None:
+    t = make_tenant(worker_server, tmp_path / "t", "planted-link")
+    outside = _outside(tmp_path)
+    # The operator reaches the storage through a link above the booking's root (their layout,
+    # followed); what the API reports is where the files really are.
+    real = tmp_path / "real-volume"
+    (real / "storage").mkdir(parents=True)
+    (t.workdir / "volume").symlink_to(real)
+    t.booking_id = t.booking(storage_uri=f"file://{t.workdir}/volume/storage")
+    storage = real / "storage"
+    (storage / "runs").symlink_to(tmp_path / "nowhere")  # dangling: the run fails at once
+    run_id = _create(t, t.manifest(), "planted-1")
+    failed = _wait_state(t, run_id, TERMINAL)
+    assert failed["failure_code"] == "checkpoint_storage_invalid", failed
+    assert not (tmp_path / "nowhere").exists()
+
+    (storage / "runs").unlink()
+    run_dir = storage / "runs" / run_id
+    (run_dir / "pretrain").mkdir(parents=True)
+    (run_dir / "pretrain" / "shard.bin").write_bytes(b"\x00" * 100)
+    (run_dir / "pretrain" / "step_00000003").symlink_to(outside)
+    (run_dir / "tokenizer.json").symlink_to(outside / "step_00000001" / "precious.bin")
+    before = _tree(outside)
+
+    ref = t.ito("confirm", "--action", "cleanup", "--run", run_id).data["confirmation_ref"]
+    assert t.ito("approve", ref, key="approver").rc == 0
+    assert t.ito("runs", "cleanup", run_id, "--confirmation-ref", ref,
+                 "--idempotency-key", "cleanup-1").rc == 0
+    done = wait_until(lambda: (s := _state(t, run_id))["cleanup_state"] == "cleaned" and s,
+                      timeout=60, interval=0.5)
+
+    assert not run_dir.exists() and (storage / "runs").is_dir()
+    assert _tree(outside) == before
+    cleaned = next(e for e in done["events"] if e["kind"] == "cleanup"
+                   and e["data"].get("cleanup_state") == "cleaned")
+    assert cleaned["data"]["bytes_freed"] == 100  # the links' targets are not counted either
+    assert str(run_dir) in cleaned["data"]["paths"]
+
+
 def test_a_killed_worker_is_detected_and_another_worker_resumes_the_run(
     plain_server: Server, tmp_path: Path
 ) -> None:

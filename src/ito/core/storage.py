@@ -17,6 +17,12 @@ never carry the URI (it might hold credentials).
 ``file://`` URIs name this host only (netloc empty or ``localhost``); any other scheme
 (``s3://``, ``gs://`` …) needs the same netloc (bucket) as the root, and the rules apply to its
 key. Pure: no I/O.
+
+A booking's own storage URI is checked when the desk records the booking
+(:func:`booking_storage_uri`): only ``file://`` (the one kind the worker writes), an absolute,
+plain path that is neither the file system's root nor a system directory. Whether the path is
+free of symbolic links can only be known on disk, where the worker proves it before every use
+(``ito.pipeline.storage_fs``).
 """
 
 from __future__ import annotations
@@ -28,7 +34,13 @@ from urllib.parse import unquote, urlsplit
 
 from ito.core.errors import ItoError
 
-__all__ = ["checkpoint_local_path", "contained_storage_uri", "run_checkpoint_uri"]
+__all__ = [
+    "booking_storage_uri",
+    "checkpoint_local_parts",
+    "checkpoint_local_path",
+    "contained_storage_uri",
+    "run_checkpoint_uri",
+]
 
 _CODE = "checkpoint_storage_invalid"
 _URI = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<netloc>[^/]*)(?P<path>/.*)?\Z",
@@ -40,6 +52,16 @@ _RUN_ID = re.compile(r"run_[a-z2-7]{16,}", re.IGNORECASE)
 """A segment that may be a server-minted run id (``ito.server.ids.new_id``: ``run_`` and 24
 lowercase base32 characters today); deliberately broader than the exact format."""
 _LOCAL_NETLOCS = ("", "localhost")
+_SYSTEM_TREES = frozenset({
+    "bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "root", "run",
+    "sbin", "sys", "usr"})
+"""Top-level directories of the operating system: storage is refused at them and anywhere
+inside them (the worker would create, prune and delete there)."""
+_SYSTEM_DIRS = frozenset({
+    ("home",), ("media",), ("mnt",), ("opt",), ("srv",), ("tmp",), ("var",), ("var", "cache"),
+    ("var", "lib"), ("var", "log"), ("var", "spool"), ("var", "tmp")})
+"""Shared directories whose subdirectories make fine storage but which are not one booking's
+storage themselves."""
 
 
 @dataclass(frozen=True)
@@ -169,8 +191,34 @@ def checkpoint_local_path(checkpoint_uri: str, storage_root: str, run_id: str) -
     the booking's ``storage_root`` whose last segment is ``run_id``.
 
     Raises ``checkpoint_storage_invalid`` otherwise (never returns the root itself, so a
-    cleanup can never remove the whole booking storage).
+    cleanup can never remove the whole booking storage). The string only: what the path names on
+    disk is proven by ``ito.pipeline.storage_fs`` at each use.
     """
+    root, parts = checkpoint_local_parts(checkpoint_uri, storage_root, run_id)
+    return root.rstrip("/") + "/" + "/".join(parts)
+
+def booking_storage_uri(uri: str) -> str:
+    """``uri`` normalised, when it can be a booking's checkpoint storage root: a well-formed
+    ``file://`` URI (this host) of an absolute path that is not ``/``, not inside an operating
+    system tree (``/etc``, ``/usr``, ``/proc`` …) and not a shared top-level directory itself
+    (``/tmp``, ``/home``, ``/var/lib`` …). Raises ``checkpoint_storage_invalid`` otherwise,
+    including for other schemes (``s3://`` …), which no worker writes yet."""
+    what = "the booking's storage URI"
+    parsed = _parse(uri, what)
+    if parsed.scheme != "file":
+        raise _refuse(what, "must be a file:// URI (the only storage a worker writes)")
+    if not parsed.decoded:
+        raise _refuse(what, "must not be the file system's root")
+    if parsed.decoded[0] in _SYSTEM_TREES or parsed.decoded in _SYSTEM_DIRS:
+        raise _refuse(what, "must not be a system directory")
+    return parsed.render(parsed.raw)
+
+
+def checkpoint_local_parts(checkpoint_uri: str, storage_root: str,
+                           run_id: str) -> tuple[str, tuple[str, ...]]:
+    """:func:`checkpoint_local_path` split where the worker proves it on disk: the booking
+    root's absolute, decoded local path and the decoded segments from it down to the run's
+    directory (at least one, the last being ``run_id``)."""
     base, target = _inside(checkpoint_uri, storage_root)
     if target.scheme != "file":
         raise _refuse("checkpoint storage", "is not file:// storage, the only kind this worker "
@@ -178,4 +226,4 @@ def checkpoint_local_path(checkpoint_uri: str, storage_root: str, run_id: str) -
     if len(target.decoded) <= len(base.decoded) or target.decoded[-1] != run_id:
         raise _refuse("checkpoint storage", "is not this run's directory inside the booking's "
                       "storage")
-    return "/" + "/".join(target.decoded)
+    return "/" + "/".join(base.decoded), target.decoded[len(base.decoded):]

@@ -13,14 +13,17 @@ collectives never interleave with the training collectives of the main thread.
 What a checkpoint holds: the FSDP2-sharded model and optimizer (``get_state_dict``), one
 ``trainer`` record shared by all ranks (stage, step, data position, scheduler) and one ``rng``
 record per rank (torch, CUDA and Python generator states).
+
+Where: every save, commit and prune first proves its directory inside the booking's storage on
+disk (:mod:`ito.pipeline.storage_fs`: walked from the root without following a link), and DCP
+writes through ``/proc/self/fd/N`` of the step directory it proved, so a link swapped in on the
+way refuses the step (``checkpoint_storage_invalid``) instead of redirecting it.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -35,12 +38,15 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.state_dict_loader import load
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse, async_save
 
+from ito.core.errors import ItoError
 from ito.pipeline.events import EventWriter
+from ito.pipeline.storage_fs import ProvenDir, StoragePath, open_proven, proven_dir, tree_bytes
 
 __all__ = [
     "COMMIT",
     "Checkpointer",
     "Committed",
+    "checkpoint_location",
     "committed_checkpoints",
     "load_checkpoint",
     "restore_rng",
@@ -59,28 +65,66 @@ class Committed:
     """The ``COMMIT`` document."""
 
 
-def committed_checkpoints(root: Path) -> list[Committed]:
-    """Every committed checkpoint under ``root``, oldest step first."""
+def _storage(root: Path | StoragePath) -> StoragePath:
+    return root if isinstance(root, StoragePath) else StoragePath(root)
+
+
+def _step_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def checkpoint_location(root: Path | StoragePath, stage: str, step: int) -> StoragePath:
+    """Where the checkpoint of ``stage`` at global ``step`` lives below ``root``."""
+    return _storage(root).child(stage, _step_name(step))
+
+
+def committed_checkpoints(root: Path | StoragePath) -> list[Committed]:
+    """Every committed checkpoint under ``root`` (a bare path is its own storage root), oldest
+    step first; only real directories count (a link in their place is never followed)."""
+    where = _storage(root)
+    try:
+        top = open_proven(where)
+    except FileNotFoundError:
+        return []
     found = []
-    for marker in root.glob(f"*/step_*/{COMMIT}"):
-        try:
-            info = json.loads(marker.read_text(encoding="utf-8"))
-            step = int(info["step"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        stage_dir = marker.parent.parent.name
-        if marker.parent.name == f"step_{step:08d}" and info.get("stage") == stage_dir:
-            found.append(Committed(str(info["stage"]), step, marker.parent, info))
+    with top:
+        for stage in top.subdirs():
+            try:
+                stage_dir = top.subdir(stage)
+            except (OSError, ItoError):
+                continue  # swapped for a link since it was listed
+            with stage_dir:
+                for name in stage_dir.subdirs():
+                    try:
+                        with stage_dir.subdir(name) as step_dir:
+                            info = json.loads(step_dir.read(COMMIT))
+                        step = int(info["step"])
+                    except (OSError, ItoError, ValueError, KeyError, TypeError):
+                        continue
+                    if name == _step_name(step) and info.get("stage") == stage:
+                        found.append(Committed(stage, step, stage_dir.real / name, info))
     return sorted(found, key=lambda c: c.step)
 
 
-def remove_uncommitted(root: Path) -> list[Path]:
+def remove_uncommitted(root: Path | StoragePath) -> list[Path]:
     """Delete step directories that never got their ``COMMIT`` (left by a killed attempt)."""
+    where = _storage(root)
+    try:
+        top = open_proven(where)
+    except FileNotFoundError:
+        return []
     removed = []
-    for step_dir in root.glob("*/step_*"):
-        if step_dir.is_dir() and not (step_dir / COMMIT).exists():
-            shutil.rmtree(step_dir, ignore_errors=True)
-            removed.append(step_dir)
+    with top:
+        for stage in top.subdirs():
+            with proven_dir(where.child(stage)) as stage_dir:
+                for name in stage_dir.subdirs():
+                    if not name.startswith("step_"):
+                        continue
+                    with stage_dir.subdir(name) as step_dir:
+                        if COMMIT in step_dir.entries():
+                            continue
+                    stage_dir.remove(name)
+                    removed.append(stage_dir.real / name)
     return removed
 
 
@@ -136,6 +180,9 @@ class _Pending:
     stage: str
     step: int
     path: Path
+    """The step directory's real location (reported)."""
+    directory: ProvenDir
+    """The step directory DCP writes into, held open until the commit."""
     tokens_seen: int
     started: float
     blocking: float
@@ -147,9 +194,10 @@ class _Pending:
 class Checkpointer:
     """Saves asynchronously, one save in flight at a time; rank 0 commits and prunes."""
 
-    def __init__(self, root: Path, keep_last: int, events: EventWriter,
+    def __init__(self, root: Path | StoragePath, keep_last: int, events: EventWriter,
                  group: dist.ProcessGroup) -> None:
-        self.root = root
+        self.storage = _storage(root)
+        """The run's checkpoint directory inside the booking's storage."""
         self.keep_last = keep_last
         self.events = events
         self.group = group
@@ -167,24 +215,34 @@ class Checkpointer:
         # Waiting here for the previous save is a stall of training too: count it.
         start = time.monotonic()
         self.finish()
-        path = self.root / stage / f"step_{step:08d}"
-        state = _state(model, optimizer, json.dumps(trainer).encode(), rng_record())
-        response = async_save(state, checkpoint_id=str(path), process_group=self.group,
-                                  async_stager=self._stager)
+        name = _step_name(step)
+        with proven_dir(self.storage.child(stage), create=True) as stage_dir:
+            directory = stage_dir.subdir(name, create=True)
+        try:
+            state = _state(model, optimizer, json.dumps(trainer).encode(), rng_record())
+            response = async_save(state, checkpoint_id=str(directory.handle),
+                                  process_group=self.group, async_stager=self._stager)
+        except BaseException:
+            directory.close()
+            raise
         if isinstance(response, AsyncSaveResponse):
             staging: Future[None] | None = response.staging_completion
             upload: Future[Any] = response.upload_completion
         else:
             staging, upload = None, response
-        pending = _Pending(stage, step, path, tokens_seen, start, time.monotonic() - start,
-                           staging, upload)
+        pending = _Pending(stage, step, directory.real, directory, tokens_seen, start,
+                           time.monotonic() - start, staging, upload)
         upload.add_done_callback(lambda _: setattr(pending, "finished_at", time.monotonic()))
         self._pending = pending
 
     def wait_staging(self) -> None:
         """Block until the in-flight save has copied the state (call before mutating it)."""
-        pending = self._pending
-        if pending is not None and pending.staging is not None:
+        if self._pending is not None:
+            self.wait_staging_of(self._pending)
+
+    @staticmethod
+    def wait_staging_of(pending: _Pending) -> None:
+        if pending.staging is not None:
             start = time.monotonic()
             pending.staging.result()
             pending.staging = None
@@ -200,11 +258,14 @@ class Checkpointer:
         pending = self._pending
         if pending is None:
             return
-        self.wait_staging()
-        pending.upload.result()
         self._pending = None
-        if self.is_coordinator:
-            self._commit(pending)
+        try:
+            self.wait_staging_of(pending)
+            pending.upload.result()
+            if self.is_coordinator:
+                self._commit(pending)
+        finally:
+            pending.directory.close()
 
     def close(self) -> None:
         self.finish()
@@ -212,19 +273,29 @@ class Checkpointer:
 
     def _commit(self, pending: _Pending) -> None:
         finished = pending.finished_at or time.monotonic()
-        size = sum(f.stat().st_size for f in pending.path.rglob("*") if f.is_file())
-        info = {"step": pending.step, "stage": pending.stage, "bytes": size,
-                "seconds": round(finished - pending.started, 6),
-                "blocking_seconds": round(pending.blocking, 6),
-                "tokens_seen": pending.tokens_seen, "world_size": dist.get_world_size()}
-        tmp = pending.path / f".{COMMIT}.tmp"
-        tmp.write_text(json.dumps(info), encoding="utf-8")
-        os.replace(tmp, pending.path / COMMIT)
+        name = _step_name(pending.step)
+        # Proven again: the step directory must still be the one DCP wrote into, reached from
+        # the root without a link, or nothing is committed (and nothing pruned).
+        with proven_dir(self.storage.child(pending.stage, name)) as again:
+            if again.identity() != pending.directory.identity():
+                raise ItoError("checkpoint_storage_invalid", "checkpoint storage changed while "
+                               "a checkpoint was written", reason="step directory replaced")
+            size = tree_bytes(again)
+            info = {"step": pending.step, "stage": pending.stage, "bytes": size,
+                    "seconds": round(finished - pending.started, 6),
+                    "blocking_seconds": round(pending.blocking, 6),
+                    "tokens_seen": pending.tokens_seen, "world_size": dist.get_world_size()}
+            tmp = f".{COMMIT}.tmp"
+            again.unlink(tmp, missing_ok=True)
+            again.write_new(tmp, json.dumps(info).encode())
+            again.replace(tmp, COMMIT)
         self.events.emit("checkpoint", stage=pending.stage, step=pending.step,
                          path=str(pending.path), bytes=size, seconds=info["seconds"],
                          blocking_seconds=info["blocking_seconds"])
-        for old in committed_checkpoints(self.root)[: -self.keep_last]:
-            # The marker goes first so a crash mid-delete leaves an ignored directory, never a
-            # committed one with files missing.
-            (old.path / COMMIT).unlink(missing_ok=True)
-            shutil.rmtree(old.path, ignore_errors=True)
+        for old in committed_checkpoints(self.storage)[: -self.keep_last]:
+            with proven_dir(self.storage.child(old.stage)) as stage_dir:
+                # The marker goes first so a crash mid-delete leaves an ignored directory, never
+                # a committed one with files missing.
+                with stage_dir.subdir(_step_name(old.step)) as step_dir:
+                    step_dir.unlink(COMMIT, missing_ok=True)
+                stage_dir.remove(_step_name(old.step))

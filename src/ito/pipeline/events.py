@@ -14,9 +14,10 @@ Event types (every line also has ``ts``, unix seconds):
 - ``{"type": "gate", "stage", "battery", "results": [...], "passed"}``
 - ``{"type": "restart", "restarts"}`` — torchrun restarted the ranks (an interruption)
 - ``{"type": "spike", "stage", "step", "loss", "z", "checkpoint_step", "skip_steps"}``
-- ``{"type": "done", "status": "succeeded" | "gate_failed" | "spike" | "stopped"}`` —
-  ``stopped``: the worker asked for a stop (its stop file), the engine committed a checkpoint
-  at ``step`` and exited
+- ``{"type": "done", "status": "succeeded" | "gate_failed" | "spike" | "stopped" | "failed"}``
+  — ``stopped``: the worker asked for a stop (its stop file), the engine committed a checkpoint
+  at ``step`` and exited; ``failed``: a refusal with a stable ``code`` and a ``reason`` (the
+  checkpoint storage failed its proof on disk), the processes exit non-zero
 
 A non-finite number (a diverged loss) is written as ``null``.
 """

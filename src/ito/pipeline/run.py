@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
+    from ito.core.errors import ItoError
     from ito.pipeline.events import EventWriter
     from ito.pipeline.spec import Replica, load_spec
     from ito.pipeline.train import Trainer
@@ -61,6 +62,12 @@ def main(argv: list[str] | None = None) -> int:
                            f"{dist.get_world_size()} ranks on {device.type}, "
                            f"stages {', '.join(spec.stages)}")
         Trainer(spec, events, device, ckpt_group).run()
+    except ItoError as exc:
+        # A refusal with a stable code (the checkpoint storage failing its proof on disk):
+        # the worker fails the run with that code rather than as a crash.
+        events.log("error", traceback.format_exc(limit=20))
+        events.emit("done", status="failed", code=exc.code, reason=exc.message[:500])
+        raise
     except BaseException:
         events.log("error", traceback.format_exc(limit=20))
         raise

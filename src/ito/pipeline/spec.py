@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ito.core.manifest import Manifest, parse_manifest
+from ito.pipeline.storage_fs import StoragePath
 
 __all__ = ["FailAt", "Replica", "RestartFrom", "RunSpec", "load_spec", "stop_file"]
 
@@ -89,8 +90,20 @@ class RunSpec:
     """A human-approved restart: resume from exactly this checkpoint, skipping a data window."""
     replica: Replica | None = None
     """Set for runs with several replica groups."""
+    storage_root: Path | None = None
+    """The booking's storage root (resolved) that ``checkpoint_dir`` lies in: every checkpoint
+    write, prune and delete re-proves the directories from it down (no link among them).
+    ``None``: ``checkpoint_dir`` itself is the root (the engine run alone, in tests)."""
     document: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The spec as read, for logging."""
+
+    @property
+    def checkpoint_storage(self) -> StoragePath:
+        """``checkpoint_dir`` as its root and the components below it."""
+        if self.storage_root is None:
+            return StoragePath(self.checkpoint_dir)
+        return StoragePath(self.storage_root,
+                           self.checkpoint_dir.relative_to(self.storage_root).parts)
 
     @property
     def stop_path(self) -> Path:
@@ -135,6 +148,14 @@ def load_spec(path: Path) -> RunSpec:
     for key in ("workdir", "checkpoint_dir", "events_path"):
         if not isinstance(doc.get(key), str) or not Path(doc[key]).is_absolute():
             raise ValueError(f"spec.{key}: must be an absolute path")
+    storage_root = doc.get("storage_root")
+    if storage_root is not None:
+        if not isinstance(storage_root, str) or not Path(storage_root).is_absolute():
+            raise ValueError("spec.storage_root: must be an absolute path or null")
+        below = Path(doc["checkpoint_dir"]).relative_to(storage_root) \
+            if Path(doc["checkpoint_dir"]).is_relative_to(storage_root) else None
+        if below is None or not below.parts or ".." in below.parts:
+            raise ValueError("spec.checkpoint_dir: must lie strictly below spec.storage_root")
     return RunSpec(
         run_id=str(doc["run_id"]),
         attempt=int(doc.get("attempt", 1)),
@@ -149,5 +170,6 @@ def load_spec(path: Path) -> RunSpec:
         pause_at_step=pause_at,
         min_step_seconds=float(pace) if pace is not None else None,
         restart_from=restart,
+        storage_root=Path(storage_root) if storage_root is not None else None,
         document=doc,
     )

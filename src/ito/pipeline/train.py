@@ -26,6 +26,7 @@ from ito.core.model_sizes import SIZES, ModelSize
 from ito.core.spikes import SpikeDetector
 from ito.pipeline.checkpoint import (
     Checkpointer,
+    checkpoint_location,
     committed_checkpoints,
     load_checkpoint,
     remove_uncommitted,
@@ -42,6 +43,7 @@ from ito.pipeline.model import (
 )
 from ito.pipeline.replicas import ReplicaSync, local, to_local_tree
 from ito.pipeline.spec import RunSpec
+from ito.pipeline.storage_fs import proven_dir
 from ito.pipeline.tokenizer import TOKENIZER_FILE, build_tokenizer, load_tokenizer
 
 __all__ = ["MICRO_BATCH", "LossSpike", "Trainer"]
@@ -148,7 +150,8 @@ class Trainer:
         mesh = init_device_mesh(device.type, (self.world,))
         self.model = build_model(self.size, self.seed, mesh)
         self.optimizer = build_optimizer(self.model, spec.manifest.model.size)
-        self.checkpointer = Checkpointer(spec.checkpoint_dir, spec.manifest.checkpoint.keep_last,
+        self.checkpointer = Checkpointer(spec.checkpoint_storage,
+                                         spec.manifest.checkpoint.keep_last,
                                          self.events, ckpt_group)  # type: ignore[arg-type]
         self.peak = peak_flops()
         self.fault_armed = False
@@ -162,15 +165,20 @@ class Trainer:
     # ---- set-up -------------------------------------------------------------------------------
 
     def _tokenizer(self) -> Tokenizer:
-        root = self.spec.checkpoint_dir
-        if self.rank == 0 and not (root / TOKENIZER_FILE).exists():
-            ids = list(dict.fromkeys(d for s in self.spec.manifest.curriculum for d in s.data))
-            texts = (t for i in ids for t in self._split(i)[0])
-            build_tokenizer(texts, self.size.vocab, root)
-            self.events.log("info", f"tokenizer trained on {', '.join(ids)} "
-                                    f"(vocabulary {self.size.vocab})")
+        # It lives beside the checkpoints: written and read through the proven directory.
+        storage = self.spec.checkpoint_storage
+        if self.rank == 0:
+            with proven_dir(storage, create=True) as root:
+                if TOKENIZER_FILE not in root.entries():
+                    ids = list(dict.fromkeys(d for s in self.spec.manifest.curriculum
+                                             for d in s.data))
+                    texts = (t for i in ids for t in self._split(i)[0])
+                    build_tokenizer(texts, self.size.vocab, root.handle)
+                    self.events.log("info", f"tokenizer trained on {', '.join(ids)} "
+                                            f"(vocabulary {self.size.vocab})")
         dist.barrier(group=self.ckpt_group)
-        return load_tokenizer(root)
+        with proven_dir(storage) as root:
+            return load_tokenizer(root.handle)
 
     def _split(self, data_id: str) -> tuple[list[str], list[str]]:
         if data_id not in self._splits:
@@ -198,10 +206,10 @@ class Trainer:
         if self.rank == 0:
             # With replica groups a live peer may be writing one of them right now: they are
             # only ever skipped (no COMMIT), never deleted from here.
-            for path in (remove_uncommitted(self.spec.checkpoint_dir)
+            for path in (remove_uncommitted(self.spec.checkpoint_storage)
                          if self.replica is None else []):
                 self.events.log("warning", f"ignored uncommitted checkpoint {path}")
-            committed = committed_checkpoints(self.spec.checkpoint_dir)
+            committed = committed_checkpoints(self.spec.checkpoint_storage)
             restart = self.spec.restart_from
             if restart is not None and not any(c.step > restart.step for c in committed):
                 # A human chose this checkpoint: resume from it exactly. (Once the restarted
@@ -235,8 +243,11 @@ class Trainer:
             names = [p.config.stage for p in self.plans]
             if stage_name not in names:
                 raise ValueError(f"checkpoint {path} is of stage {stage_name!r}, not in this run")
-            trainer_state, rng = load_checkpoint(path, self.model, self.optimizer,
-                                                 self.ckpt_group)
+            # Read through the directory proven on disk, as it is written.
+            with proven_dir(checkpoint_location(self.spec.checkpoint_storage, stage_name,
+                                                resumed_step)) as step_dir:
+                trainer_state, rng = load_checkpoint(step_dir.handle, self.model,
+                                                     self.optimizer, self.ckpt_group)
             if rng is not None:
                 restore_rng(rng)
             start_pos, stage_step, tokens_seen = self._resume_position(trainer_state)
@@ -542,7 +553,8 @@ class Trainer:
         self.checkpointer.finish()
         committed = [0]
         if self.rank == 0:
-            found = [c for c in committed_checkpoints(self.spec.checkpoint_dir) if c.step < step]
+            found = [c for c in committed_checkpoints(self.spec.checkpoint_storage)
+                     if c.step < step]
             committed[0] = found[-1].step if found else 0
         dist.broadcast_object_list(committed, src=0, group=self.ckpt_group)
         good = int(committed[0])

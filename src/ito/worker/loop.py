@@ -29,12 +29,24 @@ class WorkerLoop:
                                      stop=self.stop)
         self.home = home
         self.poll_seconds = poll_seconds
+        self.refused_cleanups: set[str] = set()
+        """Runs whose cleanup was refused (logged once; retried every round)."""
 
     def tick(self) -> bool:
         """One round; True if it did any work."""
         worked = False
         for job in self.api.cleanups():
-            freed = cleanup_run(self.api, self.home, job)
+            try:
+                freed = cleanup_run(self.api, self.home, job)
+            except ItoError as exc:
+                if exc.code != "checkpoint_storage_invalid":
+                    raise
+                # Nothing was deleted through the refused path; the run stays ``cleaning`` and
+                # the next round tries again. Leasing other runs goes on meanwhile.
+                if job["run_id"] not in self.refused_cleanups:
+                    self.refused_cleanups.add(job["run_id"])
+                    log.error("run %s: cleanup refused (%s)", job["run_id"], exc.message)
+                continue
             log.info("cleaned run %s: %d bytes freed", job["run_id"], freed)
             worked = True
         lease = self.api.lease()

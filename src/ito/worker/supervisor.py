@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -20,13 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ito.core.errors import ItoError
-from ito.core.storage import checkpoint_local_path
+from ito.core.errors import REGISTRY, ItoError
+from ito.core.storage import checkpoint_local_parts
 from ito.pipeline.spec import stop_file
+from ito.pipeline.storage_fs import StoragePath, proven_dir, remove_tree
 from ito.worker.api import WorkerApi
 from ito.worker.executors import Executor, LaunchSpec
 
-__all__ = ["EventTail", "Supervisor", "checkpoint_path", "cleanup_run"]
+__all__ = ["EventTail", "Supervisor", "checkpoint_storage", "cleanup_run"]
 
 POLL_SECONDS = 0.2
 _LOST = ("lease_lost", "run_not_found", "credential_revoked")
@@ -35,13 +35,15 @@ log = logging.getLogger("ito.worker")
 POST_TRAINING = ("sft", "dpo", "rlvr")
 
 
-def checkpoint_path(uri: str, storage_root: str | None, run_id: str) -> Path:
-    """The local directory of a run's checkpoints, re-checked here against the booking's storage
-    root before anything is written or deleted (the server checked it too; this process is the
-    one that would ``rmtree`` it)."""
+def checkpoint_storage(uri: str, storage_root: str | None, run_id: str) -> StoragePath:
+    """The local directory of a run's checkpoints as the booking's storage root and the
+    components below it, re-checked here against that root (the server checked it too; this
+    process is the one that would ``rmtree`` it). What it names on disk is proven at each use
+    (:mod:`ito.pipeline.storage_fs`)."""
     if not storage_root:
         raise ItoError("checkpoint_storage_invalid", "the booking has no checkpoint storage")
-    return Path(checkpoint_local_path(uri, storage_root, run_id))
+    root, parts = checkpoint_local_parts(uri, storage_root, run_id)
+    return StoragePath(Path(root), parts)
 
 
 class EventTail:
@@ -99,11 +101,17 @@ class Supervisor:
         raw = base64.b64decode(lease["manifest_b64"])
         document = json.loads(raw)
         try:
-            checkpoints = checkpoint_path(lease["checkpoint_uri"],
-                                          lease["booking"].get("storage_uri"), run_id)
+            storage = checkpoint_storage(lease["checkpoint_uri"],
+                                         lease["booking"].get("storage_uri"), run_id)
+            with proven_dir(storage, create=True) as proven:
+                # The pipeline gets the resolved root and the proven directory below it; it
+                # re-proves the chain before each of its own writes, prunes and deletes.
+                real_root = proven.real.parents[len(storage.parts) - 1]
+                checkpoints = proven.real
         except ItoError as exc:
             return self._finish(run_id, attempt, Outcome("failed", exc.code, exc.message))
-        checkpoints.mkdir(parents=True, exist_ok=True)
+        self.api.report(run_id, attempt, [{"type": "log", "level": "info",
+                                           "message": f"checkpoints at {checkpoints}"}])
 
         prep = self._prepare(run_id, attempt, raw, workdir)
         if prep is not None or self.stop.is_set():
@@ -118,6 +126,7 @@ class Supervisor:
         events_path = workdir / f"events-{attempt}.jsonl"
         spec = {"run_id": run_id, "attempt": attempt, "manifest": document,
                 "workdir": str(workdir), "checkpoint_dir": str(checkpoints),
+                "storage_root": str(real_root),
                 "events_path": str(events_path),
                 "stages": [s["stage"] for s in document["curriculum"]],
                 "max_steps_per_stage": None, "fail_at": None, "loss_spike_at": None,
@@ -311,20 +320,28 @@ def _outcome(done: dict[str, Any] | None, exit_code: int) -> Outcome:
         message = "every stage and gate passed" if status == "succeeded" else \
             f"an eval gate failed: {done.get('reason') or done.get('stage') or ''}".strip()
         return Outcome(status, "eval_gate_failed" if status == "gate_failed" else None, message)
+    if done is not None and done.get("status") == "failed" and done.get("code") in REGISTRY:
+        return Outcome("failed", str(done["code"]), str(done.get("reason") or "")[:500]
+                       or "the pipeline refused to continue")
     return Outcome("failed", "pipeline_crashed",
                    f"the training processes exited with code {exit_code} after their restarts")
 
 
 def cleanup_run(api: WorkerApi, home: Path, job: dict[str, Any]) -> int:
-    """Delete a run's checkpoints and scratch data; report the bytes freed."""
-    paths = [checkpoint_path(job["checkpoint_uri"], job.get("storage_uri"), job["run_id"]),
-             home / "work" / job["run_id"]]
+    """Delete a run's checkpoints and scratch data; report the bytes freed and the real paths.
+
+    Each tree is deleted through a freshly proven parent, without following any link: a link
+    planted inside a run's directory is removed, never its target; a link on the way to it
+    refuses the cleanup (``checkpoint_storage_invalid``) and deletes nothing there."""
+    run_id = job["run_id"]
+    trees = [checkpoint_storage(job["checkpoint_uri"], job.get("storage_uri"), run_id),
+             StoragePath(home / "work", (run_id,))]
     freed = 0
     deleted = []
-    for path in paths:
-        if path.exists():
-            freed += sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-            shutil.rmtree(path)
-            deleted.append(str(path))
-    api.cleaned(job["run_id"], freed, deleted)
+    for tree in trees:
+        removed = remove_tree(tree)
+        if removed is not None:
+            freed += removed[0]
+            deleted.append(str(removed[1]))
+    api.cleaned(run_id, freed, deleted)
     return freed

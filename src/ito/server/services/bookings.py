@@ -14,6 +14,7 @@ from ito.core.errors import ItoError
 from ito.core.gates import BookingView, eligibility_record
 from ito.core.hardware import ACCELERATORS, FABRICS
 from ito.core.secret_scan import scan_text
+from ito.core.storage import booking_storage_uri
 from ito.server.ids import new_id
 from ito.server.store.tables import Account, Booking, utcnow
 
@@ -82,6 +83,9 @@ def create_booking(session: Session, new: NewBooking) -> Booking:
         problems.append("storage URI must not carry credentials")
     if problems:
         raise ItoError("invalid_arguments", "; ".join(problems), problems=problems)
+    if new.storage_uri is not None:
+        # Refused here, when the desk records it, rather than at every plan of every run.
+        booking_storage_uri(new.storage_uri)
     memory = new.gpu_memory_gb or ACCELERATORS[new.gpu].memory_gb
     inventory = new.node_inventory or [{"name": f"n{i + 1}"} for i in range(new.nodes)]
     booking = Booking(
