@@ -139,10 +139,8 @@ class Bench:
             ITO_LEASE_TTL_SECONDS=str(self.ttl), ITO_HEARTBEAT_SECONDS=str(self.heartbeat))
         server = str(BIN / "ito-server")
         self.cli([server, "migrate", "--json"], self.env)
-        desk_account = self.cli([server, "account", "create", "--name", "desk", "--json"],
-                                self.env)["account_id"]
-        self.keys["desk"] = self.cli([server, "key", "create", "--account", desk_account,
-                                      "--role", "desk", "--json"], self.env)["api_key"]
+        self.keys["desk"] = self.cli([server, "key", "create", "--role", "desk", "--json"],
+                                     self.env)["api_key"]
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         log = (self.tmp / "server.log").open("wb")

@@ -132,6 +132,12 @@ def main() -> None:
         for name in ("goodput", "interruptions", "checkpoint_bandwidth_bytes_per_s",
                      "tokens_per_s", "cost_usd", "wall_seconds_held"):
             print(f"    {name:<34} {telemetry[name]}")
+        step("8. The desk's audit trail for this account (who, what, outcome; no secrets)")
+        trail = run(["ito-server", "audit", "--account", account], server_env,
+                    show=False)["events"]
+        for event in reversed(trail):
+            print(f"    {event['at'][11:19]} {event['actor']:<24} {event['action']:<18} "
+                  f"{event['target_id']} {event['outcome']}")
         if status["state"] != "succeeded":
             raise SystemExit(f"the run ended {status['state']}; see {HOME / 'server.log'}")
         print(f"\nDone: run {created['run_id']} succeeded.")

@@ -154,16 +154,17 @@ class Server:
 
 def start_server(database_url: str, home: Path, *, worker: bool = False,
                  extra_env: dict[str, str] | None = None) -> Server:
-    """Migrate, create a desk key, serve on a free loopback port; wait until healthy."""
+    """Migrate, create an operator (desk) key, serve on a free loopback port; wait until
+    healthy."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ITO_")}
     env |= {"ITO_HOME": str(home), "ITO_DATABASE_URL": database_url,
             "ITO_PEPPER": "test-pepper-" + secrets.token_hex(16),
             "ITO_DEVICE_POLL_INTERVAL_SECONDS": "1"}
     env |= extra_env or {}
     assert run_cli([ITO_SERVER, "migrate", "--json"], env).rc == 0
-    operator = run_cli([ITO_SERVER, "account", "create", "--name", "desk", "--json"], env).data
-    desk_key = run_cli([ITO_SERVER, "key", "create", "--account", operator["account_id"],
-                        "--role", "desk", "--json"], env).data["api_key"]
+    # The desk is the platform's operator: its key belongs to no account.
+    desk_key = run_cli([ITO_SERVER, "key", "create", "--role", "desk", "--name", "test desk",
+                        "--json"], env).data["api_key"]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = home / "server.log"

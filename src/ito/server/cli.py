@@ -2,7 +2,9 @@
 
 Operator commands act on the database directly (the operator holds it); every one takes
 ``--json`` and prints the §4 envelope. ``--database-url`` defaults to the embedded SQLite file
-under ``$ITO_HOME``; ``ITO_DATABASE_URL`` sets it too.
+under ``$ITO_HOME``; ``ITO_DATABASE_URL`` sets it too. Every command that changes tenant data or
+the operator's keys is recorded in the audit trail (actor ``cli:<os user>``); ``ito-server
+audit`` reads it. Operator (desk) keys are minted here only, and for no account.
 """
 
 from __future__ import annotations
@@ -91,43 +93,66 @@ def account_create(
 ) -> None:
     """Create an account (a tenant)."""
     from ito.server.services.accounts import create_account
+    from ito.server.services.audit import Actor, audited
 
     _, db = _open(database_url)
-    with db.write() as session:
+    with audited(db, Actor.cli(), "account.create", target_kind="account",
+                 details={"name": name}) as (session, note):
         account = create_account(session, name)
+        note.account_id = note.target_id = account.id
         data = {"account_id": account.id, "name": account.name}
     Output.finish(ok_envelope(data, "account created", live_api_contacted=False))
 
 
 @key_app.command("create")
 def key_create(
-    account: Annotated[str, typer.Option(help="Account id.")],
-    role: Annotated[str, typer.Option(help="requester | approver | worker | desk")],
+    role: Annotated[str, typer.Option(help="requester | approver | worker (a tenant's, with "
+                                      "--account) or desk (the operator's, without)")],
+    account: Annotated[str | None, typer.Option(help="Account id of a tenant key; never given "
+                                                "for --role desk.")] = None,
     name: Annotated[str | None, typer.Option(help="A label for the key.")] = None,
     booking: Annotated[str | None, typer.Option(help="Booking a worker key is bound to.")] = None,
     database_url: DatabaseUrl = None,
 ) -> None:
-    """Mint an API key; it is shown once and only its hash is kept."""
-    from ito.server.services.credentials import create_key
+    """Mint an API key; it is shown once and only its hash is kept. A desk key is the
+    platform operator's and belongs to no account."""
+    from ito.server.services.audit import Actor, audited
+    from ito.server.services.credentials import OPERATOR_ROLE, create_key, create_operator_key
 
     settings, db = _open(database_url)
-    with db.write() as session:
-        minted = create_key(session, settings.pepper.get_secret_value(), account_id=account,
-                            role=role, name=name, booking_id=booking)
+    pepper = settings.pepper.get_secret_value()
+    with audited(db, Actor.cli(), "key.create", account_id=account, target_kind="key",
+                 details={"role": role, "name": name, "booking_id": booking}) as (session, note):
+        if role == OPERATOR_ROLE:
+            if account is not None or booking is not None:
+                raise ItoError("invalid_arguments", "a desk key is the operator's: it takes no "
+                               "--account and no --booking")
+            minted = create_operator_key(session, pepper, name=name)
+        elif account is None:
+            raise ItoError("invalid_arguments", f"a {role} key needs --account")
+        else:
+            minted = create_key(session, pepper, account_id=account, role=role, name=name,
+                                booking_id=booking)
+        note.target_id = minted.key_id
+        note.details["key_prefix"] = minted.prefix
     Output.finish(ok_envelope(
         {"key_id": minted.key_id, "principal_id": minted.principal_id,
-         "key_prefix": minted.prefix, "role": role, "api_key": minted.api_key},
+         "key_prefix": minted.prefix, "role": role, "account_id": account,
+         "api_key": minted.api_key},
         "key created; the api_key is shown once and never stored", live_api_contacted=False))
 
 
 @key_app.command("revoke")
 def key_revoke(key_id: str, database_url: DatabaseUrl = None) -> None:
     """Revoke a key; its next request gets credential_revoked."""
+    from ito.server.services.audit import Actor, audited
     from ito.server.services.credentials import revoke_key
 
     _, db = _open(database_url)
-    with db.write() as session:
+    with audited(db, Actor.cli(), "key.revoke", target_kind="key",
+                 target_id=key_id) as (session, note):
         key = revoke_key(session, key_id)
+        note.details["key_prefix"] = key.prefix
         data = {"key_id": key.id, "key_prefix": key.prefix, "revoked": True}
     Output.finish(ok_envelope(data, "key revoked", live_api_contacted=False))
 
@@ -161,6 +186,7 @@ def user_create(
     database_url: DatabaseUrl = None,
 ) -> None:
     """Create a web user: an approver principal that signs in with an argon2-hashed password."""
+    from ito.server.services.audit import Actor, audited
     from ito.server.services.users import USER_ROLES, create_user, hash_password, normalise_email
 
     if role not in USER_ROLES:
@@ -170,9 +196,11 @@ def user_create(
     _, db = _open(database_url)
     # Hashed before the transaction opens: argon2 is slow on purpose.
     password_hash = hash_password(_read_password(password_stdin))
-    with db.write() as session:
+    with audited(db, Actor.cli(), "user.create", account_id=account, target_kind="user",
+                 details={"email": normalised, "role": role}) as (session, note):
         user = create_user(session, account_id=account, role=role, email=normalised,
                            password_hash=password_hash)
+        note.target_id = user.id
         data = {"user_id": user.id, "principal_id": user.principal_id,
                 "account_id": user.account_id, "email": user.email, "role": role}
     Output.finish(ok_envelope(data, "user created; they can sign in at /ui/login",
@@ -206,6 +234,7 @@ def booking_create(
     database_url: DatabaseUrl = None,
 ) -> None:
     """Record a booking the desk made."""
+    from ito.server.services.audit import Actor, audited
     from ito.server.services.bookings import NewBooking, booking_dict, create_booking
 
     new = NewBooking(account_id=account, gpu=gpu, nodes=nodes, gpus_per_node=gpus_per_node,
@@ -213,8 +242,11 @@ def booking_create(
                      term_end=_when(end, "end"), rate_usd_per_gpu_hour=rate_usd_per_gpu_hour,
                      storage_uri=storage_uri, storage_quota_gb=storage_quota_gb, state=state)
     _, db = _open(database_url)
-    with db.write() as session:
+    with audited(db, Actor.cli(), "booking.create", account_id=account,
+                 target_kind="booking") as (session, note):
         data = booking_dict(create_booking(session, new))
+        note.target_id = data["booking_id"]
+        note.details["state"] = data["state"]
     Output.finish(ok_envelope(data, f"booking recorded ({data['state']})",
                               live_api_contacted=False))
 
@@ -226,12 +258,33 @@ def booking_set_state(
     database_url: DatabaseUrl = None,
 ) -> None:
     """Move a booking to a new state, as the desk decided."""
-    from ito.server.services.bookings import booking_dict, set_booking_state
+    from ito.server.services.audit import Actor, audited
+    from ito.server.services.bookings import booking_dict, move_booking
 
     _, db = _open(database_url)
-    with db.write() as session:
-        data = booking_dict(set_booking_state(session, booking, state))
+    with audited(db, Actor.cli(), "booking.set_state", target_kind="booking",
+                 target_id=booking, details={"to_state": state}) as (session, note):
+        moved, previous = move_booking(session, booking, state)
+        note.details["from_state"] = previous
+        data = booking_dict(moved)
     Output.finish(ok_envelope(data, f"booking is now {data['state']}",
+                              live_api_contacted=False))
+
+
+@app.command()
+def audit(
+    account: Annotated[str | None, typer.Option(help="Only this account's events.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=10000, help="At most this many, newest "
+                                       "first.")] = 100,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """The desk's audit trail: who did what to which account, when, and how it ended."""
+    from ito.server.services.audit import audit_dict, list_audit
+
+    _, db = _open(database_url)
+    with db.read() as session:
+        rows = [audit_dict(r) for r in list_audit(session, account_id=account, limit=limit)]
+    Output.finish(ok_envelope({"events": rows}, f"{len(rows)} audit event(s), newest first",
                               live_api_contacted=False))
 
 

@@ -1,13 +1,14 @@
-"""Tenant-scoped booking reads and fresh eligibility."""
+"""Tenant-scoped booking reads, the desk's actions on a booking, and fresh eligibility."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 
 from ito.core.envelope import ok_envelope
 from ito.server.routers.deps import Requester, State
+from ito.server.services.audit import account_event_dict, list_account_events
 from ito.server.services.bookings import booking_dict, eligibility, get_booking, list_bookings
 
 router = APIRouter(prefix="/v1/bookings")
@@ -32,3 +33,14 @@ def bookings_eligibility(booking_id: str, caller: Requester, state: State) -> di
     with state.db.read() as session:
         record = eligibility(session, caller.account_id, booking_id)
     return ok_envelope(record, "the booking is eligible for training, checked just now")
+
+
+@router.get("/{booking_id}/events")
+def bookings_events(booking_id: str, caller: Requester, state: State,
+                    limit: int = Query(default=100, ge=1, le=1000)) -> dict[str, Any]:
+    """What the desk did to this booking (recorded it, moved its state), newest first."""
+    with state.db.read() as session:
+        get_booking(session, caller.account_id, booking_id)
+        events = [account_event_dict(e) for e in list_account_events(
+            session, caller.account_id, booking_id=booking_id, limit=limit)]
+    return ok_envelope({"events": events}, f"{len(events)} desk action(s) on this booking")

@@ -9,7 +9,8 @@ from fastapi import APIRouter
 
 from ito.core.envelope import ok_envelope
 from ito.server.routers.deps import Caller, State
-from ito.server.services.credentials import revoke_key
+from ito.server.services.audit import Actor, audited
+from ito.server.services.credentials import OperatorContext, revoke_key
 
 router = APIRouter(prefix="/v1/credentials")
 log = logging.getLogger("ito.server.credentials")
@@ -17,9 +18,15 @@ log = logging.getLogger("ito.server.credentials")
 
 @router.post("/self/revoke")
 def revoke_self(caller: Caller, state: State) -> dict[str, Any]:
-    with state.db.write() as session:
-        key = revoke_key(session, caller.key_id)
-        data = {"key_prefix": key.prefix, "revoked": True}
+    if isinstance(caller, OperatorContext):  # an operator credential changing is a desk action
+        with audited(state.db, Actor.of(caller), "key.revoke", target_kind="key",
+                     target_id=caller.key_id, details={"key_prefix": caller.key_prefix,
+                                                       "self": True}) as (session, _):
+            key = revoke_key(session, caller.key_id)
+    else:
+        with state.db.write() as session:
+            key = revoke_key(session, caller.key_id)
+    data = {"key_prefix": key.prefix, "revoked": True}
     log.info("key %s revoked by its holder", caller.key_prefix)
     return ok_envelope(data, "this credential is revoked; its next request gets "
                        "credential_revoked")

@@ -11,11 +11,16 @@ from fastapi import Depends, Request
 
 from ito.core.errors import ItoError
 from ito.core.manifest import MANIFEST_MAX_BYTES
-from ito.server.services.credentials import AuthContext, authenticate
+from ito.server.services.credentials import (
+    AuthContext,
+    Credential,
+    OperatorContext,
+    authenticate,
+)
 from ito.server.state import AppState
 
-__all__ = ["Caller", "State", "decode_manifest_b64", "read_bounded_body", "require",
-           "source_of"]
+__all__ = ["Approver", "Caller", "Desk", "Requester", "RequesterOrApprover", "RequesterOrDesk",
+           "State", "decode_manifest_b64", "read_bounded_body", "require", "source_of"]
 
 
 def _state(request: Request) -> AppState:
@@ -32,7 +37,7 @@ def source_of(request: Request) -> str:
     return f"ip:{request.client.host if request.client else 'unknown'}"
 
 
-def _caller(request: Request, state: State) -> AuthContext:
+def _caller(request: Request, state: State) -> Credential:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
@@ -50,24 +55,41 @@ def _caller(request: Request, state: State) -> AuthContext:
     return caller
 
 
-Caller = Annotated[AuthContext, Depends(_caller)]
+Caller = Annotated[Credential, Depends(_caller)]
+"""Any valid credential: a tenant's principal or the operator."""
 
 
-def require(*roles: str) -> Callable[[AuthContext], AuthContext]:
-    """A dependency that admits only callers holding one of ``roles``."""
+def require(*roles: str) -> Callable[[Credential], AuthContext]:
+    """A dependency that admits only a tenant's principal holding one of ``roles``. The
+    operator is never admitted here: tenant routes trust ``account_id``, which it has not."""
+    assert "desk" not in roles, "the operator is admitted by Desk, never by require()"
 
     def check(caller: Caller) -> AuthContext:
-        if caller.role not in roles:
+        if not isinstance(caller, AuthContext) or caller.role not in roles:
             raise ItoError("forbidden_scope", required=list(roles), role=caller.role)
         return caller
 
     return check
 
 
+def _desk(caller: Caller) -> OperatorContext:
+    if not isinstance(caller, OperatorContext):
+        raise ItoError("forbidden_scope", required=["desk"], role=caller.role)
+    return caller
+
+
+def _requester_or_desk(caller: Caller) -> AuthContext | OperatorContext:
+    if isinstance(caller, OperatorContext) or caller.role == "requester":
+        return caller
+    raise ItoError("forbidden_scope", required=["requester", "desk"], role=caller.role)
+
+
 Requester = Annotated[AuthContext, Depends(require("requester"))]
 Approver = Annotated[AuthContext, Depends(require("approver"))]
-Desk = Annotated[AuthContext, Depends(require("desk"))]
+Desk = Annotated[OperatorContext, Depends(_desk)]
+"""The platform's operator; it acts for no tenant."""
 RequesterOrApprover = Annotated[AuthContext, Depends(require("requester", "approver"))]
+RequesterOrDesk = Annotated[AuthContext | OperatorContext, Depends(_requester_or_desk)]
 
 
 def decode_manifest_b64(value: str) -> bytes:

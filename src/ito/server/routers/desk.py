@@ -1,25 +1,33 @@
-"""The desk-scoped API: the operator creates accounts, keys and bookings and moves bookings'
-states. This runtime never books, releases or pays for capacity itself; it records what the desk
-says."""
+"""The desk-scoped API: the operator creates accounts, tenants' keys and bookings, moves
+bookings' states, and reads its audit trail. This runtime never books, releases or pays for
+capacity itself; it records what the desk says.
+
+Only an operator credential passes (:data:`~ito.server.routers.deps.Desk`); every action is
+recorded in the audit trail, refused ones included. Operator keys are not minted here: only
+``ito-server key create --role desk`` on the database's host mints one, so no credential can
+mint another operator.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from ito.core.envelope import ok_envelope
+from ito.core.errors import ItoError
 from ito.server.routers.deps import Desk, State
 from ito.server.services.accounts import create_account
+from ito.server.services.audit import Actor, audit_dict, audited, list_audit
 from ito.server.services.bookings import (
     NewBooking,
     booking_dict,
     create_booking,
-    set_booking_state,
+    move_booking,
 )
-from ito.server.services.credentials import create_key, revoke_key
+from ito.server.services.credentials import OPERATOR_ROLE, create_key, revoke_key
 
 router = APIRouter(prefix="/v1/desk")
 
@@ -33,14 +41,16 @@ class AccountBody(_Body):
 
 
 class KeyBody(_Body):
-    account_id: str
-    role: Literal["requester", "approver", "worker", "desk"]
+    account_id: str | None = Field(default=None, min_length=1, max_length=64)
+    """The tenant the key is for (required: every key minted here is a tenant's)."""
+    role: str = Field(min_length=1, max_length=20)
+    """A tenant's role (requester, approver, worker); anything else is refused and audited."""
     name: str | None = Field(default=None, max_length=200)
-    booking_id: str | None = None
+    booking_id: str | None = Field(default=None, max_length=64)
 
 
 class BookingBody(_Body):
-    account_id: str
+    account_id: str = Field(min_length=1, max_length=64)
     gpu: str
     nodes: int
     gpus_per_node: int
@@ -61,17 +71,29 @@ class BookingStateBody(_Body):
 
 @router.post("/accounts")
 def desk_account_create(body: AccountBody, caller: Desk, state: State) -> dict[str, Any]:
-    with state.db.write() as session:
+    with audited(state.db, Actor.of(caller), "account.create", target_kind="account",
+                 details={"name": body.name}) as (session, note):
         account = create_account(session, body.name)
+        note.account_id = note.target_id = account.id
         data = {"account_id": account.id, "name": account.name}
     return ok_envelope(data, "account created")
 
 
 @router.post("/keys")
 def desk_key_create(body: KeyBody, caller: Desk, state: State) -> dict[str, Any]:
-    with state.db.write() as session:
+    with audited(state.db, Actor.of(caller), "key.create", account_id=body.account_id,
+                 target_kind="key", details={"role": body.role, "name": body.name,
+                                             "booking_id": body.booking_id}) as (session, note):
+        if body.role == OPERATOR_ROLE:
+            raise ItoError("forbidden_scope", "operator keys are not minted through the API; "
+                           "the operator runs 'ito-server key create --role desk' on the "
+                           "server's host", role=body.role)
+        if body.account_id is None:
+            raise ItoError("invalid_arguments", "a tenant key needs account_id")
         minted = create_key(session, state.pepper, account_id=body.account_id, role=body.role,
                             name=body.name, booking_id=body.booking_id)
+        note.target_id = minted.key_id
+        note.details["key_prefix"] = minted.prefix
     return ok_envelope({"key_id": minted.key_id, "principal_id": minted.principal_id,
                         "key_prefix": minted.prefix, "api_key": minted.api_key},
                        "key created; the api_key is shown once and never stored")
@@ -79,15 +101,18 @@ def desk_key_create(body: KeyBody, caller: Desk, state: State) -> dict[str, Any]
 
 @router.post("/keys/{key_id}/revoke")
 def desk_key_revoke(key_id: str, caller: Desk, state: State) -> dict[str, Any]:
-    with state.db.write() as session:
+    with audited(state.db, Actor.of(caller), "key.revoke", target_kind="key",
+                 target_id=key_id) as (session, note):
         key = revoke_key(session, key_id)
+        note.details["key_prefix"] = key.prefix
         data = {"key_id": key.id, "key_prefix": key.prefix, "revoked": True}
     return ok_envelope(data, "key revoked")
 
 
 @router.post("/bookings")
 def desk_booking_create(body: BookingBody, caller: Desk, state: State) -> dict[str, Any]:
-    with state.db.write() as session:
+    with audited(state.db, Actor.of(caller), "booking.create", account_id=body.account_id,
+                 target_kind="booking") as (session, note):
         booking = create_booking(session, NewBooking(
             account_id=body.account_id, gpu=body.gpu, nodes=body.nodes,
             gpus_per_node=body.gpus_per_node, region=body.region, fabric=body.fabric,
@@ -95,6 +120,8 @@ def desk_booking_create(body: BookingBody, caller: Desk, state: State) -> dict[s
             rate_usd_per_gpu_hour=body.rate_usd_per_gpu_hour, storage_uri=body.storage_uri,
             storage_quota_gb=body.storage_quota_gb, state=body.state,
             gpu_memory_gb=body.gpu_memory_gb))
+        note.target_id = booking.id
+        note.details.update(state=booking.state)
         data = booking_dict(booking)
     return ok_envelope(data, "booking recorded")
 
@@ -102,6 +129,18 @@ def desk_booking_create(body: BookingBody, caller: Desk, state: State) -> dict[s
 @router.post("/bookings/{booking_id}/state")
 def desk_booking_state(booking_id: str, body: BookingStateBody, caller: Desk,
                        state: State) -> dict[str, Any]:
-    with state.db.write() as session:
-        data = booking_dict(set_booking_state(session, booking_id, body.state))
+    with audited(state.db, Actor.of(caller), "booking.set_state", target_kind="booking",
+                 target_id=booking_id, details={"to_state": body.state}) as (session, note):
+        booking, previous = move_booking(session, booking_id, body.state)
+        note.details["from_state"] = previous
+        data = booking_dict(booking)
     return ok_envelope(data, f"booking is now {data['state']}")
+
+
+@router.get("/audit")
+def desk_audit(caller: Desk, state: State,
+               account_id: str | None = Query(default=None, max_length=64),
+               limit: int = Query(default=100, ge=1, le=1000)) -> dict[str, Any]:
+    with state.db.read() as session:
+        rows = [audit_dict(r) for r in list_audit(session, account_id=account_id, limit=limit)]
+    return ok_envelope({"events": rows}, f"{len(rows)} audit event(s), newest first")

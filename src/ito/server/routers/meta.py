@@ -1,15 +1,17 @@
-"""Health, the published manifest schema, who-am-I and the account overview."""
+"""Health, the published manifest schema, who-am-I, the account overview and what the desk
+did to the account."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 
 from ito import __version__
 from ito.core.envelope import ok_envelope
 from ito.core.manifest import manifest_json_schema
-from ito.server.routers.deps import Caller, Requester, State
+from ito.server.routers.deps import Caller, Requester, RequesterOrApprover, State
+from ito.server.services.audit import account_event_dict, list_account_events
 from ito.server.services.bookings import booking_dict, list_bookings
 from ito.server.services.runs import list_runs, run_dict
 
@@ -28,6 +30,7 @@ def manifest_schema() -> dict[str, Any]:
 
 @router.get("/me")
 def me(caller: Caller) -> dict[str, Any]:
+    """Who this credential is; the operator's ``account_id`` is ``null`` (it is no tenant)."""
     return ok_envelope({"account_id": caller.account_id, "principal_id": caller.principal_id,
                         "role": caller.role, "key_prefix": caller.key_prefix,
                         "booking_id": caller.booking_id}, "the credential is valid")
@@ -41,3 +44,14 @@ def status(caller: Requester, state: State) -> dict[str, Any]:
     return ok_envelope({"account_id": caller.account_id, "bookings": bookings,
                         "recent_runs": runs},
                        f"{len(bookings)} booking(s), {len(runs)} recent run(s)")
+
+
+@router.get("/account/events")
+def account_events(caller: RequesterOrApprover, state: State,
+                   limit: int = Query(default=100, ge=1, le=1000)) -> dict[str, Any]:
+    """The desk's actions on this account (keys minted or revoked, bookings recorded or moved,
+    telemetry read), newest first; never another account's."""
+    with state.db.read() as session:
+        events = [account_event_dict(e)
+                  for e in list_account_events(session, caller.account_id, limit=limit)]
+    return ok_envelope({"events": events}, f"{len(events)} desk action(s) on this account")

@@ -14,9 +14,10 @@ from ito.core.errors import ItoError
 from ito.core.gates import BookingView, eligibility_record
 from ito.core.hardware import ACCELERATORS, FABRICS
 from ito.core.secret_scan import scan_text
+from ito.core.states import RunState
 from ito.core.storage import booking_storage_uri
 from ito.server.ids import new_id
-from ito.server.store.tables import Account, Booking, utcnow
+from ito.server.store.tables import Account, Booking, Run, utcnow
 
 __all__ = [
     "BOOKING_STATES",
@@ -27,6 +28,7 @@ __all__ = [
     "eligibility",
     "get_booking",
     "list_bookings",
+    "move_booking",
     "set_booking_state",
 ]
 
@@ -102,6 +104,13 @@ def create_booking(session: Session, new: NewBooking) -> Booking:
 
 
 def set_booking_state(session: Session, booking_id: str, state: str) -> Booking:
+    return move_booking(session, booking_id, state)[0]
+
+
+def move_booking(session: Session, booking_id: str, state: str) -> tuple[Booking, str]:
+    """The desk moves a booking; returns it and the state it left. Every run of it still going
+    gets a ``desk`` event saying so, so the tenant sees why its runs stop (the desk's audit
+    trail records the change on the booking itself)."""
     booking = session.get(Booking, booking_id, with_for_update=True)
     if booking is None:
         raise ItoError("booking_not_found")
@@ -110,9 +119,25 @@ def set_booking_state(session: Session, booking_id: str, state: str) -> Booking:
     if state != booking.state and state not in _DESK_TRANSITIONS[booking.state]:
         raise ItoError("invalid_transition", f"a booking cannot go from {booking.state} to "
                        f"{state}", current=booking.state, target=state)
+    previous = booking.state
     booking.state = state
     booking.updated_at = utcnow()
-    return booking
+    if previous != state:
+        _tell_runs(session, booking, previous)
+    return booking, previous
+
+
+def _tell_runs(session: Session, booking: Booking, previous: str) -> None:
+    from ito.server.services.runs import record_event  # runs imports this module
+
+    runs = session.scalars(select(Run).where(
+        Run.booking_id == booking.id, Run.account_id == booking.account_id,
+        Run.state.not_in([s.value for s in RunState if s.is_terminal()])).order_by(Run.id))
+    for run in runs:
+        record_event(session, run, "desk",
+                     f"the desk moved booking {booking.id} from {previous} to {booking.state}",
+                     data={"booking_id": booking.id, "booking_from_state": previous,
+                           "booking_to_state": booking.state})
 
 
 def get_booking(session: Session, account_id: str, booking_id: str) -> Booking:

@@ -92,7 +92,9 @@ class Account(Base):
 
 
 class Principal(Base):
-    """Who acts: an agent or engineer (requester), a human approver, a worker, the desk."""
+    """Who acts for a tenant: an agent or engineer (requester), a human approver, a worker.
+    The desk is the platform's operator, not a tenant's principal
+    (:class:`~ito.server.store.operator_tables.OperatorKey`)."""
 
     __tablename__ = "principals"
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
