@@ -1,8 +1,8 @@
 """Rate limits on a real server (both backends): a credential past its rate gets
 ``rate_limited`` (429, ``Retry-After``) while others go on; a source that keeps presenting
 unknown keys is answered ``rate_limited`` for the rest of the minute (a key that verifies still
-gets in), and one that keeps trying wrong passwords at the sign-in page is refused outright,
-the right password included. (On SQLite only: the limits live
+gets in), and one that keeps trying wrong passwords for an email at the sign-in page is
+refused outright for it, the right password included. (On SQLite only: the limits live
 in the server process, not in the store.)"""
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ The client address is the socket's peer unless the operator names trusted proxie
 (``ITO_TRUSTED_PROXIES``): a spoofed ``X-Forwarded-For`` changes nothing. Failed API keys count
 against the address and against the presented key's public prefix; past the limit, failures
 are answered ``rate_limited`` — but a key that verifies always gets in, so one tenant's (or an
-attacker's) failures behind a shared NAT cannot lock another tenant out. (On SQLite only: the
+attacker's) failures behind a shared NAT cannot lock another tenant out. At the sign-in page
+(guessable passwords) failures count per email and per address-and-email, never per address
+alone. (On SQLite only: the
 limiter lives in the server process, not in the store.)"""
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.web_browser import extra_server
+from tests.server.web_browser import browser, extra_server, make_approver
 from tests.support import Server, make_tenant
 
 pytestmark = [pytest.mark.slow,
@@ -87,3 +89,18 @@ def test_with_trusted_proxies_each_forwarded_client_counts_and_a_key_prefix_coun
         # ...while the real key, from anywhere, still gets in.
         assert _get(url, victim.requester_key, "203.0.113.201") == (200, None)
         assert _get(url, victim.requester_key, "198.51.100.1") == (200, None)
+
+
+def test_wrong_passwords_for_one_account_do_not_lock_out_another_behind_the_same_address(
+    server: Server, tmp_path: Path
+) -> None:
+    attacked = make_approver(server, make_tenant(server, tmp_path / "a", "a").account_id)
+    neighbour = make_approver(server, make_tenant(server, tmp_path / "b", "b").account_id)
+    with extra_server(server, tmp_path, ITO_AUTH_FAILURES_PER_MINUTE=str(LIMIT)) as url, \
+            browser(url) as web:
+        for _ in range(LIMIT):
+            assert web.sign_in(attacked.email, "wrong-password").status_code == 401
+        locked = web.sign_in(attacked.email, attacked.password)
+        assert locked.status_code == 429 and "rate_limited" in locked.text
+        # Same address, another account: signs in.
+        assert web.sign_in(neighbour.email, neighbour.password).status_code == 303

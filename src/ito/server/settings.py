@@ -60,8 +60,10 @@ class ServerSettings(BaseSettings):
     """Failed authentications a source address may make in a minute (and an API key's public
     prefix, from anywhere). Past it, unknown keys are answered ``rate_limited`` for the rest of
     the minute, while a key that verifies still gets in (a neighbour behind the same NAT cannot
-    lock a tenant out); at the sign-in page the address and the email are refused outright,
-    the right password included (passwords are guessable, keys are not)."""
+    lock a tenant out). At the sign-in page failures count per email and per address-and-email
+    (never per address alone); past the limit that email is refused outright, the right
+    password included (passwords are guessable, keys are not; a locked-out approver can still
+    decide with ``ito approve`` and an approver key)."""
     trusted_proxies: str = ""
     """Comma-separated addresses or networks of the reverse proxies in front of the server. Only
     a request arriving from one of them has its ``X-Forwarded-For`` believed for the client
