@@ -1,7 +1,8 @@
 """Rate limits on a real server (both backends): a credential past its rate gets
 ``rate_limited`` (429, ``Retry-After``) while others go on; a source that keeps presenting
-unknown keys, or wrong passwords at the sign-in page, is refused for the rest of the minute —
-valid credentials included — and nothing is created meanwhile. (On SQLite only: the limits live
+unknown keys is answered ``rate_limited`` for the rest of the minute (a key that verifies still
+gets in), and one that keeps trying wrong passwords for an email at the sign-in page is
+refused outright for it, the right password included. (On SQLite only: the limits live
 in the server process, not in the store.)"""
 
 from __future__ import annotations
@@ -53,25 +54,20 @@ def test_a_source_guessing_api_keys_is_refused_for_the_minute(
     server: Server, tmp_path: Path
 ) -> None:
     t = make_tenant(server, tmp_path / "t", "guessed")
-    before = server.counts(t.account_id)
     with extra_server(server, tmp_path, ITO_AUTH_FAILURES_PER_MINUTE="3") as url:
         for _ in range(3):
             guess = _get(url, "ito_req_" + "x" * 40)
             assert guess.status_code == 401
             assert guess.json()["error"]["code"] == "not_authenticated"
-        # A fourth try is refused before the key is even looked at — a valid one included.
-        for key in ("ito_req_" + "y" * 40, t.requester_key):
+        # A fourth guess is refused for the rest of the minute, whatever key it tries.
+        for key in ("ito_req_" + "y" * 40, "ito_req_AbCdEfGh_" + "z" * 43, "garbage"):
             refused = _get(url, key)
             assert refused.status_code == 429
             assert refused.json()["error"]["code"] == "rate_limited"
             assert 1 <= int(refused.headers["retry-after"]) <= 60
-        create = httpx.post(url + "/v1/confirmations", timeout=30,
-                            headers={"authorization": f"Bearer {t.requester_key}"},
-                            json={"action": "train", "booking_id": t.booking_id})
-        assert create.json()["error"]["code"] == "rate_limited"
-    assert server.counts(t.account_id) == before
-    # Only that server process was counting: the session server still answers the valid key.
-    assert _get(server.url, t.requester_key).status_code == 200
+        # A key that verifies still gets in: the guesses cannot lock out a tenant that shares
+        # the address (tests/server/test_trusted_addresses.py).
+        assert _get(url, t.requester_key).status_code == 200
 
 
 def test_password_guessing_at_the_sign_in_page_is_refused_for_the_minute(

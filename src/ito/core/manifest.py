@@ -20,6 +20,7 @@ from ito.core.errors import ItoError
 from ito.core.hardware import ACCELERATORS, FABRICS
 from ito.core.model_sizes import SIZES
 from ito.core.secret_scan import scan_json_value
+from ito.core.text import unsafe_json_paths
 
 __all__ = [
     "MANIFEST_MAX_BYTES",
@@ -254,6 +255,13 @@ def _parse(raw: bytes) -> Manifest:
     except (UnicodeDecodeError, ValueError):
         raise ItoError("manifest_invalid", "the manifest is not UTF-8 JSON",
                        errors=[{"path": "$", "message": "not valid UTF-8 JSON"}]) from None
+    unsafe = unsafe_json_paths(document)
+    if unsafe:
+        # JSON escapes (\u0000, \u202e) get past the parser's own refusal of raw controls; such
+        # text cannot be stored (PostgreSQL) or shown to an approver as it is (ito.core.text).
+        raise ItoError("manifest_invalid", "the manifest carries a control, bidirectional "
+                       "override or other refused character",
+                       errors=[{"path": p, "message": "refused character"} for p in unsafe])
     findings = scan_json_value(document)
     if findings:
         raise ItoError(

@@ -4,9 +4,13 @@ Every response body is the §4 envelope. Errors are converted here, at the bound
 :class:`ItoError` keeps its code and status; request-shape errors become ``invalid_arguments``
 (without echoing input); unknown routes ``not_found``; a known route with another method
 ``method_not_allowed``; a body over ``max_request_bytes`` ``request_too_large``, before anything
-reads it (:mod:`ito.server.body_limit`); anything unexpected ``internal_error`` with the
-traceback in the server log only. Under ``/ui`` (the web pages) the same refusals are
-rendered as the HTML error page, with the same status.
+reads it (:mod:`ito.server.body_limit`); a control, bidi-override or other refused character
+anywhere in the path, query, headers we read, form fields or JSON body ``invalid_arguments``,
+before routing (:mod:`ito.server.text_guard`); anything unexpected ``internal_error`` with the
+traceback in the server log only. Every code answers with its registered status, whatever
+raised it. ``OPTIONS`` on a known path answers the methods it allows (``Allow``, also on every
+``method_not_allowed``), gathered from every route of that path. Under ``/ui`` (the web
+pages) the same refusals are rendered as the HTML error page, with the same status.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from ito import __version__
-from ito.core.envelope import error_envelope
+from ito.core.envelope import error_envelope, ok_envelope
 from ito.core.errors import ItoError
 from ito.server.background import lifespan_for
 from ito.server.body_limit import BodyLimit
@@ -41,11 +46,17 @@ from ito.server.routers import (
 from ito.server.settings import ServerSettings
 from ito.server.state import AppState
 from ito.server.store.db import Database
+from ito.server.text_guard import TextGuard
 from ito.server.web.pages import error_page
 
 __all__ = ["create_app"]
 
 log = logging.getLogger("ito.server")
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+CONTENT_PATHS = ("/v1/manifests", "/v1/plans")
+"""Routes whose body is manifest bytes (content, hashed exactly): the manifest parser, not the
+text guard, decides what they may carry (``manifest_invalid``)."""
 
 
 def create_app(settings: ServerSettings, db: Database | None = None, *,
@@ -62,19 +73,19 @@ def create_app(settings: ServerSettings, db: Database | None = None, *,
                    web, worker, telemetry):
         app.include_router(module.router)
     _install_error_handlers(app)
+    # Outermost first: the body bound, then the text checks on the bounded body.
+    app.add_middleware(TextGuard, respond=_respond, content_paths=CONTENT_PATHS)
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, respond=_respond)
     return app
 
 
-def _respond(request: Request, error: ItoError, status: int | None = None) -> Response:
+def _respond(request: Request, error: ItoError) -> Response:
     if request.url.path == "/ui" or request.url.path.startswith("/ui/"):
-        page = error_page(error)
-        page.status_code = status or error.status
-        return page
+        return error_page(error)
     headers = None
     if error.code == "rate_limited" and "retry_after_s" in error.details:
         headers = {"Retry-After": str(max(1, math.ceil(float(error.details["retry_after_s"]))))}
-    return JSONResponse(status_code=status or error.status,
+    return JSONResponse(status_code=error.status,
                         content=error_envelope(error, live_api_contacted=True), headers=headers)
 
 
@@ -96,12 +107,30 @@ def _install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 404:
             return _respond(request, ItoError("not_found", "no such endpoint"))
         if exc.status_code == 405:
+            allow = ", ".join(_allowed_methods(app, request))
+            if request.method == "OPTIONS":
+                return JSONResponse(ok_envelope({"allow": allow.split(", ")},
+                                                "the methods this path allows"),
+                                    headers={"Allow": allow})
             response = _respond(request, ItoError("method_not_allowed"))
-            response.headers.update(exc.headers or {})  # Allow: the methods that are
+            response.headers["Allow"] = allow
             return response
-        return _respond(request, ItoError("invalid_arguments"), exc.status_code)
+        # Any other HTTP-level refusal (a form that cannot be parsed): the arguments are bad.
+        return _respond(request, ItoError("invalid_arguments"))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
         log.exception("unexpected error on %s %s", request.method, request.url.path)
         return _respond(request, ItoError("internal_error"))
+
+
+def _allowed_methods(app: FastAPI, request: Request) -> list[str]:
+    """Every method some route of this path accepts, and ``OPTIONS``. (Starlette's own
+    ``Allow`` names only the first route that matched the path; FastAPI's included routers hide
+    the routes, so each method is probed through the public ``matches``.)"""
+    methods = {"OPTIONS"}
+    for method in _METHODS:
+        probe = {**request.scope, "method": method}
+        if any(route.matches(probe)[0] is Match.FULL for route in app.router.routes):
+            methods.add(method)
+    return sorted(methods)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -36,16 +37,29 @@ DatabaseUrl = Annotated[str | None, typer.Option("--database-url", envvar="ITO_D
 
 
 def _open(database_url: str | None, *, check_schema: bool = True) -> Any:
+    from ito.server.home import private_umask, secure_state
     from ito.server.settings import load_settings
     from ito.server.store.db import Database, require_current_schema
 
+    private_umask()  # before anything is created: every file of ours is 0600
     settings = load_settings(database_url)
     if settings.is_embedded():
         settings.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    secure_state(settings.home, _sqlite_path(settings.resolved_database_url()))
     db = Database(settings.resolved_database_url(), pool_size=settings.db_pool_size)
     if check_schema:
         require_current_schema(db)
     return settings, db
+
+
+def _sqlite_path(url: str) -> Path | None:
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database \
+            or parsed.database == ":memory:":
+        return None
+    return Path(parsed.database)
 
 
 @app.command()
@@ -76,14 +90,18 @@ def serve(
     import uvicorn
 
     from ito.server.app import create_app
+    from ito.server.logging_config import log_config
 
     settings, db = _open(database_url)
     if settings.public_url == "http://127.0.0.1:8000" and (host, port) != ("127.0.0.1", 8000):
         settings = settings.model_copy(update={"public_url": f"http://{host}:{port}"})
     local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # noqa: S104
     worker_url = None if no_worker else f"http://{local}:{port}"
+    proxies = [p.strip() for p in settings.trusted_proxies.split(",") if p.strip()]
+    # Forwarded headers only from named proxies: uvicorn's default trusts them from loopback.
     uvicorn.run(create_app(settings, db, embedded_worker_url=worker_url), host=host, port=port,
-                log_level=log_level, server_header=False)
+                log_level=log_level, server_header=False, proxy_headers=bool(proxies),
+                forwarded_allow_ips=proxies or None, log_config=log_config())
 
 
 @account_app.command("create")

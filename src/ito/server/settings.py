@@ -57,8 +57,18 @@ class ServerSettings(BaseSettings):
     rate_limit_burst: int = Field(default=200, ge=1, le=10_000_000)
     """Requests a credential may make at once before the sustained rate applies."""
     auth_failures_per_minute: int = Field(default=20, ge=1, le=1_000_000)
-    """Failed authentications (unknown API key, wrong password) a source address may make in
-    a minute; past it the address is refused, valid credentials included, for the rest of it."""
+    """Failed authentications a source address may make in a minute (and an API key's public
+    prefix, from anywhere). Past it, unknown keys are answered ``rate_limited`` for the rest of
+    the minute, while a key that verifies still gets in (a neighbour behind the same NAT cannot
+    lock a tenant out). At the sign-in page failures count per email and per address-and-email
+    (never per address alone); past the limit that email is refused outright, the right
+    password included (passwords are guessable, keys are not; a locked-out approver can still
+    decide with ``ito approve`` and an approver key)."""
+    trusted_proxies: str = ""
+    """Comma-separated addresses or networks of the reverse proxies in front of the server. Only
+    a request arriving from one of them has its ``X-Forwarded-For`` believed for the client
+    address (rate limits, lockouts); empty (the default) means the socket's peer is the client
+    and forwarded headers are ignored."""
     max_request_bytes: int = Field(default=4 * MANIFEST_MAX_BYTES, ge=2 * MANIFEST_MAX_BYTES,
                                    le=1024 * 1024 * 1024)
     """Largest request body accepted, checked before anything reads it (``request_too_large``

@@ -43,6 +43,22 @@ class Limits:
         with self._lock:
             self._failures.fail(key, time.monotonic())
 
+    def key_failed(self, source: str, key_prefix: str | None) -> None:
+        """Count an API key that did not verify against its source address and, when it had
+        the shape of one, its public prefix; refuse with ``rate_limited`` when either was
+        already past the limit. Only failures are refused: a key that verifies is never
+        looked up here (DESIGN §5.1: its secret is 256 random bits, so failures cannot be a
+        path to guessing it, only to denying it)."""
+        keys = [source] + ([f"prefix:{key_prefix}"] if key_prefix else [])
+        now = time.monotonic()
+        with self._lock:
+            waits = [w for k in keys if (w := self._failures.blocked(k, now)) is not None]
+            for k in keys:
+                self._failures.fail(k, now)
+        if waits:
+            raise ItoError("rate_limited", "too many failed sign-ins from here",
+                           retry_after_s=round(max(waits), 3))
+
 
 @dataclass
 class AppState:

@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 
 from ito.core.errors import REGISTRY, ItoError
+from ito.core.text import escape_unsafe
 
 __all__ = ["WorkerApi"]
 
@@ -34,7 +35,9 @@ class WorkerApi:
         return self._envelope(response)
 
     def _post(self, path: str, body: dict[str, Any] | None = None) -> Any:
-        return self._request("POST", path, json=body or {})
+        # Log lines and messages come from training code (ANSI colours, \r progress bars): the
+        # API refuses control characters, so they travel as visible escapes instead.
+        return self._request("POST", path, json=escape_unsafe(body or {}))
 
     def _get(self, path: str) -> Any:
         return self._request("GET", path)

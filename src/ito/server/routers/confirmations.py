@@ -8,6 +8,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from ito.core.envelope import ok_envelope
+from ito.core.errors import ItoError
 from ito.core.manifest import MANIFEST_MAX_BYTES
 from ito.server.routers.deps import (
     Approver,
@@ -27,13 +28,15 @@ router = APIRouter(prefix="/v1/confirmations")
 
 
 class ConfirmationRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict: a number sent as a string ("ttl_seconds": "60") is refused, not coerced.
+    model_config = ConfigDict(extra="forbid", strict=True)
     action: str
     booking_id: str | None = None
     manifest_id: str | None = None
     run_id: str | None = None
-    checkpoint_step: int | None = None
+    checkpoint_step: int | None = Field(default=None, ge=0, le=2**63 - 1)
     ttl_seconds: int | None = Field(default=None, ge=1)
+    """Shorter life than the server's ``confirmation_ttl_seconds``; a longer one is refused."""
     manifest_b64: str | None = Field(default=None, max_length=2 * MANIFEST_MAX_BYTES)
     """The manifest's bytes; stored with the confirmation if the server lacks them."""
 
@@ -43,7 +46,10 @@ def confirmations_create(body: ConfirmationRequest, caller: Requester,
                          state: State) -> dict[str, Any]:
     ttl = state.settings.confirmation_ttl_seconds
     if body.ttl_seconds is not None:
-        ttl = min(ttl, body.ttl_seconds)
+        if body.ttl_seconds > ttl:  # refused, never silently shortened
+            raise ItoError("invalid_arguments", f"ttl_seconds may be at most {ttl}",
+                           errors=[{"path": "body.ttl_seconds", "message": f"at most {ttl}"}])
+        ttl = body.ttl_seconds
     raw = decode_manifest_b64(body.manifest_b64) if body.manifest_b64 is not None else None
     with state.db.write() as session:
         confirmation = request_confirmation(

@@ -32,24 +32,36 @@ State = Annotated[AppState, Depends(_state)]
 
 
 def source_of(request: Request) -> str:
-    """The address a request came from (the peer; a proxy in front must be trusted by setting
-    the server's forwarded-IP handling, not by believing headers here)."""
+    """The address a request came from: the socket's peer. ``X-Forwarded-For`` counts only
+    from the proxies named in ``ITO_TRUSTED_PROXIES``, which ``ito-server serve`` hands to
+    uvicorn; never by reading headers here."""
     return f"ip:{request.client.host if request.client else 'unknown'}"
 
 
+def _key_prefix(token: str) -> str | None:
+    """The public prefix (``ito_req_AbCdEfGh``) of something shaped like one of our keys."""
+    parts = token.split("_", 3)
+    if len(parts) == 4 and parts[0] == "ito" and len(parts[1]) == 3 and len(parts[2]) == 8 \
+            and parts[2].isalnum() and parts[2].isascii():
+        return "_".join(parts[:3])
+    return None
+
+
 def _caller(request: Request, state: State) -> Credential:
+    """Authenticate the bearer key. A key that verifies is admitted whatever its address's
+    failures; one that does not costs its address (and its public prefix) a try, and past the
+    limit is answered ``rate_limited`` instead of ``not_authenticated``
+    (:meth:`ito.server.state.Limits.key_failed`)."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise ItoError("not_authenticated")
-    source = source_of(request)
-    state.limits.check_source(source)
     try:
         with state.db.read() as session:
             caller = authenticate(session, state.pepper, token.strip())
     except ItoError as exc:
         if exc.code == "not_authenticated":  # an unknown key: guessing costs a try
-            state.limits.failed(source)
+            state.limits.key_failed(source_of(request), _key_prefix(token.strip()))
         raise
     state.limits.admit(caller.principal_id)
     return caller

@@ -33,7 +33,8 @@ router = APIRouter(prefix="/v1/desk")
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict: "nodes": "2" is refused, not coerced (times stay ISO 8601 strings).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class AccountBody(_Body):
@@ -52,17 +53,17 @@ class KeyBody(_Body):
 class BookingBody(_Body):
     account_id: str = Field(min_length=1, max_length=64)
     gpu: str
-    nodes: int
-    gpus_per_node: int
+    nodes: int = Field(ge=1, le=4096)
+    gpus_per_node: int = Field(ge=1, le=64)
     region: str = Field(min_length=1, max_length=64)
     fabric: str
-    start: datetime
-    end: datetime
+    start: datetime = Field(strict=False)
+    end: datetime = Field(strict=False)
     rate_usd_per_gpu_hour: float
     storage_uri: str | None = Field(default=None, max_length=2048)
     storage_quota_gb: float = 100.0
     state: Literal["pending", "completed"] = "pending"
-    gpu_memory_gb: int | None = None
+    gpu_memory_gb: int | None = Field(default=None, ge=1, le=100_000)
 
 
 class BookingStateBody(_Body):

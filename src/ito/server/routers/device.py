@@ -20,13 +20,13 @@ log = logging.getLogger("ito.server.device")
 
 
 class DeviceCodeBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     client_name: str | None = Field(default=None, max_length=100)
     """Shown to the approver (e.g. ``ito on build-host``); never trusted for anything."""
 
 
 class DeviceTokenBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     device_code: str = Field(min_length=1, max_length=200)
     grant_type: Literal["urn:ietf:params:oauth:grant-type:device_code"] | None = None
     """Optional, as RFC 8628 §3.4 names it; any other grant is refused."""

@@ -28,10 +28,12 @@ from ito.server.services.runs import (
 )
 
 router = APIRouter(prefix="/v1/runs")
+CURSOR_MAX = 2**63 - 1
+"""Cursors are row ids (64-bit); a larger one is refused, not passed to the store."""
 
 
 class RunCreateBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     booking_id: str = Field(min_length=1, max_length=64)
     manifest_id: str = Field(min_length=1, max_length=80)
     confirmation_ref: str = Field(min_length=1, max_length=64)
@@ -77,7 +79,7 @@ def runs_show(run_id: str, caller: Requester, state: State) -> dict[str, Any]:
 
 @router.get("/{run_id}/events")
 def runs_events(run_id: str, caller: Requester, state: State,
-                after: int = Query(default=0, ge=0),
+                after: int = Query(default=0, ge=0, le=CURSOR_MAX),
                 limit: int = Query(default=200, ge=1, le=1000)) -> dict[str, Any]:
     with state.db.read() as session:
         events = [event_dict(e) for e in list_events(session, caller.account_id, run_id,
@@ -87,7 +89,7 @@ def runs_events(run_id: str, caller: Requester, state: State,
 
 
 class RunActionBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     confirmation_ref: str = Field(min_length=1, max_length=64)
     idempotency_key: str
 
@@ -126,7 +128,7 @@ def runs_restart(run_id: str, body: RunActionBody, caller: Requester,
 
 @router.get("/{run_id}/logs")
 def runs_logs(run_id: str, caller: Requester, state: State,
-              since: int = Query(default=0, ge=0),
+              since: int = Query(default=0, ge=0, le=CURSOR_MAX),
               limit: int = Query(default=500, ge=1, le=5000)) -> dict[str, Any]:
     with state.db.read() as session:
         lines, cursor = list_logs(session, caller.account_id, run_id, since=since, limit=limit)
@@ -136,7 +138,7 @@ def runs_logs(run_id: str, caller: Requester, state: State,
 @router.get("/{run_id}/metrics")
 def runs_metrics(run_id: str, caller: Requester, state: State,
                  name: str | None = Query(default=None, max_length=64),
-                 since: int = Query(default=0, ge=0),
+                 since: int = Query(default=0, ge=0, le=CURSOR_MAX),
                  limit: int = Query(default=5000, ge=1, le=50000)) -> dict[str, Any]:
     with state.db.read() as session:
         points, cursor = list_metrics(session, caller.account_id, run_id, name=name,

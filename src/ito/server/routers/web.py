@@ -151,8 +151,11 @@ async def login_submit(request: Request, state: State, email: FormField = "",
     next_url = _safe_next(next)
     if not csrf_valid(state.pepper, "login", request.cookies.get(LOGIN_COOKIE), csrf_token):
         return error_page(ItoError("csrf_failed"))
-    # Password guessing gets a few tries a minute per address and per account email.
-    sources = (source_of(request), "email:" + email.strip().lower())
+    # Password guessing gets a few tries a minute per account email (from anywhere) and per
+    # address and email. Never per address alone: one approver's (or an attacker's) failures
+    # behind a shared NAT must not lock out another account's approvers.
+    account = "email:" + email.strip().lower()
+    sources = (f"{source_of(request)} {account}", account)
     try:
         for source in sources:
             state.limits.check_source(source)

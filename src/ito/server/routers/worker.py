@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
 from ito.core.envelope import ok_envelope
+from ito.core.errors import ItoError
 from ito.server.routers.deps import State, require
 from ito.server.services.credentials import AuthContext
 from ito.server.services.leases import (
@@ -31,8 +32,8 @@ def _lease_settings(state: Any) -> LeaseSettings:
 
 
 class Attempt(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    attempt: int = Field(ge=1)
+    model_config = ConfigDict(extra="forbid", strict=True)
+    attempt: int = Field(ge=1, le=2**31 - 1)
 
 
 class ReportBody(Attempt):
@@ -46,7 +47,7 @@ class FinishBody(Attempt):
 
 
 class CleanedBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     bytes_freed: int = Field(ge=0)
     paths: list[str] = Field(default_factory=list, max_length=1000)
 
@@ -72,8 +73,13 @@ def worker_heartbeat(run_id: str, body: Attempt, state: State,
 @router.post("/runs/{run_id}/report")
 def worker_report(run_id: str, body: ReportBody, state: State,
                   caller: AuthContext = Worker) -> dict[str, Any]:
-    with state.db.write() as session:
-        counts = report(session, caller, run_id, body.attempt, body.events)
+    try:
+        with state.db.write() as session:
+            counts = report(session, caller, run_id, body.attempt, body.events)
+    except (KeyError, ValueError, TypeError, AttributeError):
+        # Events are free-form dicts: one missing or mistyped field refuses the batch (rolled
+        # back whole), never a 500.
+        raise ItoError("invalid_arguments", "a reported event is malformed") from None
     return ok_envelope(counts, "reported")
 
 
