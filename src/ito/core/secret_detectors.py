@@ -10,9 +10,10 @@ Left out, with the reason (costs measured on 1 MiB of manifest text; each plugin
 about a millisecond there, because its expressions start with a literal the regex engine can
 search for):
 
-- ``JwtTokenDetector`` and ``NpmDetector``: their expressions backtrack quadratically on long runs
-  (``eyJeyJ…``, ``//a//a…``: seconds on 100 KB); :mod:`ito.core.secret_scan` has linear patterns
-  for both shapes.
+- ``JwtTokenDetector``, ``NpmDetector`` and ``OpenAIDetector``: their expressions backtrack
+  quadratically on long runs (``eyJeyJ…``, ``//a//a…``: seconds on 100 KB; ``sk-sk-…``: minutes
+  on 1 MiB, ``sk-[…]*[…]{20}T3BlbkFJ`` rescans the run from every ``sk-``);
+  :mod:`ito.core.secret_scan` has linear patterns for these shapes.
 - ``IbmCloudIamDetector``, ``IbmCosHmacDetector``, ``SoftlayerDetector``, ``CloudantDetector``
   (assignments such as ``ibm_api_key = "…"``, 60-210 ms each), ``MailchimpDetector``,
   ``ArtifactoryDetector``, ``TelegramBotTokenDetector`` (30-50 ms each) and the second pattern
@@ -57,7 +58,6 @@ from detect_secrets.plugins.high_entropy_strings import (
     Base64HighEntropyString,
     HexHighEntropyString,
 )
-from detect_secrets.plugins.openai import OpenAIDetector
 from detect_secrets.plugins.private_key import PrivateKeyDetector
 from detect_secrets.plugins.pypi_token import PypiTokenDetector
 from detect_secrets.plugins.sendgrid import SendGridDetector
@@ -80,7 +80,7 @@ microseconds of Python; a reviewed manifest holds a handful (digests are hex, an
 
 _REGEX_DETECTORS: tuple[RegexBasedDetector, ...] = (
     AzureStorageKeyDetector(), BasicAuthDetector(), DiscordBotTokenDetector(),
-    GitHubTokenDetector(), GitLabTokenDetector(), OpenAIDetector(), PrivateKeyDetector(),
+    GitHubTokenDetector(), GitLabTokenDetector(), PrivateKeyDetector(),
     PypiTokenDetector(), SendGridDetector(), SquareOAuthDetector(), TwilioKeyDetector(),
 )
 _BASE64 = Base64HighEntropyString()
