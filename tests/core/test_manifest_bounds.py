@@ -132,3 +132,20 @@ def test_schema_errors_are_bounded_in_number(doc: Doc) -> None:
         parse_manifest(json.dumps(doc).encode())
     assert info.value.code == "manifest_invalid"
     assert 0 < len(info.value.details["errors"]) <= 50
+
+
+def test_an_object_with_more_keys_than_any_valid_one_is_refused_once_at_its_path(
+        doc: Doc) -> None:
+    doc["model"] |= {f"k{i}": 0 for i in range(MAX_BATTERIES + 1)}
+    with pytest.raises(ItoError) as info:
+        parse_manifest(json.dumps(doc).encode())
+    assert info.value.code == "manifest_invalid"
+    assert [e["path"] for e in info.value.details["errors"]] == ["$.model"]
+
+
+def test_an_array_longer_than_any_valid_one_is_refused_once_at_its_path(doc: Doc) -> None:
+    doc["extra"] = [{"x": 1}] * (MAX_DATA_REFS + 1)
+    with pytest.raises(ItoError) as info:
+        parse_manifest(json.dumps(doc).encode())
+    assert info.value.code == "manifest_invalid"
+    assert [e["path"] for e in info.value.details["errors"]] == ["$.extra"]
