@@ -237,3 +237,71 @@ def test_a_manifest_swapped_for_a_symlink_during_the_read_is_refused(
 
     monkeypatch.setattr(secure_file, "_read_all", read_then_swap)
     assert _code(manifest) == "manifest_changed"
+
+
+# --- every directory from / down to the file ------------------------------------------------
+
+OTHER_UID = 65534  # nobody: the tests run as root, so "us or root" must be told from it
+
+
+def _nested(tmp_path: Path, outer_mode: int, inner_mode: int = 0o700) -> Path:
+    outer = tmp_path / "outer"
+    outer.mkdir()
+    outer.chmod(outer_mode)
+    inner = outer / "inner"
+    inner.mkdir()
+    inner.chmod(inner_mode)
+    return _write(inner / "m.json")
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o720, 0o1770])
+def test_a_manifest_in_a_group_writable_directory_is_unsafe(tmp_path: Path, mode: int) -> None:
+    folder = tmp_path / "group"
+    folder.mkdir()
+    folder.chmod(mode)
+    assert _code(_write(folder / "m.json")) == "manifest_unsafe_permissions"
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o775, 0o757, 0o770])
+def test_a_private_directory_inside_one_others_can_write_is_unsafe(
+        tmp_path: Path, mode: int) -> None:
+    assert _code(_nested(tmp_path, mode)) == "manifest_unsafe_permissions"
+
+
+def test_a_private_directory_deep_below_an_open_one_is_unsafe(tmp_path: Path) -> None:
+    top = tmp_path / "open"
+    deep = top / "a" / "b" / "c"
+    deep.mkdir(parents=True, mode=0o700)
+    top.chmod(0o777)
+    assert _code(_write(deep / "m.json")) == "manifest_unsafe_permissions"
+
+
+def test_a_root_owned_sticky_world_writable_ancestor_like_tmp_is_accepted(
+        tmp_path: Path) -> None:
+    path = _nested(tmp_path, 0o1777)
+    assert os.stat(tmp_path / "outer").st_uid in (0, os.getuid())
+    assert read_manifest_securely(str(path)).raw == CONTENT
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing a directory's owner needs root")
+def test_a_sticky_world_writable_ancestor_owned_by_another_user_is_refused(
+        tmp_path: Path) -> None:
+    path = _nested(tmp_path, 0o1777)
+    os.chown(tmp_path / "outer", OTHER_UID, -1)
+    assert _code(path) == "manifest_wrong_owner"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing a directory's owner needs root")
+def test_a_parent_directory_owned_by_another_user_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "theirs"
+    folder.mkdir(mode=0o755)
+    path = _write(folder / "m.json")
+    os.chown(folder, OTHER_UID, -1)
+    assert _code(path) == "manifest_wrong_owner"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing a directory's owner needs root")
+def test_an_ancestor_directory_owned_by_another_user_is_refused(tmp_path: Path) -> None:
+    path = _nested(tmp_path, 0o755)
+    os.chown(tmp_path / "outer", OTHER_UID, -1)
+    assert _code(path) == "manifest_wrong_owner"

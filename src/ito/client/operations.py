@@ -3,8 +3,9 @@
 
 An operation never raises for anything a user, the API or the network can cause: a refusal is
 an error envelope with ``live_api_contacted`` telling whether any byte may have reached the API.
-Manifests are read securely (§6.1) before any network call. A lost response to ``train`` is
-resolved by looking the run up by its idempotency key (§6.2), never by creating again.
+Manifests are read securely (§6.1), parsed and secret-scanned before any network call. A lost
+response to ``train`` is resolved by looking the run up by its idempotency key (§6.2), never by
+creating again.
 
 An id that goes into a URL path (run, booking, confirmation) must be exactly an id of its kind
 as the server mints them (:mod:`ito.core.ids`), or the operation is refused with
@@ -119,8 +120,15 @@ class Operations:
 
     @staticmethod
     def _read(path: str) -> SecureRead:
+        """Read the manifest securely, then parse and secret-scan it here: a document the
+        server would refuse (``manifest_invalid``, ``manifest_contains_secret``) never leaves
+        this machine — a credentials file passed by mistake is not uploaded to be refused."""
+        from ito.core.manifest import parse_manifest
+
         try:
-            return read_manifest_securely(path)
+            read = read_manifest_securely(path)
+            parse_manifest(read.raw)
+            return read
         except ItoError as exc:
             raise _local_refusal(exc, "the manifest was refused before anything was sent; "
                                  "nothing was created") from None

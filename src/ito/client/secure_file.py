@@ -1,6 +1,11 @@
 """Read a reviewed manifest without being tricked (DESIGN §6.1).
 
-The path must be absolute and no component may be a symbolic link. The file is opened with
+The path must be absolute and no component may be a symbolic link. Every directory on the way
+from ``/`` to the file must be owned by us or root (``manifest_wrong_owner``) and writable by
+nobody else (``manifest_unsafe_permissions``): whoever can write a directory on the path can
+swap what lies below it between review and confirm. Above the file's own directory, a
+world-writable directory is accepted only if root owns it and it is sticky (``/tmp``): there
+nobody can rename or remove an entry they do not own. The file is opened with
 ``O_NOFOLLOW`` (a link swapped in at the last moment fails the open) and ``O_NONBLOCK`` (a FIFO
 cannot hang us), and everything else is judged on the open descriptor: a regular file, owned by
 us or root, not writable by group or others, in a directory others cannot write, at most the
@@ -37,6 +42,7 @@ def read_manifest_securely(path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> Sec
     if not path or not os.path.isabs(path):
         raise ItoError("manifest_path_not_absolute")
     _refuse_symlink_components(path)
+    _check_directories(path)
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except OSError as exc:
@@ -81,6 +87,28 @@ def _refuse_symlink_components(path: str) -> None:
             raise ItoError("manifest_symlink")
 
 
+def _check_directories(path: str) -> None:
+    """Owner and write bits of every directory from ``/`` down to the file's own."""
+    me = os.getuid()
+    parent = PurePosixPath(path).parent
+    chain = [*reversed(parent.parents), parent]
+    for directory in chain:
+        try:
+            st = os.lstat(directory)
+        except OSError:
+            raise ItoError("manifest_not_regular_file", "the manifest path cannot be "
+                           "inspected") from None
+        if st.st_uid not in (me, 0):
+            raise ItoError("manifest_wrong_owner", "a directory on the manifest path is owned "
+                           "by another user")
+        if not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            continue
+        shared_tmp = st.st_uid == 0 and st.st_mode & stat.S_ISVTX
+        if directory == parent or not shared_tmp:
+            raise ItoError("manifest_unsafe_permissions", "a directory on the manifest path is "
+                           "writable by group or others")
+
+
 def _check_descriptor(st: os.stat_result, path: str, max_bytes: int) -> None:
     if not stat.S_ISREG(st.st_mode):
         raise ItoError("manifest_not_regular_file")
@@ -89,10 +117,6 @@ def _check_descriptor(st: os.stat_result, path: str, max_bytes: int) -> None:
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise ItoError("manifest_unsafe_permissions",
                        "the manifest is writable by group or others")
-    parent = os.lstat(os.path.dirname(path) or "/")
-    if parent.st_mode & stat.S_IWOTH:
-        raise ItoError("manifest_unsafe_permissions",
-                       "the manifest's directory is writable by others")
     if st.st_size > max_bytes:
         raise ItoError("manifest_too_large", max_bytes=max_bytes)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -19,11 +20,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ito.core.errors import ItoError
 from ito.core.hardware import ACCELERATORS, FABRICS
 from ito.core.model_sizes import SIZES
-from ito.core.secret_scan import scan_json_value
+from ito.core.secret_scan import scan_document
 from ito.core.text import unsafe_json_paths
 
 __all__ = [
     "MANIFEST_MAX_BYTES",
+    "MAX_BATTERIES",
+    "MAX_DATA_REFS",
+    "MAX_EVALS_PER_BATTERY",
+    "MAX_IDS_PER_LIST",
+    "MAX_LICENSES",
+    "MAX_SUITES",
     "SCHEMA_ID",
     "Manifest",
     "manifest_digest",
@@ -36,8 +43,30 @@ SCHEMA_ID = "ito.training.manifest.v1"
 MANIFEST_MAX_BYTES = 1024 * 1024
 """Size bound of a manifest, on the client and on the server (1 MiB)."""
 
+# Bounds on every list and map, so that validating a manifest is linear in a small, fixed
+# maximum however the bytes are arranged (a 1 MiB document of 100 000 ids must not be valid).
+MAX_DATA_REFS = 1000
+"""Data references in one manifest."""
+MAX_IDS_PER_LIST = 1000
+"""Data ids one curriculum stage or post-training recipe names."""
+MAX_SUITES = 64
+"""Eval suites one data reference was decontaminated against."""
+MAX_BATTERIES = 64
+"""Eval batteries in one manifest."""
+MAX_EVALS_PER_BATTERY = 64
+"""Evals in one battery."""
+MAX_LICENSES = 256
+"""Licences a data policy allows."""
+MAX_OBJECT_KEYS = MAX_BATTERIES
+"""Keys of any JSON object (the largest is ``eval_batteries``)."""
+MAX_ARRAY_ITEMS = max(MAX_DATA_REFS, MAX_IDS_PER_LIST)
+"""Items of any JSON array."""
+MAX_ERRORS = 50
+"""Schema errors reported at most (one is enough to refuse)."""
+
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
-Ident = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")]
+Ident = Annotated[str, Field(max_length=64, pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")]
+DataIds = Annotated[list[Ident], Field(min_length=1, max_length=MAX_IDS_PER_LIST)]
 Accel = Literal["a100", "h100", "h200", "b200", "cpu"]
 Fabric = Literal["nvlink", "infiniband", "roce", "ethernet"]
 DataRole = Literal["pretrain", "midtrain", "sft", "dpo", "rlvr", "eval"]
@@ -50,6 +79,9 @@ REWARDS: tuple[str, ...] = ("exact_match_arith", "exact_match")
 assert set(ACCELERATORS) == {"a100", "h100", "h200", "b200", "cpu"}
 assert set(FABRICS) == {"nvlink", "infiniband", "roce", "ethernet"}
 assert set(SIZES) == {"tiny", "150m", "1b", "8b"}
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 
 
 class _Strict(BaseModel):
@@ -66,13 +98,13 @@ class ModelRef(_Strict):
 
 
 class Resources(_Strict):
-    accelerators: Annotated[list[Accel], Field(min_length=1)]
+    accelerators: Annotated[list[Accel], Field(min_length=1, max_length=len(ACCELERATORS))]
     """Accelerator types this run accepts; the booking's must be one of them."""
     nodes: Annotated[int, Field(ge=1, le=4096)]
     """Nodes the run needs."""
     gpus_per_node: Annotated[int, Field(ge=1, le=64)]
     """Accelerators (or CPU worker processes) per node the run needs."""
-    fabrics: Annotated[list[Fabric], Field(min_length=1)]
+    fabrics: Annotated[list[Fabric], Field(min_length=1, max_length=len(FABRICS))]
     """Fabrics this run accepts between nodes (inside a node any)."""
     replica_groups: Annotated[int, Field(ge=1, le=64)] = 1
     """Replica groups the accelerators split into (HSDP's replicate degree). Each group holds a
@@ -82,7 +114,7 @@ class Resources(_Strict):
 
 
 class Decontamination(_Strict):
-    eval_suites: Annotated[list[Ident], Field(min_length=1)]
+    eval_suites: Annotated[list[Ident], Field(min_length=1, max_length=MAX_SUITES)]
     """Ids of the eval data this data was decontaminated against."""
     method: Literal["ngram"]
     """Overlap method; n-gram overlap is the one v1 knows."""
@@ -111,7 +143,7 @@ class DataRef(_Strict):
 
 class CurriculumStage(_Strict):
     stage: StageName
-    data: Annotated[list[Ident], Field(min_length=1)]
+    data: DataIds
     tokens: Annotated[int, Field(ge=1, le=10**14)]
     """Token budget of the stage."""
     seq_len: Annotated[int, Field(ge=8, le=1 << 20)]
@@ -120,7 +152,7 @@ class CurriculumStage(_Strict):
 
 
 class SftRecipe(_Strict):
-    data: Annotated[list[Ident], Field(min_length=1)]
+    data: DataIds
     epochs: Annotated[int, Field(ge=1, le=100)]
     max_tokens: Annotated[int, Field(ge=1, le=10**13)]
     """Upper bound of tokens processed, used for the cost estimate and enforced at run time."""
@@ -128,7 +160,7 @@ class SftRecipe(_Strict):
 
 
 class DpoRecipe(_Strict):
-    data: Annotated[list[Ident], Field(min_length=1)]
+    data: DataIds
     beta: Annotated[float, Field(gt=0, le=10)]
     max_tokens: Annotated[int, Field(ge=1, le=10**13)]
     battery: Ident
@@ -150,8 +182,8 @@ class Dapo(_Strict):
 
 class RlvrRecipe(_Strict):
     algorithm: Literal["grpo"]
-    data: Annotated[list[Ident], Field(min_length=1)]
-    rewards: Annotated[list[RewardName], Field(min_length=1)]
+    data: DataIds
+    rewards: Annotated[list[RewardName], Field(min_length=1, max_length=len(REWARDS))]
     group_size: Annotated[int, Field(ge=2, le=1024)]
     max_staleness: Annotated[int, Field(ge=0, le=64)]
     """Largest allowed version lag of a rollout behind the trainer (0 = on-policy)."""
@@ -189,7 +221,8 @@ class CheckpointPolicy(_Strict):
 
 
 class DataPolicy(_Strict):
-    allowed_licenses: Annotated[list[str], Field(min_length=1)]
+    allowed_licenses: Annotated[list[Annotated[str, Field(min_length=1, max_length=64)]],
+                                Field(min_length=1, max_length=MAX_LICENSES)]
     max_contamination: Annotated[float, Field(ge=0, le=1)]
     """Largest accepted fraction of eval items found in training data."""
 
@@ -206,10 +239,13 @@ class Manifest(_Strict):
     name: Ident
     model: ModelRef
     resources: Resources
-    data: Annotated[list[DataRef], Field(min_length=1, max_length=1000)]
+    data: Annotated[list[DataRef], Field(min_length=1, max_length=MAX_DATA_REFS)]
     curriculum: Annotated[list[CurriculumStage], Field(min_length=1, max_length=3)]
     post_training: PostTraining
-    eval_batteries: dict[Ident, Annotated[list[EvalSpec], Field(min_length=1)]]
+    eval_batteries: Annotated[
+        dict[Ident, Annotated[list[EvalSpec],
+                              Field(min_length=1, max_length=MAX_EVALS_PER_BATTERY)]],
+        Field(max_length=MAX_BATTERIES)]
     ladder: Ladder
     checkpoint: CheckpointPolicy
     data_policy: DataPolicy
@@ -255,14 +291,9 @@ def _parse(raw: bytes) -> Manifest:
     except (UnicodeDecodeError, ValueError):
         raise ItoError("manifest_invalid", "the manifest is not UTF-8 JSON",
                        errors=[{"path": "$", "message": "not valid UTF-8 JSON"}]) from None
-    unsafe = unsafe_json_paths(document)
-    if unsafe:
-        # JSON escapes (\u0000, \u202e) get past the parser's own refusal of raw controls; such
-        # text cannot be stored (PostgreSQL) or shown to an approver as it is (ito.core.text).
-        raise ItoError("manifest_invalid", "the manifest carries a control, bidirectional "
-                       "override or other refused character",
-                       errors=[{"path": p, "message": "refused character"} for p in unsafe])
-    findings = scan_json_value(document)
+    # Before anything else looks at the document: a credential anywhere (any key, any string,
+    # any depth) is refused as such, and never reaches a schema error.
+    findings = scan_document(document)
     if findings:
         raise ItoError(
             "manifest_contains_secret",
@@ -270,8 +301,18 @@ def _parse(raw: bytes) -> Manifest:
             "reference secrets out of band",
             findings=[{"path": f.path, "kind": f.kind} for f in findings],
         )
+    unsafe = unsafe_json_paths(document)
+    if unsafe:
+        # JSON escapes (\u0000, \u202e) get past the parser's own refusal of raw controls; such
+        # text cannot be stored (PostgreSQL) or shown to an approver as it is (ito.core.text).
+        raise ItoError("manifest_invalid", "the manifest carries a control, bidirectional "
+                       "override or other refused character",
+                       errors=[{"path": p, "message": "refused character"} for p in unsafe])
     if not isinstance(document, dict):
         raise ItoError("manifest_invalid", errors=[{"path": "$", "message": "must be an object"}])
+    oversized = _oversized_container(document)
+    if oversized is not None:
+        raise ItoError("manifest_invalid", errors=[oversized])
     try:
         manifest = Manifest.model_validate(document)
     except ValidationError as exc:
@@ -279,8 +320,29 @@ def _parse(raw: bytes) -> Manifest:
     problems = _cross_field_problems(manifest)
     if problems:
         raise ItoError("manifest_invalid",
-                       errors=[{"path": p, "message": m} for p, m in problems])
+                       errors=[{"path": p, "message": m} for p, m in problems[:MAX_ERRORS]])
     return manifest
+
+
+def _oversized_container(document: dict[str, Any]) -> dict[str, str] | None:
+    """The first object with more keys, or array with more items, than any in a valid manifest.
+
+    Checked before the schema, whose errors would otherwise be built one per unknown key or
+    per item (68 000 keys: half a second of CPU for errors that are then thrown away)."""
+    stack: list[tuple[Any, str]] = [(document, "$")]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, dict):
+            if len(value) > MAX_OBJECT_KEYS:
+                return {"path": path, "message": f"more than {MAX_OBJECT_KEYS} keys"}
+            stack.extend((child, path + (f".{key}" if _PLAIN_KEY.fullmatch(key) else "[<key>]"))
+                         for key, child in value.items() if isinstance(child, dict | list))
+        elif isinstance(value, list):
+            if len(value) > MAX_ARRAY_ITEMS:
+                return {"path": path, "message": f"more than {MAX_ARRAY_ITEMS} items"}
+            stack.extend((child, f"{path}[{index}]") for index, child in enumerate(value)
+                         if isinstance(child, dict | list))
+    return None
 
 
 class _DuplicateKey(ValueError):
@@ -303,25 +365,34 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _validation_errors(exc: ValidationError) -> list[dict[str, str]]:
+    # Never the input: no value is echoed, and a key (an unknown field, a battery name) only
+    # when it is a short plain name.
     errors = []
-    for err in exc.errors(include_url=False, include_input=False):
+    for err in exc.errors(include_url=False, include_input=False)[:MAX_ERRORS]:
         path = "$"
         for part in err["loc"]:
-            path += f"[{part}]" if isinstance(part, int) else f".{part}"
+            if isinstance(part, int):
+                path += f"[{part}]"
+            elif _PLAIN_KEY.fullmatch(part):
+                path += f".{part}"
+            else:
+                path += "[<key>]"
         errors.append({"path": path, "message": err["msg"]})
     return errors
 
 
 def _cross_field_problems(m: Manifest) -> list[tuple[str, str]]:
+    # Linear in the size of the manifest: every id is looked up in a dict or set built once.
     problems: list[tuple[str, str]] = []
     by_id: dict[str, DataRef] = {}
+    eval_ids = {d.id for d in m.data if d.role == "eval"}
     for i, ref in enumerate(m.data):
         if ref.id in by_id:
             problems.append((f"$.data[{i}].id", f"duplicate data id {ref.id!r}"))
         by_id[ref.id] = ref
         if ref.decontamination is not None:
             for j, suite in enumerate(ref.decontamination.eval_suites):
-                if suite not in {d.id for d in m.data if d.role == "eval"}:
+                if suite not in eval_ids:
                     problems.append((f"$.data[{i}].decontamination.eval_suites[{j}]",
                                      f"{suite!r} is not an eval data id"))
 
