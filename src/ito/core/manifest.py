@@ -21,7 +21,7 @@ from ito.core.errors import ItoError
 from ito.core.hardware import ACCELERATORS, FABRICS
 from ito.core.model_sizes import SIZES
 from ito.core.secret_scan import scan_document
-from ito.core.text import unsafe_json_paths
+from ito.core.text import json_text_may_be_unsafe, unsafe_json_paths
 
 __all__ = [
     "MANIFEST_MAX_BYTES",
@@ -282,7 +282,8 @@ def parse_manifest(raw: bytes) -> Manifest:
 
 def _parse(raw: bytes) -> Manifest:
     try:
-        document = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys,
+        text = raw.decode("utf-8")
+        document = json.loads(text, object_pairs_hook=_no_duplicate_keys,
                               parse_constant=_no_constant)
     except _DuplicateKey:
         # The key itself is not echoed: it might be the very credential being smuggled.
@@ -301,7 +302,8 @@ def _parse(raw: bytes) -> Manifest:
             "reference secrets out of band",
             findings=[{"path": f.path, "kind": f.kind} for f in findings],
         )
-    unsafe = unsafe_json_paths(document)
+    # The walk of every string only when the text may hold one (its paths are then needed).
+    unsafe = unsafe_json_paths(document) if json_text_may_be_unsafe(text) else []
     if unsafe:
         # JSON escapes (\u0000, \u202e) get past the parser's own refusal of raw controls; such
         # text cannot be stored (PostgreSQL) or shown to an approver as it is (ito.core.text).

@@ -21,12 +21,19 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["escape_unsafe", "is_safe", "unsafe_json_paths"]
+__all__ = ["escape_unsafe", "is_safe", "json_text_may_be_unsafe", "unsafe_json_paths"]
 
 _BIDI_AND_SURROGATES = "\u202a-\u202e\u2066-\u2069\ud800-\udfff"
 _SINGLE_LINE = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI_AND_SURROGATES}]")
 _MULTI_LINE = re.compile(f"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f{_BIDI_AND_SURROGATES}]")
 _IDENTIFIER = re.compile(r"[A-Za-z0-9_\-]{1,64}")
+# A JSON \u escape of a refused character: a control other than TAB/LF/CR, DEL, a C1 control,
+# a bidi override or isolate, or a surrogate. Starts with a literal, so the engine only tries it
+# where ``\u`` is.
+_UNSAFE_U_ESCAPE = re.compile(
+    r"\\u(?:00(?:0[0-8bBcCeEfF]|1[0-9a-fA-F]|7[fF]|[89][0-9a-fA-F])"
+    r"|202[a-eA-E]|206[6-9]|[dD][89a-fA-F][0-9a-fA-F]{2})"
+)
 
 
 def _pattern(multiline: bool) -> re.Pattern[str]:
@@ -36,6 +43,27 @@ def _pattern(multiline: bool) -> re.Pattern[str]:
 def is_safe(text: str, *, multiline: bool = False) -> bool:
     """Whether ``text`` carries none of the refused characters."""
     return _pattern(multiline).search(text) is None
+
+
+def json_text_may_be_unsafe(text: str) -> bool:
+    """Whether JSON ``text`` (valid, as :func:`json.loads` accepts it) may hold a string or key
+    that :func:`unsafe_json_paths` refuses. False proves it holds none, at the cost of a few
+    scans in C instead of a walk of every string of the parsed document.
+
+    A refused character in a parsed string is either in the text as it is, or written as an
+    escape (``\\b``, ``\\f``, ``\\uXXXX``; a lone surrogate can only be written so). As it is:
+    the parser refuses raw C0 controls inside strings and allows only whitespace outside them,
+    so ASCII text can only carry DEL (``str.isascii`` is a flag lookup, the full character test
+    is for other text). Escapes: every pair ``\\\\`` is removed first, the way the parser reads
+    a run of backslashes from its start, so that each backslash left begins an escape."""
+    raw = "\x7f" in text if text.isascii() else _MULTI_LINE.search(text) is not None
+    if raw:
+        return True
+    if "\\" not in text:
+        return False
+    escapes = text.replace("\\\\", "")
+    return ("\\b" in escapes or "\\f" in escapes
+            or _UNSAFE_U_ESCAPE.search(escapes) is not None)
 
 
 def unsafe_json_paths(value: Any, path: str = "$", *, limit: int = 20) -> list[str]:
