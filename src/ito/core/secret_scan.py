@@ -72,59 +72,68 @@ def _param(name: str) -> str:
     return f"{escaped}(?<=[?&;]{escaped})[^&#\\s]"
 
 
-_EXACT: list[tuple[str, str]] = [
-    ("private_key", r"-----BEGIN [A-Z0-9 ]{0,64}PRIVATE KEY"),
-    ("private_key", r"PuTTY-User-Key-File-\d"),
-    ("cloud_key", r"(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}"),
-    ("cloud_key", _word("AIza", r"[0-9A-Za-z_-]{35}")),
-    ("cloud_key", r"GOCSPX-[A-Za-z0-9_-]{20}"),
-    ("cloud_key", _word("do[opr]_v1_", r"[a-f0-9]{64}")),
-    ("api_token", _word("gh[pousr]_", r"[A-Za-z0-9]{30}")),
-    ("api_token", r"github_pat_[A-Za-z0-9_]{30}"),
-    ("api_token", r"glpat-[A-Za-z0-9_-]{20}"),
-    ("api_token", _word("xox[abposr]-", r"[A-Za-z0-9-]{10}")),
-    ("api_token", r"hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9_]"),
-    ("api_token", r"discord\.com/api/webhooks/\d+/[\w-]"),
-    ("api_token", r"discordapp\.com/api/webhooks/\d+/[\w-]"),
-    ("api_token", _word("sk_(?:live|test)_", r"[A-Za-z0-9]{16}")),
-    ("api_token", _word("rk_(?:live|test)_", r"[A-Za-z0-9]{16}")),
-    ("api_token", _word("whsec_", r"[A-Za-z0-9]{24}")),
-    ("api_token", _word("sk-", r"[A-Za-z0-9_-]{20}")),
-    ("api_token", _word("hf_", r"[A-Za-z0-9]{30}")),
-    ("api_token", _word("npm_", r"[A-Za-z0-9]{36}")),
-    ("api_token", r":_authToken=\s*[^\s\"']"),
-    ("api_token", r"pypi-AgE[A-Za-z0-9_-]{50}"),
-    ("api_token", _word("shp(?:at|ca|pa|ss)_", r"[a-fA-F0-9]{32}")),
-    ("api_token", _word("dapi", r"[a-f0-9]{32}")),
-    ("api_token", _word("SG\\.", r"[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16}")),
-    ("api_token", _word("ito_", r"[a-z]+_[A-Za-z0-9]{8}_[A-Za-z0-9_-]{20}")),
-    ("jwt", _word("eyJ", r"[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8}")),
+_EXACT: list[tuple[str, str, tuple[str, ...]]] = [
+    ("private_key", r"-----BEGIN [A-Z0-9 ]{0,64}PRIVATE KEY", ("-----BEGIN ",)),
+    ("private_key", r"PuTTY-User-Key-File-\d", ("PuTTY-User-Key-File-",)),
+    ("cloud_key", r"(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}", ("AKIA", "ASIA", "ABIA", "ACCA")),
+    ("cloud_key", _word("AIza", r"[0-9A-Za-z_-]{35}"), ("AIza",)),
+    ("cloud_key", r"GOCSPX-[A-Za-z0-9_-]{20}", ("GOCSPX-",)),
+    ("cloud_key", _word("do[opr]_v1_", r"[a-f0-9]{64}"), ("_v1_",)),
+    ("api_token", _word("gh[pousr]_", r"[A-Za-z0-9]{30}"), ("gh",)),
+    ("api_token", r"github_pat_[A-Za-z0-9_]{30}", ("github_pat_",)),
+    ("api_token", r"glpat-[A-Za-z0-9_-]{20}", ("glpat-",)),
+    ("api_token", _word("xox[abposr]-", r"[A-Za-z0-9-]{10}"), ("xox",)),
+    ("api_token", r"hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9_]",
+     ("hooks.slack.com/",)),
+    ("api_token", r"discord\.com/api/webhooks/\d+/[\w-]", ("discord.com/api/webhooks/",)),
+    ("api_token", r"discordapp\.com/api/webhooks/\d+/[\w-]", ("discordapp.com/api/webhooks/",)),
+    ("api_token", _word("sk_(?:live|test)_", r"[A-Za-z0-9]{16}"), ("sk_live_", "sk_test_")),
+    ("api_token", _word("rk_(?:live|test)_", r"[A-Za-z0-9]{16}"), ("rk_live_", "rk_test_")),
+    ("api_token", _word("whsec_", r"[A-Za-z0-9]{24}"), ("whsec_",)),
+    ("api_token", _word("sk-", r"[A-Za-z0-9_-]{20}"), ("sk-",)),
+    ("api_token", _word("hf_", r"[A-Za-z0-9]{30}"), ("hf_",)),
+    ("api_token", _word("npm_", r"[A-Za-z0-9]{36}"), ("npm_",)),
+    ("api_token", r":_authToken=\s*[^\s\"']", (":_authToken=",)),
+    ("api_token", r"pypi-AgE[A-Za-z0-9_-]{50}", ("pypi-AgE",)),
+    ("api_token", _word("shp(?:at|ca|pa|ss)_", r"[a-fA-F0-9]{32}"), ("shp",)),
+    ("api_token", _word("dapi", r"[a-f0-9]{32}"), ("dapi",)),
+    ("api_token", _word("SG\\.", r"[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16}"), ("SG.",)),
+    ("api_token", _word("ito_", r"[a-z]+_[A-Za-z0-9]{8}_[A-Za-z0-9_-]{20}"), ("ito_",)),
+    ("jwt", _word("eyJ", r"[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8}"), ("eyJ",)),
     # Scheme-less on purpose: a `[a-z]+://` prefix would be retried at every letter of a long
     # word (quadratic); the class stops at '/', so each `://` is looked at once.
-    ("uri_userinfo", r"://[^/\s@?#:]*:[^/\s@?#]*@"),
-    ("uri_userinfo", r"://[^/\s@?#:]+@"),
+    ("uri_userinfo", r"://[^/\s@?#:]*:[^/\s@?#]*@", ("://",)),
+    ("uri_userinfo", r"://[^/\s@?#:]+@", ("://",)),
 ]
-_FOLDED: list[tuple[str, str]] = [
-    ("bearer_token", _word("bearer", r"\s+[a-z0-9._~+/=-]{12}")),
-    ("authorization_header", r"authorization\s*[:=]\s*[a-z]+\s+\S{8}"),
-    *(("authorization_header", rf"{name}\s*:\s*\S{{8}}")
+_FOLDED: list[tuple[str, str, tuple[str, ...]]] = [
+    ("bearer_token", _word("bearer", r"\s+[a-z0-9._~+/=-]{12}"), ("bearer",)),
+    ("authorization_header", r"authorization\s*[:=]\s*[a-z]+\s+\S{8}", ("authorization",)),
+    *(("authorization_header", rf"{name}\s*:\s*\S{{8}}", (name,))
       for name in ("api-key", "x-auth-token", "cookie")),
-    ("cloud_key", r"accountkey=[a-z0-9+/=]{20}"),
-    ("cloud_key", r"sharedaccesskey=[a-z0-9+/=]{20}"),
-    ("cloud_key", r"sharedaccesssignature=\S{8}"),
-    *(("signed_url", _param(name)) for name in (
+    ("cloud_key", r"accountkey=[a-z0-9+/=]{20}", ("accountkey=",)),
+    ("cloud_key", r"sharedaccesskey=[a-z0-9+/=]{20}", ("sharedaccesskey=",)),
+    ("cloud_key", r"sharedaccesssignature=\S{8}", ("sharedaccesssignature=",)),
+    *(("signed_url", _param(name), (name + "=",)) for name in (
         "x-amz-signature", "x-amz-credential", "x-amz-security-token", "x-goog-signature",
         "x-goog-credential", "googleaccessid", "sig", "signature", "access_token", "token",
         "api_key", "apikey", "password", "client_secret")),
-    *(("secret_assignment", rf"{re.escape(name)}\s*[=:]\s*\S{{4}}") for name in (
+    *(("secret_assignment", rf"{re.escape(name)}\s*[=:]\s*\S{{4}}", (name,)) for name in (
         "secret_access_key", "session_token", "secret_key", "password", "passwd", "api_key",
         "api-key", "apikey", "access_token", "access-token", "client_secret", "client-secret")),
 ]
-_VALUE_PATTERNS: list[tuple[str, re.Pattern[str], bool]] = [
-    *((kind, re.compile(pattern), False) for kind, pattern in _EXACT),
-    *((kind, re.compile(pattern), True) for kind, pattern in _FOLDED),
+_VALUE_PATTERNS: list[tuple[str, re.Pattern[str], bool, tuple[str, ...]]] = [
+    *((kind, re.compile(pattern), False, anchors) for kind, pattern, anchors in _EXACT),
+    *((kind, re.compile(pattern), True, anchors) for kind, pattern, anchors in _FOLDED),
 ]
-"""(kind, pattern, matched against the folded text)."""
+"""(kind, pattern, matched against the folded text, anchors). Every match of a pattern holds
+one of its anchors (literal text it cannot match without), so a pattern whose anchors are all
+absent is not run: a substring test costs a fraction of a regular expression pass, and most
+text holds none of the anchors."""
+
+
+def _present(anchors: tuple[str, ...], text: str) -> bool:
+    return any(anchor in text for anchor in anchors)
+
 
 # RFC 7617: "Basic" then base64 of "user:password". Prose ("basic arithmetic") does not decode
 # to a colon-bearing pair, so the decoded form is checked, not just the shape. Found in the
@@ -168,11 +177,14 @@ def _basic_spans(plain: str, folded: str) -> Iterator[int]:
 def _shape_matches(text: str) -> Iterator[tuple[int, str]]:
     """(position, kind) of every own credential shape in ``text``."""
     plain, folded = _ascii(text)
-    for kind, pattern, fold in _VALUE_PATTERNS:
-        for match in pattern.finditer(folded if fold else plain):
-            yield match.start(), kind
-    for position in _basic_spans(plain, folded):
-        yield position, "basic_auth"
+    for kind, pattern, fold, anchors in _VALUE_PATTERNS:
+        target = folded if fold else plain
+        if _present(anchors, target):
+            for match in pattern.finditer(target):
+                yield match.start(), kind
+    if "basic" in folded:
+        for position in _basic_spans(plain, folded):
+            yield position, "basic_auth"
 
 
 def scan_text(text: str, path: str = "$") -> list[Finding]:
