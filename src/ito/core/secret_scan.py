@@ -27,7 +27,7 @@ import re
 from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, islice
 from operator import add
 from typing import Any
 
@@ -241,49 +241,65 @@ def _key_segment(parent: _Path | None, key: str, redacted: set[tuple[int, str]])
 
 
 def _scan(value: Any, root: str, deep: bool) -> list[Finding]:
-    # One iterative walk (no recursion limit to hit) collecting every key and string with where
-    # it sits: (path of its container, key or index, whether it is the key itself). Only
-    # containers get a _Path; a list of strings (the bulk of a large manifest: id lists) is
-    # recorded as one span rather than a tuple per string.
+    # One iterative walk (no recursion limit to hit) collecting every key and string. Per
+    # container, its strings are added in one call (an object's keys, then its string values,
+    # in order; an array's string items, in order) and one span records where they start:
+    # where a string sits is worked out again from its container only for a finding. Per-item
+    # Python work is kept to the containers inside containers.
     strings: list[str] = []
-    places: dict[int, tuple[_Path | None, str | None, bool]] = {}
-    spans: list[tuple[int, _Path | None]] = []  # (index of the first string, list's path)
-    field_hits: list[tuple[_Path | None, str]] = []
+    spans: list[tuple[int, _Path | None, Any]] = []  # (index of the first string, path, container)
+    objects: list[tuple[_Path | None, dict[Any, Any]]] = []
+    keys: set[Any] = set()
     stack: list[tuple[Any, _Path | None]] = [(value, None)]
     while stack:
         item, node = stack.pop()
         if isinstance(item, dict):
-            for key, child in item.items():
-                key = str(key)
-                places[len(strings)] = (node, key, True)
-                strings.append(key)
-                if isinstance(child, str):
-                    places[len(strings)] = (node, key, False)
-                    strings.append(child)
-                elif isinstance(child, dict | list):
-                    stack.append((child, _Path(node, key, key=True)))
-                if _SECRET_FIELD.match(key) and child not in (None, "", [], {}):
-                    field_hits.append((node, key))
+            spans.append((len(strings), node, item))
+            objects.append((node, item))
+            keys.update(item)
+            strings.extend(map(str, item))
+            values = item.values()
+            strings.extend([child for child in values if isinstance(child, str)])
+            stack.extend([(child, _Path(node, str(key), key=True)) for key, child in item.items()
+                          if isinstance(child, dict | list)])
         elif isinstance(item, list):
-            if all(isinstance(child, str) for child in item):
-                spans.append((len(strings), node))
-                strings.extend(item)
-                continue
-            for index, child in enumerate(item):
-                if isinstance(child, str):
-                    places[len(strings)] = (node, f"[{index}]", False)
-                    strings.append(child)
-                elif isinstance(child, dict | list):
-                    stack.append((child, _Path(node, f"[{index}]", key=False)))
+            spans.append((len(strings), node, item))
+            texts = [child for child in item if isinstance(child, str)]
+            strings.extend(texts)
+            if len(texts) < len(item):
+                stack.extend([(child, _Path(node, f"[{index}]", key=False))
+                              for index, child in enumerate(item)
+                              if isinstance(child, dict | list)])
         elif isinstance(item, str):
-            places[len(strings)] = (None, None, False)
+            spans.append((len(strings), None, item))
             strings.append(item)
 
+    # Secret-named fields: the name test runs once per distinct key, then only the objects
+    # holding a flagged name are looked at.
+    flagged = {key for key in keys if _SECRET_FIELD.match(str(key))}
+    field_hits: list[tuple[_Path | None, str]] = []
+    if flagged:
+        for node, item in objects:
+            if not flagged.isdisjoint(item):
+                field_hits += [(node, str(key)) for key, child in item.items()
+                               if key in flagged and child not in (None, "", [], {})]
+
     def place(index: int) -> tuple[_Path | None, str | None, bool]:
-        if index in places:
-            return places[index]
-        first, node = spans[bisect_right(spans, index, key=lambda span: span[0]) - 1]
-        return node, f"[{index - first}]", False
+        first, node, container = spans[bisect_right(spans, index, key=lambda span: span[0]) - 1]
+        offset = index - first
+        if isinstance(container, dict):
+            if offset < len(container):
+                key = str(next(islice(container, offset, None)))
+                return node, key, True
+            offset -= len(container)
+            key = next(islice((str(k) for k, v in container.items() if isinstance(v, str)),
+                              offset, None))
+            return node, key, False
+        if isinstance(container, list):
+            position = next(islice((i for i, v in enumerate(container) if isinstance(v, str)),
+                                   offset, None))
+            return node, f"[{position}]", False
+        return None, None, False
 
     hits = _shape_hits(strings, deep)
     located = [(*place(i), kind) for i, kind in hits]
