@@ -131,8 +131,40 @@ absent is not run: a substring test costs a fraction of a regular expression pas
 text holds none of the anchors."""
 
 
-def _present(anchors: tuple[str, ...], text: str) -> bool:
-    return any(anchor in text for anchor in anchors)
+class _Anchors:
+    """Which anchors ``text`` holds, each looked up once (several patterns share one), and one
+    that contains another anchor only if that one is there (``password=`` after ``password``):
+    each lookup is a pass over the text."""
+
+    def __init__(self, text: str, inner: dict[str, str]) -> None:
+        self.text = text
+        self.inner = inner
+        self.known: dict[str, bool] = {}
+
+    def any(self, anchors: tuple[str, ...]) -> bool:
+        return any(map(self.holds, anchors))
+
+    def holds(self, anchor: str) -> bool:
+        known = self.known.get(anchor)
+        if known is None:
+            inner = self.inner.get(anchor)
+            known = (inner is None or self.holds(inner)) and anchor in self.text
+            self.known[anchor] = known
+        return known
+
+
+def _inner_anchors(groups: list[tuple[str, ...]]) -> dict[str, str]:
+    anchors = {anchor for group in groups for anchor in group}
+    inner = {}
+    for anchor in anchors:
+        parts = [other for other in anchors if other != anchor and other in anchor]
+        if parts:
+            inner[anchor] = max(parts, key=len)
+    return inner
+
+
+_INNER_PLAIN = _inner_anchors([anchors for _, _, fold, anchors in _VALUE_PATTERNS if not fold])
+_INNER_FOLDED = _inner_anchors([anchors for _, _, fold, anchors in _VALUE_PATTERNS if fold])
 
 
 # RFC 7617: "Basic" then base64 of "user:password". Prose ("basic arithmetic") does not decode
@@ -177,10 +209,10 @@ def _basic_spans(plain: str, folded: str) -> Iterator[int]:
 def _shape_matches(text: str) -> Iterator[tuple[int, str]]:
     """(position, kind) of every own credential shape in ``text``."""
     plain, folded = _ascii(text)
+    in_plain, in_folded = _Anchors(plain, _INNER_PLAIN), _Anchors(folded, _INNER_FOLDED)
     for kind, pattern, fold, anchors in _VALUE_PATTERNS:
-        target = folded if fold else plain
-        if _present(anchors, target):
-            for match in pattern.finditer(target):
+        if (in_folded if fold else in_plain).any(anchors):
+            for match in pattern.finditer(folded if fold else plain):
                 yield match.start(), kind
     if "basic" in folded:
         for position in _basic_spans(plain, folded):
