@@ -8,6 +8,8 @@ Inputs:
 - ``demo``: the bytes ``ito manifest init --recipe demo`` writes (the baseline);
 - ``worst valid``: every bounded list at its bound, every data reference decontaminated against
   every eval suite (the cross-field check that was quadratic), within 1 MiB;
+- ``anchor-heavy valid``: valid, 1 MiB of long data URIs holding every literal anchor of the
+  credential expressions (so every expression runs) over a run of one letter;
 - 1 MiB documents aimed at the secret scan, refused or not: one long string, many short strings,
   many keys, credential prefixes repeated (``sk-``, ``eyJ``, ``://``, ``a://`` — the shapes
   that made regular expressions backtrack), random-looking base64 runs (the entropy test), and
@@ -15,6 +17,9 @@ Inputs:
 
 Each figure is the median ``time.process_time()`` of ``--reps`` calls in this process, after
 one warm-up call. The scan alone (``scan_document`` on the parsed document) is shown beside.
+
+A last table times :func:`scan_text` (the scan of CLI and MCP arguments) on ¼, ½ and 1 MiB of
+anchor-heavy text: the ratios show it linear.
 
 Usage: ``.venv/bin/python bench/manifest_validation.py [--reps 5]``; prints a table, then one
 JSON line with every figure.
@@ -36,8 +41,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ito.core.errors import ItoError
 from ito.core.manifest import MANIFEST_MAX_BYTES, parse_manifest
-from ito.core.secret_scan import scan_document
-from tests.core.manifest_worst_case import recipe_manifest, worst_case_manifest
+from ito.core.secret_scan import scan_document, scan_text
+from tests.core.manifest_worst_case import (
+    anchor_heavy_manifest,
+    recipe_manifest,
+    worst_case_manifest,
+)
 
 MIB = MANIFEST_MAX_BYTES - 64  # room for the JSON around the payload
 
@@ -76,6 +85,7 @@ def _deep() -> bytes:
 INPUTS: dict[str, Callable[[], bytes]] = {
     "demo": lambda: recipe_manifest("demo"),
     "worst valid": worst_case_manifest,
+    "anchor-heavy valid": anchor_heavy_manifest,
     "1 string of 'a'": lambda: _one_string("a"),
     "'sk-' repeated": lambda: _one_string("sk-"),
     "'eyJ' repeated": lambda: _one_string("eyJ"),
@@ -142,7 +152,20 @@ def main() -> int:
     worst = max(rows[1:], key=lambda r: r["parse_ms"])
     print(f"worst: {worst['input']} at {worst['parse_ms']} ms CPU "
           f"({worst['ratio_to_demo']}× the demo manifest)")
-    print(json.dumps({"bench": "manifest_validation", "rows": rows}))
+
+    uri = json.loads(anchor_heavy_manifest())["data"][-1]["uri"]
+    linear = []
+    for size in (MIB // 4, MIB // 2, MIB):
+        text = (uri * (size // len(uri) + 1))[:size]
+        linear.append({"bytes": size,
+                       "scan_text_ms": round(_cpu(lambda text=text: scan_text(text),
+                                                  args.reps) * 1000, 2)})
+    print()
+    print("scan_text (CLI/MCP arguments) on anchor-heavy text")
+    for row in linear:
+        print(f"{row['bytes']:>9,} bytes {row['scan_text_ms']:>9.2f} ms "
+              f"{row['scan_text_ms'] / linear[0]['scan_text_ms']:>6.2f}× the ¼ MiB figure")
+    print(json.dumps({"bench": "manifest_validation", "rows": rows, "scan_text": linear}))
     return 0
 
 

@@ -24,7 +24,7 @@ from ito.core.manifest import (
     parse_manifest,
 )
 from ito.recipes import build_recipe
-from tests.core.manifest_worst_case import worst_case_manifest
+from tests.core.manifest_worst_case import anchor_heavy_manifest, worst_case_manifest
 
 Doc = dict[str, Any]
 
@@ -124,6 +124,13 @@ def test_the_adversarial_maximal_manifest_is_valid_and_within_the_size_bound() -
     assert len(raw) <= MANIFEST_MAX_BYTES
     manifest = parse_manifest(raw)
     assert len(manifest.data) == MAX_DATA_REFS
+
+
+def test_the_anchor_heavy_manifest_is_valid_and_within_the_size_bound() -> None:
+    # The bench's worst case for the secret scan: every expression runs, and finds nothing.
+    raw = anchor_heavy_manifest()
+    assert MANIFEST_MAX_BYTES - 4096 <= len(raw) <= MANIFEST_MAX_BYTES
+    parse_manifest(raw)
 
 
 def test_schema_errors_are_bounded_in_number(doc: Doc) -> None:
