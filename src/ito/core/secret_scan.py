@@ -274,25 +274,28 @@ def _key_segment(parent: _Path | None, key: str, redacted: set[tuple[int, str]])
 
 def _scan(value: Any, root: str, deep: bool) -> list[Finding]:
     # One iterative walk (no recursion limit to hit) collecting every key and string. Per
-    # container, its strings are added in one call (an object's keys, then its string values,
-    # in order; an array's string items, in order) and one span records where they start:
+    # container, its strings are added in one call (an object's keys, each followed by its
+    # value if a string; an array's string items, in order) and one span records where they start:
     # where a string sits is worked out again from its container only for a finding. Per-item
     # Python work is kept to the containers inside containers.
     strings: list[str] = []
     spans: list[tuple[int, _Path | None, Any]] = []  # (index of the first string, path, container)
-    objects: list[tuple[_Path | None, dict[Any, Any]]] = []
-    keys: set[Any] = set()
+    objects: list[tuple[_Path | None, dict[str, Any]]] = []
+    keys: set[str] = set()
     stack: list[tuple[Any, _Path | None]] = [(value, None)]
     while stack:
         item, node = stack.pop()
         if isinstance(item, dict):
+            if not all(isinstance(key, str) for key in item):
+                item = {str(key): child for key, child in item.items()}
             spans.append((len(strings), node, item))
             objects.append((node, item))
             keys.update(item)
-            strings.extend(map(str, item))
-            values = item.values()
-            strings.extend([child for child in values if isinstance(child, str)])
-            stack.extend([(child, _Path(node, str(key), key=True)) for key, child in item.items()
+            # Each key, then its value if it is a string: a pattern that runs across the
+            # separator (``Basic`` then the credential) sees a key next to its value.
+            strings.extend([text for pair in item.items() for text in pair
+                            if isinstance(text, str)])
+            stack.extend([(child, _Path(node, key, key=True)) for key, child in item.items()
                           if isinstance(child, dict | list)])
         elif isinstance(item, list):
             spans.append((len(strings), node, item))
@@ -308,25 +311,22 @@ def _scan(value: Any, root: str, deep: bool) -> list[Finding]:
 
     # Secret-named fields: the name test runs once per distinct key, then only the objects
     # holding a flagged name are looked at.
-    flagged = {key for key in keys if _SECRET_FIELD.match(str(key))}
+    flagged = {key for key in keys if _SECRET_FIELD.match(key)}
     field_hits: list[tuple[_Path | None, str]] = []
     if flagged:
         for node, item in objects:
             if not flagged.isdisjoint(item):
-                field_hits += [(node, str(key)) for key, child in item.items()
+                field_hits += [(node, key) for key, child in item.items()
                                if key in flagged and child not in (None, "", [], {})]
 
     def place(index: int) -> tuple[_Path | None, str | None, bool]:
         first, node, container = spans[bisect_right(spans, index, key=lambda span: span[0]) - 1]
         offset = index - first
         if isinstance(container, dict):
-            if offset < len(container):
-                key = str(next(islice(container, offset, None)))
-                return node, key, True
-            offset -= len(container)
-            key = next(islice((str(k) for k, v in container.items() if isinstance(v, str)),
-                              offset, None))
-            return node, key, False
+            key, is_key = next(islice(((k, text is k) for k, v in container.items()
+                                       for text in (k, v) if isinstance(text, str)),
+                                      offset, None))
+            return node, key, is_key
         if isinstance(container, list):
             position = next(islice((i for i, v in enumerate(container) if isinstance(v, str)),
                                    offset, None))
