@@ -375,12 +375,17 @@ def _no_constant(name: str) -> Any:
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
+    # Built in C; a repeated key shows as a dict shorter than the pairs, and only then is it
+    # looked for (a loop over the pairs in Python costs more than the parse itself).
+    result = dict(pairs)
+    if len(result) == len(pairs):
+        return result
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
             raise _DuplicateKey(key)
-        result[key] = value
-    return result
+        seen.add(key)
+    raise AssertionError("unreachable")
 
 
 def _validation_errors(exc: ValidationError) -> list[dict[str, str]]:
