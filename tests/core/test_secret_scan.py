@@ -120,3 +120,12 @@ def test_numbers_and_booleans_are_never_credentials() -> None:
 def test_the_test_recipe_manifest_has_no_findings(tmp_path: Any) -> None:
     manifest = build_recipe("test", str(tmp_path)).manifest
     assert scan_json_value(json.loads(json.dumps(manifest))) == []
+
+
+def test_secret_field_names_among_many_keys_are_each_found() -> None:
+    from ito.core.secret_scan import _SECRET_FIELD, _secret_fields
+
+    keys = {f"k{i}" for i in range(1000)} | {"Password", "TOKEN\n", "x\npassword", "api_key2",
+                                              "client_secret", "credential", "passwordx"}
+    assert _secret_fields(keys) == {k for k in keys if _SECRET_FIELD.match(k)} == {
+        "Password", "TOKEN\n", "client_secret", "credential"}

@@ -187,6 +187,20 @@ _SECRET_FIELD = re.compile(
     r"authorization|cookie|private_key|secret_access_key|aws_secret_access_key|account_key|"
     r"sas_token|connection_string|signing_key|credentials?)$"
 )
+# The same names, found as whole lines of the distinct keys joined by newlines: one pass in C
+# instead of a match per key (a 1 MiB object has 68 000 of them).
+_SECRET_FIELD_LINE = re.compile(_SECRET_FIELD.pattern, re.MULTILINE)
+
+
+def _secret_fields(keys: set[str]) -> set[str]:
+    """The keys that ``_SECRET_FIELD`` matches. A key it matches is a name of the list, in any
+    case, perhaps followed by one newline (``$``): either way a whole line of the joined keys,
+    so every one is among the lines found, each confirmed with the key pattern itself."""
+    lines = {match.group() for match in _SECRET_FIELD_LINE.finditer("\n".join(keys))}
+    candidates = lines | {line + "\n" for line in lines}
+    return {key for key in candidates & keys if _SECRET_FIELD.match(key)}
+
+
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 _MAX_KEY_IN_PATH = 64
 # Joins the strings of a document for one pass per pattern. A match may run across it (a
@@ -311,7 +325,7 @@ def _scan(value: Any, root: str, deep: bool) -> list[Finding]:
 
     # Secret-named fields: the name test runs once per distinct key, then only the objects
     # holding a flagged name are looked at.
-    flagged = {key for key in keys if _SECRET_FIELD.match(key)}
+    flagged = _secret_fields(keys)
     field_hits: list[tuple[_Path | None, str]] = []
     if flagged:
         for node, item in objects:
