@@ -18,16 +18,8 @@ from ito.core.manifest import (
     manifest_json_schema,
     parse_manifest,
 )
-from ito.recipes import build_recipe
 
 Doc = dict[str, Any]
-
-
-@pytest.fixture
-def doc(tmp_path: Any) -> Doc:
-    # A JSON round trip, not deepcopy: the recipe shares lists between entries.
-    document: Doc = json.loads(json.dumps(build_recipe("test", str(tmp_path)).manifest))
-    return document
 
 
 def _raw(document: Any) -> bytes:

@@ -23,16 +23,9 @@ from ito.core.manifest import (
     MAX_SUITES,
     parse_manifest,
 )
-from ito.recipes import build_recipe
 from tests.core.manifest_worst_case import anchor_heavy_manifest, worst_case_manifest
 
 Doc = dict[str, Any]
-
-
-@pytest.fixture
-def doc(tmp_path: Any) -> Doc:
-    document: Doc = json.loads(json.dumps(build_recipe("test", str(tmp_path)).manifest))
-    return document
 
 
 def _pretrain(doc: Doc) -> Doc:

@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ito.core.errors import ItoError
 
-__all__ = ["BodyLimit"]
+__all__ = ["BodyLimit", "replay"]
 
 Responder = Callable[[Request, ItoError], Response]
 
@@ -56,7 +56,7 @@ class BodyLimit:
                 return
             if not message.get("more_body", False):
                 break
-        await self.app(scope, _replay(received, receive), send)
+        await self.app(scope, replay(received, receive), send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         error = ItoError("request_too_large", max_bytes=self.max_bytes)
@@ -74,7 +74,8 @@ def _declared_length(scope: Scope) -> int:
     return 0
 
 
-def _replay(messages: list[Message], receive: Receive) -> Callable[[], Awaitable[Message]]:
+def replay(messages: list[Message], receive: Receive) -> Callable[[], Awaitable[Message]]:
+    """A receive that hands back the messages already read, then the rest of the request."""
     pending = list(messages)
 
     async def replayed() -> Message:

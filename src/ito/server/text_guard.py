@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Callable, Collection
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ito.core.errors import ItoError
 from ito.core.text import is_safe, unsafe_json_paths
+from ito.server.body_limit import replay
 
 __all__ = ["TextGuard"]
 
@@ -70,7 +71,7 @@ class TextGuard:
         if problem is not None:
             await self._refuse(scope, receive, send, problem)
             return
-        await self.app(scope, _replay(received, receive), send)
+        await self.app(scope, replay(received, receive), send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send,
                       details: dict[str, Any]) -> None:
@@ -159,14 +160,3 @@ def _bad_numbers(value: Any) -> list[str]:
         elif isinstance(item, list):
             stack.extend((child, f"{where}[{i}]") for i, child in enumerate(item))
     return found
-
-
-def _replay(messages: list[Message], receive: Receive) -> Callable[[], Awaitable[Message]]:
-    pending = list(messages)
-
-    async def replayed() -> Message:
-        if pending:
-            return pending.pop(0)
-        return await receive()
-
-    return replayed
