@@ -132,7 +132,7 @@ def main() -> None:
         for name in ("goodput", "interruptions", "checkpoint_bandwidth_bytes_per_s",
                      "tokens_per_s", "cost_usd", "wall_seconds_held"):
             print(f"    {name:<34} {telemetry[name]}")
-        step("8. The desk's audit trail for this account (who, what, outcome; no secrets)")
+        step("8. The desk's audit trail for this account, oldest first (no secrets)")
         trail = run(["ito-server", "audit", "--account", account], server_env,
                     show=False)["events"]
         for event in reversed(trail):
