@@ -7,19 +7,19 @@ Inputs:
 
 - ``demo``: the bytes ``ito manifest init --recipe demo`` writes (the baseline);
 - ``worst valid``: every bounded list at its bound, every data reference decontaminated against
-  every eval suite (the cross-field check that was quadratic), within 1 MiB;
-- ``anchor-heavy valid``: valid, 1 MiB of long data URIs holding every literal anchor of the
-  credential expressions (so every expression runs) over a run of one letter;
-- 1 MiB documents aimed at the secret scan, refused or not: one long string, many short strings,
-  many keys, credential prefixes repeated (``sk-``, ``eyJ``, ``://``, ``a://`` — the shapes
-  that made regular expressions backtrack), random-looking base64 runs (the entropy test), and
-  deep nesting.
+  every eval suite (the cross-field check that was quadratic), within the size bound (256 KiB);
+- ``anchor-heavy valid``: valid, the size bound of long data URIs holding every literal anchor
+  of the credential expressions (so every expression runs) over a run of one letter;
+- documents of the size bound aimed at the secret scan, refused or not: one long string, many
+  short strings, many keys, credential prefixes repeated (``sk-``, ``eyJ``, ``://``, ``a://``
+  — the shapes that made regular expressions backtrack), random-looking base64 runs (the
+  entropy test), and deep nesting.
 
 Each figure is the median ``time.process_time()`` of ``--reps`` calls in this process, after
 one warm-up call. The scan alone (``scan_document`` on the parsed document) is shown beside.
 
-A last table times :func:`scan_text` (the scan of CLI and MCP arguments) on ¼, ½ and 1 MiB of
-anchor-heavy text: the ratios show it linear.
+A last table times :func:`scan_text` (the scan of CLI and MCP arguments) on ¼, ½ and all of the size
+bound in anchor-heavy text: the ratios show it linear.
 
 Usage: ``.venv/bin/python bench/manifest_validation.py [--reps 5]``; prints a table, then one
 JSON line with every figure.
@@ -164,7 +164,7 @@ def main() -> int:
     print("scan_text (CLI/MCP arguments) on anchor-heavy text")
     for row in linear:
         print(f"{row['bytes']:>9,} bytes {row['scan_text_ms']:>9.2f} ms "
-              f"{row['scan_text_ms'] / linear[0]['scan_text_ms']:>6.2f}× the ¼ MiB figure")
+              f"{row['scan_text_ms'] / linear[0]['scan_text_ms']:>6.2f}× the ¼-bound figure")
     print(json.dumps({"bench": "manifest_validation", "rows": rows, "scan_text": linear}))
     return 0
 

@@ -1,4 +1,4 @@
-"""Adversarial maximal valid manifests, within the 1 MiB size bound. Shared by
+"""Adversarial maximal valid manifests, within the manifest size bound (256 KiB). Shared by
 ``tests/core/test_manifest_bounds.py`` and ``bench/manifest_validation.py``.
 
 - :func:`worst_case_manifest`: every bounded list at (or near) its bound, shaped to stress the

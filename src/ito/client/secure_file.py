@@ -24,10 +24,12 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from ito.core.errors import ItoError
+from ito.core.manifest import MANIFEST_MAX_BYTES
 
 __all__ = ["SecureRead", "read_manifest_securely"]
 
-DEFAULT_MAX_BYTES = 1024 * 1024
+DEFAULT_MAX_BYTES = MANIFEST_MAX_BYTES
+"""The server's bound: a manifest it would refuse as too large is refused before any call."""
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 

@@ -40,22 +40,24 @@ __all__ = [
 ]
 
 SCHEMA_ID = "ito.training.manifest.v1"
-MANIFEST_MAX_BYTES = 1024 * 1024
-"""Size bound of a manifest, on the client and on the server (1 MiB)."""
+MANIFEST_MAX_BYTES = 256 * 1024
+"""Size bound of a manifest, on the client and on the server (256 KiB: sixty times the demo's
+manifest, and small enough that validating the largest valid one costs a few tens of
+milliseconds of CPU, ``bench/manifest_validation.py``)."""
 
 # Bounds on every list and map, so that validating a manifest is linear in a small, fixed
-# maximum however the bytes are arranged (a 1 MiB document of 100 000 ids must not be valid).
-MAX_DATA_REFS = 1000
+# maximum however the bytes are arranged (a document of 40 000 ids must not be valid).
+MAX_DATA_REFS = 256
 """Data references in one manifest."""
-MAX_IDS_PER_LIST = 1000
+MAX_IDS_PER_LIST = 256
 """Data ids one curriculum stage or post-training recipe names."""
-MAX_SUITES = 64
+MAX_SUITES = 32
 """Eval suites one data reference was decontaminated against."""
-MAX_BATTERIES = 64
+MAX_BATTERIES = 32
 """Eval batteries in one manifest."""
-MAX_EVALS_PER_BATTERY = 64
+MAX_EVALS_PER_BATTERY = 32
 """Evals in one battery."""
-MAX_LICENSES = 256
+MAX_LICENSES = 64
 """Licences a data policy allows."""
 MAX_OBJECT_KEYS = MAX_BATTERIES
 """Keys of any JSON object (the largest is ``eval_batteries``)."""
