@@ -32,15 +32,18 @@ PACE_S = 0.1
 """Per-step pacing: the survivor's solo phase (about ``STEPS × PACE_S``) must outlast the
 restarted replica's start-up, which is mostly importing torch and transformers."""
 DEADLINE_S = 150.0
+ROOT = Path(__file__).resolve().parents[2]
+"""The repository root: the replica trainer is ``tests.pipeline.ft_replica``, run from there."""
 
 
 def spawn(lighthouse: Lighthouse, replica: int, out: Path, *extra: str) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "ito.pipeline.ft_replica", "--replica-id", str(replica),
+    cmd = [sys.executable, "-m", "tests.pipeline.ft_replica", "--replica-id", str(replica),
            "--lighthouse", lighthouse.address, "--steps", str(STEPS), "--out", str(out),
            "--min-step-seconds", str(PACE_S), "--log-level", "INFO", *extra]
     with out.with_suffix(".stderr").open("wb") as err:
-        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT,
+                                env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path})
 
 
 def read(path: Path, type_: str = "step") -> list[dict[str, Any]]:

@@ -1,15 +1,16 @@
-"""One fault-tolerant replica group: ``python -m ito.pipeline.ft_replica --replica-id N
---lighthouse http://host:port --steps S --out FILE [--kill-at STEP]``.
+"""One fault-tolerant replica group, run only by the tests (tests/pipeline/test_fault_tolerance.py):
+``python -m tests.pipeline.ft_replica --replica-id N --lighthouse http://host:port --steps S
+--out FILE [--kill-at STEP]`` from the repository root.
 
 Trains the tiny Llama on synthetic token batches under a torchft Manager
-(:mod:`ito.pipeline.fault_tolerance`) and appends one JSON object per line to ``FILE`` through
+(:mod:`tests.pipeline.ft_trainer`) and appends one JSON object per line to ``FILE`` through
 :class:`~ito.pipeline.events.EventWriter` (every line has ``type`` and ``ts``):
 
 - ``{"type": "started", "replica", "pid"}``
 - ``{"type": "recovered", "replica", "step", "seconds"}``: state loaded from a live peer; ``step``
   is the committed step it caught up to, ``seconds`` the quorum round that included the fetch.
 - ``{"type": "step", "replica", "step", "loss", "mean_loss", "participants", "committed",
-  "grad_norm", "params", "seconds"}`` (:class:`~ito.pipeline.fault_tolerance.StepRecord`)
+  "grad_norm", "params", "seconds"}`` (:class:`~tests.pipeline.ft_trainer.StepRecord`)
 - ``{"type": "finished", "replica", "step"}``
 
 Exit status 0 once ``--steps`` steps are committed. Appending lets a restarted replica write to
@@ -30,7 +31,7 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ito.pipeline.ft_replica")
+    parser = argparse.ArgumentParser(prog="python -m tests.pipeline.ft_replica")
     parser.add_argument("--replica-id", type=int, required=True)
     parser.add_argument("--lighthouse", required=True, help="the lighthouse's http://host:port")
     parser.add_argument("--steps", type=int, required=True, help="committed steps to train")
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from ito.pipeline.events import EventWriter
-    from ito.pipeline.fault_tolerance import ReplicaSettings, ReplicaTrainer, StepRecord
+    from tests.pipeline.ft_trainer import ReplicaSettings, ReplicaTrainer, StepRecord
 
     torch.set_num_threads(args.threads)
     settings = ReplicaSettings(

@@ -1,4 +1,7 @@
-"""Per-step fault tolerance across replica groups with torchft (DESIGN §7.3; issue 4, item 5).
+"""A test-only replica trainer: per-step fault tolerance across replica groups with torchft on a
+plain (unsharded) model, run by :mod:`tests.pipeline.ft_replica`. It shows torchft's guarantee in
+isolation; the runtime's own replica groups are :mod:`ito.pipeline.replicas` inside the pretrain
+engine (DESIGN §7.3).
 
 Each replica group trains a full copy of the model. Every step it joins a quorum through the
 torchft lighthouse, averages its gradients with the replicas that are alive (``Manager.allreduce``
