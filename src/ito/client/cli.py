@@ -24,6 +24,8 @@ from ito.console import Output, run_app
 from ito.core.envelope import ok_envelope
 from ito.core.errors import ItoError
 from ito.core.secret_scan import scan_text
+from ito.settings import mask_url
+from ito.transport import DEFAULT_MAX_RESPONSE_BYTES
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="ito-training client. Add --json anywhere for the JSON envelope.")
@@ -57,15 +59,24 @@ def capabilities() -> None:
 
 @app.command()
 def config() -> None:
-    """Print the configuration in effect (the key only by its public prefix)."""
+    """Print the settings in effect and where each came from (no secret: a key shows as
+    set/not set, the credential in use only by its public prefix)."""
     cfg: ClientConfig = load_config()
-    token, source = resolve_token(cfg.api_url)
+    token, source = resolve_token(cfg.api_url, cfg)
     Output.finish(ok_envelope({
-        "api_url": cfg.api_url, "connect_timeout_s": cfg.connect_timeout,
-        "timeout_s": cfg.timeout,
+        "api_url": mask_url(cfg.api_url), "connect_timeout_s": cfg.connect_timeout,
+        "timeout_s": cfg.timeout, "max_response_bytes": DEFAULT_MAX_RESPONSE_BYTES,
+        "settings": cfg.effective(),
         "credential": {"source": source,
-                       "key_prefix": "_".join(token.split("_")[:3]) if token else None},
+                       "key_prefix": _public_prefix(token)},
     }, "configuration from the environment; nothing was sent", live_api_contacted=False))
+
+
+def _public_prefix(token: str | None) -> str | None:
+    """``ito_<role>_<prefix>`` of a key shaped ``ito_<role>_<prefix>_<secret>``; nothing of any
+    other value (it could be all secret)."""
+    parts = (token or "").split("_")
+    return "_".join(parts[:3]) if len(parts) >= 4 and parts[0] == "ito" and parts[3] else None
 
 
 @app.command("find")
@@ -138,7 +149,7 @@ def manifest_validate(path: str) -> None:
 
 def _ops() -> Operations:
     config = load_config()
-    token, _ = resolve_token(config.api_url)
+    token, _ = resolve_token(config.api_url, config)
     return Operations(config, token)
 
 

@@ -14,6 +14,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from ito.client.config import ClientConfig, load_config
 from ito.core.errors import ItoError
 
 __all__ = ["TokenStore", "resolve_token"]
@@ -21,16 +22,13 @@ __all__ = ["TokenStore", "resolve_token"]
 KEYRING_SERVICE = "ito-training"
 
 
-def _home() -> Path:
-    return Path(os.environ.get("ITO_HOME") or Path.home() / ".ito")
-
-
 class TokenStore:
     """The stored login token of one API URL."""
 
-    def __init__(self, api_url: str) -> None:
+    def __init__(self, api_url: str, config: ClientConfig | None = None) -> None:
         self.api_url = api_url
-        self.file_allowed = os.environ.get("ITO_ALLOW_FILE_TOKEN") == "1"
+        self.config = config or load_config()
+        self.file_allowed = self.config.allow_file_token
 
     @property
     def kind(self) -> str:
@@ -39,7 +37,7 @@ class TokenStore:
     @property
     def path(self) -> Path:
         name = hashlib.sha256(self.api_url.encode()).hexdigest()[:16]
-        return _home() / "credentials" / f"{name}.token"
+        return self.config.home / "credentials" / f"{name}.token"
 
     def load(self) -> str | None:
         if self.file_allowed:
@@ -122,12 +120,14 @@ def _keyring() -> Any:
     return keyring
 
 
-def resolve_token(api_url: str) -> tuple[str | None, str | None]:
+def resolve_token(api_url: str, config: ClientConfig | None = None,
+                  ) -> tuple[str | None, str | None]:
     """(token, source): ``ITO_API_KEY`` first, then the stored login."""
-    env = os.environ.get("ITO_API_KEY")
-    if env:
-        return env, "ITO_API_KEY"
-    stored = TokenStore(api_url).load()
+    config = config or load_config()
+    if config.api_key is not None and config.api_key.get_secret_value():
+        return config.api_key.get_secret_value(), "ITO_API_KEY"
+    store = TokenStore(api_url, config)
+    stored = store.load()
     if stored:
-        return stored, TokenStore(api_url).kind
+        return stored, store.kind
     return None, None

@@ -18,9 +18,9 @@ from typing import Any
 
 from ito.client.config import ClientConfig
 from ito.client.credentials import TokenStore
-from ito.client.transport import ApiClient, ApiRefusal, TransportFailure
 from ito.core.envelope import error_envelope, ok_envelope
 from ito.core.errors import ItoError
+from ito.transport import ApiRefusal, TransportFailure
 
 __all__ = ["device_login", "logout"]
 
@@ -30,15 +30,15 @@ SLOW_DOWN_STEP_SECONDS = 5.0
 def device_login(config: ClientConfig, *, open_browser: bool,
                  announce: Callable[[str], None],
                  sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
-    store = TokenStore(config.api_url)
-    anonymous = ApiClient(config, None)
+    store = TokenStore(config.api_url, config)
+    anonymous = config.transport(None)
     try:
         grant = anonymous.request("POST", "/v1/device/code",
                                   json={"client_name": "ito CLI"}, mutation=True)["data"]
     except ApiRefusal as refusal:
         return refusal.envelope
     except TransportFailure as failure:
-        return error_envelope(failure.error, "the login could not start; nothing was stored",
+        return error_envelope(failure, "the login could not start; nothing was stored",
                               live_api_contacted=failure.live_api_contacted)
 
     announce(f"To sign in, open {grant['verification_uri']} and enter the code "
@@ -85,7 +85,7 @@ def device_login(config: ClientConfig, *, open_browser: bool,
 
 
 def logout(config: ClientConfig) -> dict[str, Any]:
-    store = TokenStore(config.api_url)
+    store = TokenStore(config.api_url, config)
     try:
         token = store.load()
     except ItoError as exc:
@@ -94,7 +94,7 @@ def logout(config: ClientConfig) -> dict[str, Any]:
     if not token:
         return ok_envelope({"logged_out": False}, "no stored login for this API; nothing to do",
                            live_api_contacted=False)
-    client = ApiClient(config, token)
+    client = config.transport(token)
     try:
         client.request("POST", "/v1/credentials/self/revoke", mutation=True)
     except ApiRefusal as refusal:
@@ -102,7 +102,7 @@ def logout(config: ClientConfig) -> dict[str, Any]:
             return refusal.envelope | {"notice": "remote revocation failed; the local "
                                                  "credential was kept"}
     except TransportFailure as failure:
-        return error_envelope(failure.error, "remote revocation failed; the local credential "
+        return error_envelope(failure, "remote revocation failed; the local credential "
                               "was kept", live_api_contacted=failure.live_api_contacted)
     store.delete()
     return ok_envelope({"logged_out": True}, "the credential was revoked on the server and "

@@ -23,10 +23,10 @@ from urllib.parse import quote
 
 from ito.client.config import ClientConfig
 from ito.client.secure_file import SecureRead, read_manifest_securely
-from ito.client.transport import ApiClient, ApiRefusal, TransportFailure
 from ito.core.envelope import error_envelope, ok_envelope
 from ito.core.errors import ItoError
 from ito.core.ids import is_public_id
+from ito.transport import ApiRefusal, Transport, TransportFailure
 
 __all__ = ["ACTIONS", "Envelope", "Operations"]
 
@@ -89,7 +89,7 @@ def _transport_stop(failure: TransportFailure, mutation: bool) -> _Stop:
         notice = "the request may have been applied but no answer came back"
     else:
         notice = "the API did not answer in time; nothing was changed"
-    return _Stop(error_envelope(failure.error, notice,
+    return _Stop(error_envelope(failure, notice,
                                 live_api_contacted=failure.live_api_contacted))
 
 
@@ -102,11 +102,11 @@ class Operations:
 
     # --- plumbing -------------------------------------------------------------------------
 
-    def _client(self) -> ApiClient:
+    def _client(self) -> Transport:
         if not self.token:
             raise _local_refusal(ItoError("not_authenticated", "no credential: set ITO_API_KEY "
                                           "or run 'ito login'"), "nothing was sent")
-        return ApiClient(self.config, self.token)
+        return self.config.transport(self.token)
 
     def _call(self, method: str, path: str, *, mutation: bool = False,
               **kwargs: Any) -> Envelope:
@@ -248,11 +248,11 @@ class Operations:
         except ApiRefusal as refusal:
             raise _Stop(refusal.envelope) from None
         except TransportFailure as failure:
-            if failure.error.code != "transport_ambiguous":
+            if failure.code != "transport_ambiguous":
                 raise _transport_stop(failure, mutation=True) from None
             return self._recover_lost_create(client, idempotency_key)
 
-    def _recover_lost_create(self, client: ApiClient, key: str) -> Envelope:
+    def _recover_lost_create(self, client: Transport, key: str) -> Envelope:
         """The create may have committed: look the run up by its key before anything else."""
         try:
             envelope = client.request("GET", "/v1/runs", params={"idempotency_key": key})
@@ -325,7 +325,7 @@ class Operations:
         except ApiRefusal as refusal:
             raise _Stop(refusal.envelope) from None
         except TransportFailure as failure:
-            if failure.error.code != "transport_ambiguous":
+            if failure.code != "transport_ambiguous":
                 raise _transport_stop(failure, mutation=True) from None
         # The answer was lost: the run's state says whether the action was applied.
         state = self._call("GET", _path("runs", run))["data"]

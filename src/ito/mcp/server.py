@@ -244,7 +244,7 @@ def _execute(spec: ToolSpec, kwargs: dict[str, Any]) -> Envelope:
     """Resolve configuration and credential, then run the operation (blocking)."""
     try:
         config = load_config()
-        token, _source = resolve_token(config.api_url)
+        token, _source = resolve_token(config.api_url, config)
     except ItoError as exc:
         return _refusal(exc, "nothing was sent")
     operation = getattr(Operations(config, token), spec.operation)

@@ -2,7 +2,8 @@
 
 Operator commands act on the database directly (the operator holds it); every one takes
 ``--json`` and prints the §4 envelope. ``--database-url`` defaults to the embedded SQLite file
-under ``$ITO_HOME``; ``ITO_DATABASE_URL`` sets it too. Every command that changes tenant data or
+under ``$ITO_HOME``; ``ITO_DATABASE_URL`` sets it too (read by :mod:`ito.server.settings`, as
+every setting; ``ito-server config`` prints them). Every command that changes tenant data or
 the operator's keys is recorded in the audit trail (actor ``cli:<os user>``); ``ito-server
 audit`` reads it. Operator (desk) keys are minted here only, and for no account.
 """
@@ -31,9 +32,10 @@ app.add_typer(key_app, name="key")
 app.add_typer(booking_app, name="booking")
 app.add_typer(user_app, name="user")
 
-DatabaseUrl = Annotated[str | None, typer.Option("--database-url", envvar="ITO_DATABASE_URL",
-                                                  help="SQLAlchemy URL (default: embedded "
-                                                  "SQLite under $ITO_HOME).")]
+DatabaseUrl = Annotated[str | None, typer.Option("--database-url",
+                                                  help="SQLAlchemy URL (default: "
+                                                  "$ITO_DATABASE_URL, else embedded SQLite "
+                                                  "under $ITO_HOME).")]
 
 
 def _open(database_url: str | None, *, check_schema: bool = True) -> Any:
@@ -60,6 +62,32 @@ def _sqlite_path(url: str) -> Path | None:
             or parsed.database == ":memory:":
         return None
     return Path(parsed.database)
+
+
+@app.command()
+def config(database_url: DatabaseUrl = None) -> None:
+    """Print the settings in effect and where each came from; creates and opens nothing (no
+    secret: the pepper shows as set/not set, a database password as ***)."""
+    from pydantic import ValidationError
+
+    from ito.server.settings import ServerSettings, pepper_state
+    from ito.settings import env_name, mask_url
+
+    try:
+        settings = ServerSettings()
+    except ValidationError as exc:
+        names = sorted({env_name(str(e["loc"][0])) for e in exc.errors() if e["loc"]})
+        Output.fail(ItoError("invalid_arguments", f"{', '.join(names)} is not valid"),
+                    live_api_contacted=False)
+    if database_url:
+        settings = settings.with_source("argument", database_url=database_url)
+    shown = settings.effective()
+    shown["pepper"] |= pepper_state(settings)
+    Output.finish(ok_envelope(
+        {"settings": shown, "database": mask_url(settings.resolved_database_url()),
+         "embedded": settings.is_embedded()},
+        "configuration from the environment; nothing was opened or created",
+        live_api_contacted=False))
 
 
 @app.command()

@@ -13,24 +13,23 @@ import secrets
 from pathlib import Path
 
 from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ito.core.manifest import MANIFEST_MAX_BYTES
+from ito.settings import ItoSettings
 
-__all__ = ["ServerSettings", "default_ito_home", "load_settings"]
+__all__ = ["PEPPER_FILE", "ServerSettings", "load_settings", "pepper_state"]
 
+PEPPER_FILE = "server-pepper"
+"""Under ``home``: the embedded default's generated pepper."""
 _EXAMPLE_PEPPERS = {"change-me", "changeme", "example", "pepper", "secret", "test"}
 
 
-def default_ito_home() -> Path:
-    return Path(os.environ.get("ITO_HOME") or Path.home() / ".ito")
+class ServerSettings(ItoSettings):
+    """Every field is read from ``ITO_<FIELD>`` (:mod:`ito.settings`); ``home`` is
+    ``ITO_HOME``, the embedded default's state directory (database, pepper, logs)."""
 
+    url_fields = frozenset({"database_url", "public_url"})
 
-class ServerSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="ITO_", extra="ignore")
-
-    home: Path = Field(default_factory=default_ito_home)
-    """State directory of the embedded default (database, pepper, logs)."""
     database_url: str = ""
     """SQLAlchemy URL; empty means the embedded SQLite file ``$ITO_HOME/ito.db``."""
     pepper: SecretStr = SecretStr("")
@@ -83,23 +82,35 @@ class ServerSettings(BaseSettings):
 
 
 def load_settings(database_url: str | None = None) -> ServerSettings:
-    """Build settings from the environment, then make sure the pepper is usable."""
+    """Build settings from the environment (``database_url``, from ``--database-url``, wins),
+    then make sure the pepper is usable."""
     settings = ServerSettings()
     if database_url:
-        settings = settings.model_copy(update={"database_url": database_url})
+        settings = settings.with_source("argument", database_url=database_url)
     pepper = settings.pepper.get_secret_value()
     if not pepper:
         if not settings.is_embedded():
             raise SystemExit("ITO_PEPPER must be set when the database is not the embedded SQLite")
         pepper = _embedded_pepper(settings.home)
+        settings = settings.with_source("file", pepper=SecretStr(pepper))
     if pepper.lower() in _EXAMPLE_PEPPERS or len(pepper) < 16:
         raise SystemExit("ITO_PEPPER is an example value or shorter than 16 characters; refusing")
-    return settings.model_copy(update={"pepper": SecretStr(pepper)})
+    return settings
+
+
+def pepper_state(settings: ServerSettings) -> dict[str, str]:
+    """How the pepper would be had, without creating or reading it: ``value`` is set or not set
+    and ``source`` environment, file (the embedded default's generated pepper) or default."""
+    if settings.pepper.get_secret_value():
+        return {"value": "set", "source": settings.source_of("pepper")}
+    if settings.is_embedded() and (settings.home / PEPPER_FILE).is_file():
+        return {"value": "set", "source": "file"}
+    return {"value": "not set", "source": "default"}
 
 
 def _embedded_pepper(home: Path) -> str:
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path = home / "server-pepper"
+    path = home / PEPPER_FILE
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:

@@ -1,14 +1,15 @@
-"""The worker's side of the worker API, over HTTP with a booking-bound worker key."""
+"""The worker's side of the worker API, over the one HTTP transport (:mod:`ito.transport`)
+with a booking-bound worker key. Every failure is an :class:`~ito.core.errors.ItoError`: an
+API refusal with its code, a transport failure with a retryable ``transport_*`` code (the caller
+decides how long a silent API may last: the lease TTL)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-import httpx
-
-from ito.core.errors import REGISTRY, ItoError
 from ito.core.text import escape_unsafe
+from ito.transport import DEFAULT_TIMEOUT, Transport
 
 __all__ = ["WorkerApi"]
 
@@ -18,42 +19,19 @@ REPORT_MAX_BYTES = 1 << 20
 
 
 class WorkerApi:
-    def __init__(self, api_url: str, key: str, *, timeout: float = 30.0) -> None:
-        self._client = httpx.Client(base_url=api_url.rstrip("/"), timeout=timeout,
-                                    headers={"authorization": f"Bearer {key}"},
-                                    trust_env=False)
+    def __init__(self, api_url: str, key: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self._transport = Transport(api_url, key, timeout=timeout)
 
     def close(self) -> None:
-        self._client.close()
-
-    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            response = self._client.request(method, path, **kwargs)
-        except httpx.HTTPError:
-            # Retryable: the caller decides how long a silent API may last (the lease TTL).
-            raise ItoError("transport_timeout", "the API could not be reached") from None
-        return self._envelope(response)
+        self._transport.close()
 
     def _post(self, path: str, body: dict[str, Any] | None = None) -> Any:
         # Log lines and messages come from training code (ANSI colours, \r progress bars): the
         # API refuses control characters, so they travel as visible escapes instead.
-        return self._request("POST", path, json=escape_unsafe(body or {}))
+        return self._transport.request("POST", path, json=escape_unsafe(body or {})).get("data")
 
     def _get(self, path: str) -> Any:
-        return self._request("GET", path)
-
-    @staticmethod
-    def _envelope(response: httpx.Response) -> Any:
-        try:
-            envelope = response.json()
-        except ValueError:
-            raise ItoError("internal_error", "the API's answer was not JSON") from None
-        if not envelope.get("ok"):
-            error = envelope.get("error", {})
-            code = error.get("code", "internal_error")
-            raise ItoError(code if code in REGISTRY else "internal_error",
-                           error.get("message"))
-        return envelope.get("data")
+        return self._transport.request("GET", path).get("data")
 
     def me(self) -> dict[str, Any]:
         return dict(self._get("/v1/me"))

@@ -3,14 +3,11 @@ key (``ITO_API_KEY``), then leases and runs that booking's runs until stopped.""
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import signal
 import sys
 import threading
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -30,50 +27,34 @@ def main_command(
     poll_seconds: Annotated[float, typer.Option(help="Seconds between idle polls.")] = 1.0,
 ) -> None:
     """Lease and run the booking's runs."""
+    from ito.client.config import build
     from ito.worker.api import WorkerApi
     from ito.worker.loop import WorkerLoop
+    from ito.worker.settings import WorkerSettings
 
-    api_url = os.environ.get("ITO_API_URL", "http://127.0.0.1:8000")
-    key = os.environ.get("ITO_API_KEY")
-    if not key:
+    settings = build(WorkerSettings)
+    if settings.api_key is None:
         raise ItoError("not_authenticated", "set ITO_API_KEY to a worker key of the booking")
-    api = WorkerApi(api_url, key)
+    api = WorkerApi(settings.api_url, settings.api_key.get_secret_value(),
+                    timeout=settings.timeout)
     me = api.me()
     if me["role"] != "worker" or me["booking_id"] != booking:
         raise ItoError("forbidden_scope", "the key is not a worker key of this booking")
     factory = _executor_factory(executor)
-    home = Path(os.environ.get("ITO_HOME") or Path.home() / ".ito") / "worker" / booking
+    home = settings.home / "worker" / booking
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
                         stream=sys.stderr)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     loop = WorkerLoop(api, home, factory, poll_seconds=poll_seconds, stop=stop,
-                      spec_overrides=_fault_injection())
+                      spec_overrides=settings.fault_injection)
     if once:
         while loop.tick():
             pass
     else:
         loop.run_forever()
     Output.finish(ok_envelope({"booking_id": booking}, "the worker stopped"))
-
-
-def _fault_injection() -> dict[str, Any] | None:
-    """``ITO_FAULT_INJECTION`` (JSON: ``fail_at``, ``loss_spike_at``, ``max_steps_per_stage``,
-    ``min_step_seconds``, ``pause_at_step``) for tests and drills; never settable through the
-    API."""
-    raw = os.environ.get("ITO_FAULT_INJECTION")
-    if not raw:
-        return None
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        raise ItoError("invalid_arguments", "ITO_FAULT_INJECTION is not JSON") from None
-    allowed = {"fail_at", "loss_spike_at", "max_steps_per_stage", "min_step_seconds",
-               "pause_at_step"}
-    if not isinstance(value, dict) or not set(value) <= allowed:
-        raise ItoError("invalid_arguments", f"ITO_FAULT_INJECTION takes only {sorted(allowed)}")
-    return value
 
 
 def _executor_factory(name: str):  # type: ignore[no-untyped-def]

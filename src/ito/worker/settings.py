@@ -1,0 +1,33 @@
+"""The worker's settings: the client side's (:class:`~ito.client.config.ClientConfig`: API URL,
+key, timeouts, ``ITO_HOME``) plus the fault injection of tests and drills."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import field_validator
+
+from ito.client.config import ClientConfig
+
+__all__ = ["FAULT_INJECTION_KEYS", "WorkerSettings"]
+
+FAULT_INJECTION_KEYS = frozenset({"fail_at", "loss_spike_at", "max_steps_per_stage",
+                                  "min_step_seconds", "pause_at_step"})
+
+
+class WorkerSettings(ClientConfig):
+    fault_injection: dict[str, Any] | None = None
+    """``ITO_FAULT_INJECTION`` (JSON: ``fail_at``, ``loss_spike_at``, ``max_steps_per_stage``,
+    ``min_step_seconds``, ``pause_at_step``) for tests and drills; never settable through the
+    API."""
+
+    @field_validator("fault_injection", mode="before")
+    @classmethod
+    def _known_keys(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = json.loads(value)
+        if value is not None and (not isinstance(value, dict)
+                                  or not set(value) <= FAULT_INJECTION_KEYS):
+            raise ValueError(f"takes only {sorted(FAULT_INJECTION_KEYS)}")
+        return value
