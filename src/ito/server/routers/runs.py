@@ -10,6 +10,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from ito.core.envelope import ok_envelope
 from ito.core.manifest import MANIFEST_MAX_BYTES
 from ito.core.responses import Envelope, Open
+from ito.core.run_views import (
+    CheckpointList,
+    LogPage,
+    MetricPage,
+    RunDetail,
+    RunEventPage,
+    RunList,
+)
 from ito.server.routers.deps import Requester, State, decode_manifest_b64
 from ito.server.services.lifecycle import (
     apply_run_action,
@@ -57,7 +65,7 @@ def runs_create(body: RunCreateBody, caller: Requester, state: State) -> dict[st
     return ok_envelope(data, notice)
 
 
-@router.get("", response_model=Envelope[Open])
+@router.get("", response_model=Envelope[RunList])
 def runs_list(caller: Requester, state: State,
               idempotency_key: str | None = Query(default=None, max_length=255),
               booking_id: str | None = None,
@@ -69,7 +77,7 @@ def runs_list(caller: Requester, state: State,
     return ok_envelope({"runs": runs}, f"{len(runs)} run(s)")
 
 
-@router.get("/{run_id}", response_model=Envelope[Open])
+@router.get("/{run_id}", response_model=Envelope[RunDetail])
 def runs_show(run_id: str, caller: Requester, state: State) -> dict[str, Any]:
     with state.db.read() as session:
         run = get_run(session, caller.account_id, run_id)
@@ -78,7 +86,7 @@ def runs_show(run_id: str, caller: Requester, state: State) -> dict[str, Any]:
     return ok_envelope(data, f"run {run_id} is {data['state']}")
 
 
-@router.get("/{run_id}/events", response_model=Envelope[Open])
+@router.get("/{run_id}/events", response_model=Envelope[RunEventPage])
 def runs_events(run_id: str, caller: Requester, state: State,
                 after: int = Query(default=0, ge=0, le=CURSOR_MAX),
                 limit: int = Query(default=200, ge=1, le=1000)) -> dict[str, Any]:
@@ -127,7 +135,7 @@ def runs_restart(run_id: str, body: RunActionBody, caller: Requester,
     return _action(run_id, "run.restart_from_checkpoint", body, caller, state)
 
 
-@router.get("/{run_id}/logs", response_model=Envelope[Open])
+@router.get("/{run_id}/logs", response_model=Envelope[LogPage])
 def runs_logs(run_id: str, caller: Requester, state: State,
               since: int = Query(default=0, ge=0, le=CURSOR_MAX),
               limit: int = Query(default=500, ge=1, le=5000)) -> dict[str, Any]:
@@ -136,7 +144,7 @@ def runs_logs(run_id: str, caller: Requester, state: State,
     return ok_envelope({"lines": lines, "next_cursor": cursor}, f"{len(lines)} line(s)")
 
 
-@router.get("/{run_id}/metrics", response_model=Envelope[Open])
+@router.get("/{run_id}/metrics", response_model=Envelope[MetricPage])
 def runs_metrics(run_id: str, caller: Requester, state: State,
                  name: str | None = Query(default=None, max_length=64),
                  since: int = Query(default=0, ge=0, le=CURSOR_MAX),
@@ -147,7 +155,7 @@ def runs_metrics(run_id: str, caller: Requester, state: State,
     return ok_envelope({"points": points, "next_cursor": cursor}, f"{len(points)} point(s)")
 
 
-@router.get("/{run_id}/checkpoints", response_model=Envelope[Open])
+@router.get("/{run_id}/checkpoints", response_model=Envelope[CheckpointList])
 def runs_checkpoints(run_id: str, caller: Requester, state: State) -> dict[str, Any]:
     with state.db.read() as session:
         rows = [checkpoint_dict(r) for r in list_checkpoints(session, caller.account_id,
