@@ -1,7 +1,8 @@
 """What the API answers about runs (DESIGN §5.7, §7): a run, its events, its log lines, metric
 points and checkpoints — the ``data`` of the read routes, as models, so the OpenAPI document
-describes them exactly and a reader (client, MCP) can check them. Each model is exactly the
-fields the server sends (unknown fields refused: the document cannot drift from the answers).
+describes them exactly and a reader (client, MCP) can check them. The server answers through
+these models, so an answer holds exactly their fields (the document cannot drift from the
+answers); a reader ignores fields a newer server adds.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ __all__ = [
 
 
 class _View(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
 
 
 class RunView(_View):
