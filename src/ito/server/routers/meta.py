@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query
 from ito import __version__
 from ito.core.envelope import ok_envelope
 from ito.core.manifest import manifest_json_schema
+from ito.core.meta_views import Health, Identity
 from ito.core.responses import Envelope, Open
 from ito.server.routers.deps import Caller, Requester, RequesterOrApprover, State
 from ito.server.services.audit import account_event_dict, list_account_events
@@ -19,7 +20,7 @@ from ito.server.services.runs import list_runs, run_dict
 router = APIRouter(prefix="/v1")
 
 
-@router.get("/health", response_model=Envelope[Open])
+@router.get("/health", response_model=Envelope[Health])
 def health() -> dict[str, Any]:
     return ok_envelope({"status": "ok", "version": __version__}, "the API is up")
 
@@ -29,7 +30,7 @@ def manifest_schema() -> dict[str, Any]:
     return ok_envelope(manifest_json_schema(), "schema ito.training.manifest.v1")
 
 
-@router.get("/me", response_model=Envelope[Open])
+@router.get("/me", response_model=Envelope[Identity])
 def me(caller: Caller) -> dict[str, Any]:
     """Who this credential is; the operator's ``account_id`` is ``null`` (it is no tenant)."""
     return ok_envelope({"account_id": caller.account_id, "principal_id": caller.principal_id,
