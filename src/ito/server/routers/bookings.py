@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query
 
+from ito.core.booking_views import BookingList, BookingView
 from ito.core.envelope import ok_envelope
 from ito.core.responses import Envelope, Open
 from ito.server.routers.deps import Requester, State
@@ -15,14 +16,14 @@ from ito.server.services.bookings import booking_dict, eligibility, get_booking,
 router = APIRouter(prefix="/v1/bookings")
 
 
-@router.get("", response_model=Envelope[Open])
+@router.get("", response_model=Envelope[BookingList])
 def bookings_list(caller: Requester, state: State) -> dict[str, Any]:
     with state.db.read() as session:
         items = [booking_dict(b) for b in list_bookings(session, caller.account_id)]
     return ok_envelope({"bookings": items}, f"{len(items)} booking(s)")
 
 
-@router.get("/{booking_id}", response_model=Envelope[Open])
+@router.get("/{booking_id}", response_model=Envelope[BookingView])
 def bookings_show(booking_id: str, caller: Requester, state: State) -> dict[str, Any]:
     with state.db.read() as session:
         data = booking_dict(get_booking(session, caller.account_id, booking_id))
