@@ -1,7 +1,9 @@
 """Schemathesis against the live server's OpenAPI (both backends): every operation, a bounded
 number of generated requests each, with hostile characters (NUL, other C0 and C1 controls,
 DEL, bidi overrides and isolates, newlines) spliced into its strings — path parameters, query
-values and JSON bodies at any depth. Whatever arrives, the answer is never a server error (5xx).
+values and JSON bodies at any depth. Whatever arrives, the answer is never a server error (5xx),
+and every answer matches the schema its operation documents for that status in the same
+OpenAPI document (schemathesis' response schema conformance).
 
 Each operation is called with the credential its role needs (desk, worker, approver or
 requester; none for device login), so generated requests get past authentication and reach
@@ -18,6 +20,8 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
+from schemathesis.core.failures import Failure, FailureGroup
+from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from tests.support import Server, make_tenant
 
@@ -70,7 +74,8 @@ def _role(path: str) -> str | None:
 
 
 def _fuzz(schema: Any, operation: Any, headers: dict[str, str]) -> list[str]:
-    """Send the operation's generated requests; the ones answered with a server error."""
+    """Send the operation's generated requests; the ones answered with a server error or with
+    a body its documented schema does not describe."""
     failures: list[str] = []
     cases = st.one_of(*[operation.as_strategy(mode, hooks=schema.hooks)
                         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)])
@@ -84,6 +89,11 @@ def _fuzz(schema: Any, operation: Any, headers: dict[str, str]) -> list[str]:
         if response.status_code >= 500:
             failures.append(f"{operation.label} -> {response.status_code}: "
                             f"{case.as_curl_command()[:500]}")
+        try:
+            case.validate_response(response, checks=[response_schema_conformance])
+        except (Failure, FailureGroup) as exc:
+            failures.append(f"{operation.label} -> {response.status_code} does not match its "
+                            f"documented schema: {str(exc)[:300]}")
 
     call()
     return failures

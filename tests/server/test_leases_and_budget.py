@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 
 from ito.core.errors import ItoError
+from ito.core.pipeline_events import MetricEvent
 from ito.server.services.bookings import set_booking_state
 from ito.server.services.credentials import authenticate
 from ito.server.services.leases import (
@@ -134,8 +135,7 @@ def test_booking_telemetry_sums_unrounded_run_figures_and_counts_a_recomputed_st
                                       start + timedelta(seconds=32)) is not None
             with db.write() as session:
                 report(session, worker, run_id, attempt, [
-                    {"type": "metric", "stage": "pretrain", "step": step,
-                     "values": {"step_seconds": seconds}}
+                    MetricEvent(stage="pretrain", step=step, values={"step_seconds": seconds})
                     for step, a, seconds in steps if a == attempt])
         with db.write() as session:
             last = max(a for _, a, _ in steps)
@@ -170,8 +170,8 @@ def test_a_single_run_booking_reports_exactly_the_run_figures(tenant: Tenant) ->
         assert lease_next(session, worker, SETTINGS, now) is not None
     with db.write() as session:
         report(session, worker, run_id, 1, [
-            {"type": "metric", "stage": "pretrain", "step": s,
-             "values": {"step_seconds": 0.0003}} for s in range(1, 6)])
+            MetricEvent(stage="pretrain", step=s, values={"step_seconds": 0.0003})
+            for s in range(1, 6)])
     with db.write() as session:
         heartbeat(session, worker, SETTINGS, run_id, 1, now + timedelta(seconds=1))
     with db.read() as session:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
+from ito.core.worker_messages import CleanupJob
 from ito.worker.api import WorkerApi
 from ito.worker.executors import Executor
 from ito.worker.loop import WorkerLoop
@@ -23,8 +24,8 @@ class RecordingApi:
         self.cleaned_calls: list[tuple[str, int, list[str]]] = []
         self.leases = 0
 
-    def cleanups(self) -> list[dict[str, Any]]:
-        return [self.job]
+    def cleanups(self) -> list[CleanupJob]:
+        return [CleanupJob.model_validate(self.job)]
 
     def cleaned(self, run_id: str, bytes_freed: int, paths: list[str]) -> None:
         self.cleaned_calls.append((run_id, bytes_freed, paths))

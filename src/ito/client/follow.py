@@ -14,6 +14,7 @@ from typing import Any
 
 from ito.client.operations import Envelope, Operations
 from ito.core.envelope import ok_envelope
+from ito.core.run_views import LogPage, MetricPage, RunView
 
 __all__ = ["follow_logs", "watch_run"]
 
@@ -24,24 +25,25 @@ def follow_logs(ops: Operations, run: str, since: int, *, json_mode: bool,
                 interval: float = 1.0) -> Envelope:
     cursor = since
     while True:
-        page = ops.logs(run, since=cursor)
-        if not page["ok"]:
-            return page
-        for line in page["data"]["lines"]:
+        answer = ops.logs(run, since=cursor)
+        if not answer["ok"]:
+            return answer
+        page = LogPage.model_validate(answer["data"])
+        for line in page.lines:
             if json_mode:
-                sys.stdout.write(json.dumps(line) + "\n")
+                sys.stdout.write(line.model_dump_json() + "\n")
             else:
-                sys.stdout.write(f"[{line['level']}] {line['message']}\n")
+                sys.stdout.write(f"[{line.level}] {line.message}\n")
         sys.stdout.flush()
-        cursor = page["data"]["next_cursor"]
+        cursor = page.next_cursor
         status = ops.runs(run)
         if not status["ok"]:
             return status
-        if status["data"]["state"] in TERMINAL and not page["data"]["lines"]:
-            return ok_envelope({"run_id": run, "state": status["data"]["state"],
-                                "next_cursor": cursor},
-                               f"the run is {status['data']['state']}; no more lines")
-        if not page["data"]["lines"]:
+        state = RunView.model_validate(status["data"]).state
+        if state in TERMINAL and not page.lines:
+            return ok_envelope({"run_id": run, "state": state, "next_cursor": cursor},
+                               f"the run is {state}; no more lines")
+        if not page.lines:
             time.sleep(interval)
 
 
@@ -76,10 +78,11 @@ def watch_run(ops: Operations, run: str, *, interval: float, json_mode: bool) ->
 
 
 def _latest_step(ops: Operations, run: str) -> int | None:
-    points = ops.metrics(run, name="loss")
-    if not points["ok"] or not points["data"]["points"]:
+    answer = ops.metrics(run, name="loss")
+    if not answer["ok"]:
         return None
-    return int(points["data"]["points"][-1]["step"])
+    points = MetricPage.model_validate(answer["data"]).points
+    return points[-1].step if points else None
 
 
 class _Progress:

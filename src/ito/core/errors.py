@@ -58,6 +58,8 @@ REGISTRY: dict[str, ErrorSpec] = {
     "transport_unreachable": _s(503, "the API could not be reached; nothing was sent", True),
     "transport_bad_response": _s(502, "the API's answer was not a readable envelope (an error "
                                  "page of a proxy, a truncated or oversized body)", True),
+    "api_answer_invalid": _s(502, "the API's answer does not match the model this side "
+                             "expects (a client and server of different versions?)"),
     # --- server side -------------------------------------------------------------------------
     "credential_revoked": _s(401, "this credential has been revoked"),
     "forbidden_scope": _s(403, "this credential's role does not allow this operation"),

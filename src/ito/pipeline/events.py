@@ -4,20 +4,11 @@ Each line is written with a single ``write()`` on a file opened ``O_APPEND``, so
 sees half a line from a live writer and two attempts appending to the same file interleave by
 whole lines. No fsync: the file is telemetry, the checkpoint's ``COMMIT`` is the durable record.
 
-Event types (every line also has ``ts``, unix seconds):
-
-- ``{"type": "log", "level", "message"}``
-- ``{"type": "stage", "stage", "status": "started" | "completed"}``
-- ``{"type": "metric", "stage", "step", "values": {"loss", "lr", "grad_norm", "tokens_per_s",
-  "mfu", "step_seconds"}}``
-- ``{"type": "checkpoint", "stage", "step", "path", "bytes", "seconds"}``
-- ``{"type": "gate", "stage", "battery", "results": [...], "passed"}``
-- ``{"type": "restart", "restarts"}`` — torchrun restarted the ranks (an interruption)
-- ``{"type": "spike", "stage", "step", "loss", "z", "checkpoint_step", "skip_steps"}``
-- ``{"type": "done", "status": "succeeded" | "gate_failed" | "spike" | "stopped" | "failed"}``
-  — ``stopped``: the worker asked for a stop (its stop file), the engine committed a checkpoint
-  at ``step`` and exited; ``failed``: a refusal with a stable ``code`` and a ``reason`` (the
-  checkpoint storage failed its proof on disk), the processes exit non-zero
+Every line is one of the event models of :mod:`ito.core.pipeline_events` (``log``, ``stage``,
+``metric``, ``checkpoint``, ``gate``, ``restart``, ``spike``, ``done``; each also has ``ts``, unix
+seconds): :meth:`EventWriter.emit` validates an event of those types against its model before
+writing it, so the engine cannot write a line the supervisor would refuse. (Other types — the
+fault-tolerance drill's ``step`` records — are written as given.)
 
 A non-finite number (a diverged loss) is written as ``null``.
 """
@@ -29,9 +20,15 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
+
+from ito.core.pipeline_events import LOG_MESSAGE_MAX_CHARS, PipelineEvent, pipeline_event
 
 __all__ = ["EventWriter"]
+
+_MODELLED = frozenset(
+    model.model_fields["type"].default for model in get_args(get_args(PipelineEvent)[0]))
+"""The ``type`` values that have a model."""
 
 
 class EventWriter:
@@ -47,10 +44,14 @@ class EventWriter:
         if self._fd is None:
             return
         event = _finite({"type": type_, "ts": time.time(), **fields})
+        if type_ in _MODELLED:
+            event = pipeline_event(event).model_dump(mode="json")
         line = json.dumps(event, allow_nan=False)
         os.write(self._fd, line.encode() + b"\n")
 
     def log(self, level: str, message: str) -> None:
+        if len(message) > LOG_MESSAGE_MAX_CHARS:
+            message = message[: LOG_MESSAGE_MAX_CHARS - 16] + " … (truncated)"
         self.emit("log", level=level, message=message)
 
     def close(self) -> None:

@@ -1,8 +1,9 @@
 """The run spec: what the worker hands the engine in ``spec.json`` (one file per attempt).
 
-Pure and torch-free so the worker can import it to write specs. The manifest inside is the
-already-validated document; it is validated again here (``parse_manifest``) because the engine
-trusts nothing it did not check itself.
+Pure and torch-free. The document's shape is :class:`ito.core.run_spec.RunSpecDocument`, which
+the worker builds and this module validates; the manifest inside is the already-validated
+document, validated again here (``parse_manifest``) because the engine trusts nothing it did
+not check itself.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from ito.core.manifest import Manifest, parse_manifest
+from ito.core.run_spec import RunSpecDocument
 from ito.pipeline.storage_fs import StoragePath
 
 __all__ = ["FailAt", "Replica", "RestartFrom", "RunSpec", "load_spec", "stop_file"]
@@ -111,65 +115,43 @@ class RunSpec:
 
 
 def load_spec(path: Path) -> RunSpec:
-    """Read and check ``spec.json``; raises ``ValueError`` naming the offending field."""
-    doc = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(doc, dict):
-        raise ValueError("spec: must be a JSON object")
-    manifest = parse_manifest(json.dumps(doc.get("manifest")).encode())
-    stages = tuple(doc.get("stages") or [s.stage for s in manifest.curriculum])
+    """Read and check ``spec.json`` against :class:`~ito.core.run_spec.RunSpecDocument`;
+    raises ``ValueError`` naming the offending field (``spec.<field>``)."""
+    raw = path.read_text(encoding="utf-8")
+    try:
+        doc = RunSpecDocument.model_validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
+        raise ValueError(f"spec{where}: {first['msg']}") from None
+    manifest = parse_manifest(json.dumps(doc.manifest).encode())
+    stages = tuple(doc.stages or [s.stage for s in manifest.curriculum])
     known = {s.stage for s in manifest.curriculum}
     for i, name in enumerate(stages):
         if name not in known:
             raise ValueError(f"spec.stages[{i}]: {name!r} is not a curriculum stage")
     fail_at = None
-    if doc.get("fail_at") is not None:
-        rejoin = doc["fail_at"].get("rejoin_after_steps")
-        fail_at = FailAt(rank=int(doc["fail_at"]["rank"]), step=int(doc["fail_at"]["step"]),
-                         replica=int(doc["fail_at"].get("replica", 0)),
-                         rejoin_after_steps=int(rejoin) if rejoin is not None else None)
-    spike_at = doc.get("loss_spike_at")
-    if spike_at is not None and (not isinstance(spike_at, int) or spike_at < 1):
-        raise ValueError("spec.loss_spike_at: must be a positive integer or null")
+    if doc.fail_at is not None:
+        fail_at = FailAt(rank=doc.fail_at.rank, step=doc.fail_at.step,
+                         replica=doc.fail_at.replica,
+                         rejoin_after_steps=doc.fail_at.rejoin_after_steps)
     restart = None
-    if doc.get("restart_from") is not None:
-        restart = RestartFrom(step=int(doc["restart_from"]["step"]),
-                              skip_steps=int(doc["restart_from"]["skip_steps"]))
-    max_steps = doc.get("max_steps_per_stage")
-    if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
-        raise ValueError("spec.max_steps_per_stage: must be a positive integer or null")
-    pause_at = doc.get("pause_at_step")
-    if pause_at is not None and (not isinstance(pause_at, int) or isinstance(pause_at, bool)
-                                 or pause_at < 1):
-        raise ValueError("spec.pause_at_step: must be a positive integer or null")
-    pace = doc.get("min_step_seconds")
-    if pace is not None and (not isinstance(pace, int | float) or isinstance(pace, bool)
-                             or not 0 < pace <= 60):
-        raise ValueError("spec.min_step_seconds: must be a number in (0, 60] or null")
-    for key in ("workdir", "checkpoint_dir", "events_path"):
-        if not isinstance(doc.get(key), str) or not Path(doc[key]).is_absolute():
-            raise ValueError(f"spec.{key}: must be an absolute path")
-    storage_root = doc.get("storage_root")
-    if storage_root is not None:
-        if not isinstance(storage_root, str) or not Path(storage_root).is_absolute():
-            raise ValueError("spec.storage_root: must be an absolute path or null")
-        below = Path(doc["checkpoint_dir"]).relative_to(storage_root) \
-            if Path(doc["checkpoint_dir"]).is_relative_to(storage_root) else None
-        if below is None or not below.parts or ".." in below.parts:
-            raise ValueError("spec.checkpoint_dir: must lie strictly below spec.storage_root")
+    if doc.restart_from is not None:
+        restart = RestartFrom(step=doc.restart_from.step, skip_steps=doc.restart_from.skip_steps)
     return RunSpec(
-        run_id=str(doc["run_id"]),
-        attempt=int(doc.get("attempt", 1)),
+        run_id=doc.run_id,
+        attempt=doc.attempt,
         manifest=manifest,
-        workdir=Path(doc["workdir"]),
-        checkpoint_dir=Path(doc["checkpoint_dir"]),
-        events_path=Path(doc["events_path"]),
+        workdir=Path(doc.workdir),
+        checkpoint_dir=Path(doc.checkpoint_dir),
+        events_path=Path(doc.events_path),
         stages=stages,
-        max_steps_per_stage=max_steps,
+        max_steps_per_stage=doc.max_steps_per_stage,
         fail_at=fail_at,
-        loss_spike_at=spike_at,
-        pause_at_step=pause_at,
-        min_step_seconds=float(pace) if pace is not None else None,
+        loss_spike_at=doc.loss_spike_at,
+        pause_at_step=doc.pause_at_step,
+        min_step_seconds=doc.min_step_seconds,
         restart_from=restart,
-        storage_root=Path(storage_root) if storage_root is not None else None,
-        document=doc,
+        storage_root=Path(doc.storage_root) if doc.storage_root is not None else None,
+        document=json.loads(raw),
     )

@@ -28,6 +28,7 @@ from starlette.routing import Match
 from ito import __version__
 from ito.core.envelope import error_envelope, ok_envelope
 from ito.core.errors import ItoError
+from ito.core.responses import ErrorEnvelope
 from ito.server.background import lifespan_for
 from ito.server.body_limit import BodyLimit
 from ito.server.routers import (
@@ -54,6 +55,12 @@ __all__ = ["create_app"]
 log = logging.getLogger("ito.server")
 
 _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    "default": {"model": ErrorEnvelope,
+                "description": "A refusal: the error envelope, with the status its code is "
+                               "registered with (ito.core.errors)"}}
+"""Every API route documents its refusals as the §4 error envelope (request-shape errors
+included: they answer ``invalid_arguments``, not FastAPI's own validation body)."""
 CONTENT_PATHS = ("/v1/manifests", "/v1/plans")
 """Routes whose body is manifest bytes (content, hashed exactly): the manifest parser, not the
 text guard, decides what they may carry (``manifest_invalid``)."""
@@ -70,8 +77,9 @@ def create_app(settings: ServerSettings, db: Database | None = None, *,
                   lifespan=lifespan_for(state, embedded_worker_url))
     app.state.ito = state
     for module in (meta, bookings, manifests, confirmations, runs, desk, device, credentials,
-                   web, worker, telemetry):
-        app.include_router(module.router)
+                   worker, telemetry):
+        app.include_router(module.router, responses=ERROR_RESPONSES)
+    app.include_router(web.router)  # pages: a refusal is the HTML error page
     _install_error_handlers(app)
     # Outermost first: the body bound, then the text checks on the bounded body.
     app.add_middleware(TextGuard, respond=_respond, content_paths=CONTENT_PATHS)

@@ -6,12 +6,27 @@ decides how long a silent API may last: the lease TTL)."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
+from pydantic import BaseModel, ValidationError
+
+from ito.core.errors import ItoError
+from ito.core.pipeline_events import ReportedEvent
 from ito.core.text import escape_unsafe
+from ito.core.worker_messages import (
+    AttemptBody,
+    CleanedBody,
+    CleanupJob,
+    CleanupJobs,
+    FinishAnswer,
+    FinishBody,
+    HeartbeatAnswer,
+    Lease,
+)
 from ito.transport import DEFAULT_TIMEOUT, Transport
 
-__all__ = ["WorkerApi"]
+__all__ = ["WorkerApi", "report_batches"]
 
 REPORT_MAX_EVENTS = 2000
 REPORT_MAX_BYTES = 1 << 20
@@ -36,37 +51,61 @@ class WorkerApi:
     def me(self) -> dict[str, Any]:
         return dict(self._get("/v1/me"))
 
-    def lease(self) -> dict[str, Any] | None:
+    def lease(self) -> Lease | None:
         data = self._post("/v1/worker/lease")
-        return dict(data) if data else None
+        return _answer(Lease, data) if data else None
 
-    def heartbeat(self, run_id: str, attempt: int) -> dict[str, Any]:
-        return dict(self._post(f"/v1/worker/runs/{run_id}/heartbeat", {"attempt": attempt}))
+    def heartbeat(self, run_id: str, attempt: int) -> HeartbeatAnswer:
+        return _answer(HeartbeatAnswer, self._post(f"/v1/worker/runs/{run_id}/heartbeat",
+                                                   AttemptBody(attempt=attempt).model_dump()))
 
-    def report(self, run_id: str, attempt: int, events: list[dict[str, Any]]) -> None:
-        """Send events in order, in batches well under the server's request bound."""
-        batch: list[dict[str, Any]] = []
-        size = 0
-        for event in events:
-            cost = len(json.dumps(event)) + 2
-            if batch and (len(batch) >= REPORT_MAX_EVENTS or size + cost > REPORT_MAX_BYTES):
-                self._post(f"/v1/worker/runs/{run_id}/report",
-                           {"attempt": attempt, "events": batch})
-                batch, size = [], 0
-            batch.append(event)
-            size += cost
-        if batch:
+    def report(self, run_id: str, attempt: int, events: Sequence[ReportedEvent]) -> None:
+        """Send events in order, in batches well under the server's request bound (one request
+        per batch of :func:`report_batches`; the first refusal raises)."""
+        for batch in report_batches(events):
             self._post(f"/v1/worker/runs/{run_id}/report", {"attempt": attempt, "events": batch})
 
     def finish(self, run_id: str, attempt: int, status: str, *, failure_code: str | None = None,
-               message: str = "") -> dict[str, Any]:
-        return dict(self._post(f"/v1/worker/runs/{run_id}/finish",
-                               {"attempt": attempt, "status": status,
-                                "failure_code": failure_code, "message": message}))
+               message: str = "") -> FinishAnswer:
+        body = FinishBody.model_validate({"attempt": attempt, "status": status,
+                                          "failure_code": failure_code, "message": message})
+        return _answer(FinishAnswer, self._post(f"/v1/worker/runs/{run_id}/finish",
+                                                body.model_dump()))
 
-    def cleanups(self) -> list[dict[str, Any]]:
-        return list(self._get("/v1/worker/cleanups")["cleanups"])
+    def cleanups(self) -> list[CleanupJob]:
+        return list(_answer(CleanupJobs, self._get("/v1/worker/cleanups")).cleanups)
 
     def cleaned(self, run_id: str, bytes_freed: int, paths: list[str]) -> None:
-        self._post(f"/v1/worker/runs/{run_id}/cleaned",
-                   {"bytes_freed": bytes_freed, "paths": paths})
+        body = CleanedBody(bytes_freed=bytes_freed, paths=paths)
+        self._post(f"/v1/worker/runs/{run_id}/cleaned", body.model_dump())
+
+
+def report_batches(events: Sequence[ReportedEvent]) -> list[list[dict[str, Any]]]:
+    """The events as JSON objects, in order, cut into batches of at most
+    ``REPORT_MAX_EVENTS`` events and about ``REPORT_MAX_BYTES``."""
+    batches: list[list[dict[str, Any]]] = []
+    batch: list[dict[str, Any]] = []
+    size = 0
+    for event in events:
+        payload = event.model_dump(mode="json")
+        cost = len(json.dumps(payload)) + 2
+        if batch and (len(batch) >= REPORT_MAX_EVENTS or size + cost > REPORT_MAX_BYTES):
+            batches.append(batch)
+            batch, size = [], 0
+        batch.append(payload)
+        size += cost
+    if batch:
+        batches.append(batch)
+    return batches
+
+
+_AnswerT = TypeVar("_AnswerT", bound=BaseModel)
+
+
+def _answer(model: type[_AnswerT], data: Any) -> _AnswerT:
+    """The server's answer as its model: a worker acts on nothing it did not check."""
+    try:
+        return model.model_validate(data)
+    except ValidationError:
+        raise ItoError("api_answer_invalid", f"the API's {model.__name__} answer does not "
+                                             "match its model") from None

@@ -43,17 +43,17 @@ class WorkerLoop:
                     raise
                 # Nothing was deleted through the refused path; the run stays ``cleaning`` and
                 # the next round tries again. Leasing other runs goes on meanwhile.
-                if job["run_id"] not in self.refused_cleanups:
-                    self.refused_cleanups.add(job["run_id"])
-                    log.error("run %s: cleanup refused (%s)", job["run_id"], exc.message)
+                if job.run_id not in self.refused_cleanups:
+                    self.refused_cleanups.add(job.run_id)
+                    log.error("run %s: cleanup refused (%s)", job.run_id, exc.message)
                 continue
-            log.info("cleaned run %s: %d bytes freed", job["run_id"], freed)
+            log.info("cleaned run %s: %d bytes freed", job.run_id, freed)
             worked = True
         lease = self.api.lease()
         if lease is not None:
-            log.info("leased run %s attempt %s", lease["run_id"], lease["attempt"])
+            log.info("leased run %s attempt %s", lease.run_id, lease.attempt)
             outcome = self.supervisor.run(lease)
-            log.info("run %s attempt %s ended: %s", lease["run_id"], lease["attempt"],
+            log.info("run %s attempt %s ended: %s", lease.run_id, lease.attempt,
                      outcome.status if outcome else "lease lost")
             worked = True
         return worked

@@ -3,8 +3,12 @@ executor, stream the pipeline's events to the API, heartbeat, obey cancel and bu
 finish the run with the status the pipeline reported (or ``failed`` if it crashed).
 
 The pipeline (rank 0) appends one JSON event per line to ``events-<attempt>.jsonl``; this loop
-tails that file. A lost lease means another attempt may already run elsewhere: the processes are
-killed and nothing more is reported.
+tails that file and parses each line with the event models (:mod:`ito.core.pipeline_events`): a
+line that is not exactly one event is logged and dropped, never forwarded. A report batch the
+server refuses as malformed (a 4xx) is logged and dropped too, and the heartbeat goes on, so a
+bad event never costs the run its lease; a retryable failure keeps the batch for the next round
+without holding up the heartbeat. A lost lease means another attempt may already run
+elsewhere: the processes are killed and nothing more is reported.
 """
 
 from __future__ import annotations
@@ -19,11 +23,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from ito.core.errors import REGISTRY, ItoError
+from ito.core.pipeline_events import (
+    DoneEvent,
+    LogEvent,
+    PipelineEvent,
+    ReportedEvent,
+    SpikeEvent,
+    StageEvent,
+    parse_event_line,
+)
+from ito.core.run_spec import RunSpecDocument
 from ito.core.storage import checkpoint_local_parts
+from ito.core.worker_messages import CleanupJob, Lease
 from ito.pipeline.spec import stop_file
 from ito.pipeline.storage_fs import StoragePath, proven_dir, remove_tree
-from ito.worker.api import WorkerApi
+from ito.worker.api import WorkerApi, report_batches
 from ito.worker.executors import Executor, LaunchSpec
 
 __all__ = ["EventTail", "Supervisor", "checkpoint_storage", "cleanup_run"]
@@ -47,14 +64,14 @@ def checkpoint_storage(uri: str, storage_root: str | None, run_id: str) -> Stora
 
 
 class EventTail:
-    """New complete lines of a growing JSONL file."""
+    """New complete lines of a growing JSONL file, each parsed as its event model."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.offset = 0
         self.partial = b""
 
-    def read(self) -> list[dict[str, Any]]:
+    def read(self) -> list[PipelineEvent]:
         try:
             with self.path.open("rb") as handle:
                 handle.seek(self.offset)
@@ -64,14 +81,17 @@ class EventTail:
         self.offset += len(chunk)
         data = self.partial + chunk
         *lines, self.partial = data.split(b"\n")
-        events = []
+        events: list[PipelineEvent] = []
         for line in lines:
             if line.strip():
                 try:
-                    events.append(json.loads(line))
-                except ValueError:
-                    events.append({"type": "log", "level": "warning",
-                                   "message": "unparseable pipeline event dropped"})
+                    events.append(parse_event_line(line))
+                except ValueError as exc:
+                    # Logged by where it is wrong, never by what it says (it may carry anything).
+                    log.warning("%s: a malformed pipeline event was dropped (%s)", self.path.name,
+                                exc)
+                    events.append(LogEvent(level="warning", message=f"a malformed pipeline "
+                                                                    f"event was dropped ({exc})"))
         return events
 
 
@@ -94,15 +114,14 @@ class Supervisor:
         """Set when the worker shuts down: the processes are killed and the lease left to
         expire, so the run goes ``recovering`` and resumes under the next worker."""
 
-    def run(self, lease: dict[str, Any]) -> Outcome | None:
-        run_id, attempt = lease["run_id"], int(lease["attempt"])
+    def run(self, lease: Lease) -> Outcome | None:
+        run_id, attempt = lease.run_id, lease.attempt
         workdir = self.home / "work" / run_id
         workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        raw = base64.b64decode(lease["manifest_b64"])
+        raw = base64.b64decode(lease.manifest_b64)
         document = json.loads(raw)
         try:
-            storage = checkpoint_storage(lease["checkpoint_uri"],
-                                         lease["booking"].get("storage_uri"), run_id)
+            storage = checkpoint_storage(lease.checkpoint_uri, lease.booking.storage_uri, run_id)
             with proven_dir(storage, create=True) as proven:
                 # The pipeline gets the resolved root and the proven directory below it; it
                 # re-proves the chain before each of its own writes, prunes and deletes.
@@ -110,45 +129,49 @@ class Supervisor:
                 checkpoints = proven.real
         except ItoError as exc:
             return self._finish(run_id, attempt, Outcome("failed", exc.code, exc.message))
-        self.api.report(run_id, attempt, [{"type": "log", "level": "info",
-                                           "message": f"checkpoints at {checkpoints}"}])
+        self.api.report(run_id, attempt, [LogEvent(level="info",
+                                                   message=f"checkpoints at {checkpoints}")])
 
         prep = self._prepare(run_id, attempt, raw, workdir)
         if prep is not None or self.stop.is_set():
             return prep  # an outcome, or None: the worker is stopping and leaves the lease
         skipped = [s for s in POST_TRAINING if (document.get("post_training") or {}).get(s)]
         if skipped:
-            self.api.report(run_id, attempt, [{
-                "type": "log", "level": "warning",
-                "message": f"post-training stages {skipped} are not run by this runtime "
-                           "version; the run ends after its curriculum"}])
+            self.api.report(run_id, attempt, [LogEvent(
+                level="warning",
+                message=f"post-training stages {skipped} are not run by this runtime "
+                        "version; the run ends after its curriculum")])
 
         events_path = workdir / f"events-{attempt}.jsonl"
-        spec = {"run_id": run_id, "attempt": attempt, "manifest": document,
-                "workdir": str(workdir), "checkpoint_dir": str(checkpoints),
-                "storage_root": str(real_root),
-                "events_path": str(events_path),
-                "stages": [s["stage"] for s in document["curriculum"]],
-                "max_steps_per_stage": None, "fail_at": None, "loss_spike_at": None,
-                "restart_from": lease.get("restart_from")}
-        spec |= self.spec_overrides
+        restart = lease.restart_from
+        fields: dict[str, Any] = {
+            "run_id": run_id, "attempt": attempt, "manifest": document,
+            "workdir": str(workdir), "checkpoint_dir": str(checkpoints),
+            "storage_root": str(real_root), "events_path": str(events_path),
+            "stages": [s["stage"] for s in document["curriculum"]],
+            "restart_from": restart.model_dump() if restart is not None else None}
+        try:
+            spec = RunSpecDocument.model_validate(fields | self.spec_overrides)
+        except ValidationError:
+            return self._finish(run_id, attempt, Outcome(
+                "failed", "invalid_arguments", "the run spec for the engine is invalid"))
         spec_path = workdir / f"spec-{attempt}.json"
-        spec_path.write_text(json.dumps(spec))
-        booking = lease["booking"]
+        spec_path.write_text(spec.model_dump_json())
+        booking = lease.booking
         executor = self.executor_factory()
         groups = int((document.get("resources") or {}).get("replica_groups", 1))
         try:
             executor.start(LaunchSpec(run_id=run_id, attempt=attempt, spec_path=spec_path,
-                                      workdir=workdir, nodes=int(booking["nodes"]),
-                                      gpus_per_node=int(booking["gpus_per_node"]),
+                                      workdir=workdir, nodes=booking.nodes,
+                                      gpus_per_node=booking.gpus_per_node,
                                       replica_groups=groups))
         except ItoError as exc:
             executor.kill()
             return self._finish(run_id, attempt, Outcome("failed", exc.code, exc.message))
-        ttl = float(lease.get("lease_ttl_s", 30.0))
+        ttl = lease.lease_ttl_s
         try:
             return self._follow(run_id, attempt, executor, EventTail(events_path),
-                                float(lease["heartbeat_s"]), ttl=ttl, stop_grace_s=ttl / 2,
+                                lease.heartbeat_s, ttl=ttl, stop_grace_s=ttl / 2,
                                 stop_path=stop_file(workdir, attempt))
         except BaseException:
             # Whatever went wrong here, no training process outlives its supervision.
@@ -161,8 +184,7 @@ class Supervisor:
         from ito.core.manifest import parse_manifest
         from ito.pipeline.data_prep import prepare_data
 
-        self.api.report(run_id, attempt, [{"type": "stage", "stage": "data_prep",
-                                           "status": "started"}])
+        self.api.report(run_id, attempt, [StageEvent(stage="data_prep", status="started")])
         result: dict[str, Any] = {}
 
         def work() -> None:
@@ -181,12 +203,12 @@ class Supervisor:
                 return None
             if thread.is_alive():
                 beat = self.api.heartbeat(run_id, attempt)
-                if beat.get("stop") in ("cancel", "budget", "booking"):
+                if beat.stop is not None:
                     thread.join()
                     return self._finish(run_id, attempt, Outcome(
                         "cancelled", None, "cancelled during data prep")
-                        if beat["stop"] == "cancel" else Outcome(
-                        "failed", str(beat.get("stop_code") or "budget_exceeded"),
+                        if beat.stop == "cancel" else Outcome(
+                        "failed", beat.stop_code or "budget_exceeded",
                         "stopped during data prep: the budget or the booking does not allow "
                         "another interval"))
         if "error" in result:
@@ -197,46 +219,52 @@ class Supervisor:
                                                          "data preparation crashed"))
         summary = result["report"].to_dict()
         self.api.report(run_id, attempt, [
-            {"type": "log", "level": "info",
-             "message": "data prepared: " + json.dumps(summary.get("counts", {}))[:3000]},
-            {"type": "stage", "stage": "data_prep", "status": "completed"}])
+            LogEvent(level="info",
+                     message="data prepared: " + json.dumps(summary.get("counts", {}))[:3000]),
+            StageEvent(stage="data_prep", status="completed")])
         return None
 
     def _follow(self, run_id: str, attempt: int, executor: Executor, tail: EventTail,
                 heartbeat_s: float, *, ttl: float, stop_grace_s: float,
                 stop_path: Path) -> Outcome | None:
-        done: dict[str, Any] | None = None
+        done: DoneEvent | None = None
         next_beat = 0.0
         stop_deadline: float | None = None
         """Set once a budget or booking stop asked the engine to checkpoint and exit."""
         stop_code = "budget_exceeded"
-        unsent: list[dict[str, Any]] = []
+        unsent: list[ReportedEvent] = []
         last_contact = time.monotonic()
         """When the API last answered. Past one lease TTL of silence the lease may be gone and
         another attempt running: the processes are killed and nothing more is reported."""
 
-        def send(events: list[dict[str, Any]]) -> None:
+        def send(events: list[PipelineEvent]) -> None:
+            """Report what is waiting, batch by batch. A refused batch (malformed: 4xx) is
+            logged and dropped; a retryable failure keeps the rest for the next round and
+            returns, so the heartbeat still runs; a lost lease raises."""
             nonlocal last_contact
-            unsent.extend(e for e in events if e.get("type") != "done")
-            if not unsent:
-                return
-            try:
-                self.api.report(run_id, attempt, unsent)
-            except ItoError as exc:
-                if exc.code in _LOST or exc.retryable:
-                    raise
-                log.warning("run %s: a report batch was refused (%s) and dropped", run_id,
-                            exc.code)
-            else:
-                last_contact = time.monotonic()
-            unsent.clear()
+            unsent.extend(e for e in events if not isinstance(e, DoneEvent))
+            for size in [len(batch) for batch in report_batches(unsent)]:
+                try:
+                    self.api.report(run_id, attempt, unsent[:size])
+                except ItoError as exc:
+                    if exc.code in _LOST:
+                        raise
+                    if exc.retryable:
+                        log.warning("run %s: a report batch was not delivered (%s); it is "
+                                    "sent again next round", run_id, exc.code)
+                        return
+                    log.warning("run %s: a report batch of %d event(s) was refused (%s) and "
+                                "dropped", run_id, size, exc.code)
+                else:
+                    last_contact = time.monotonic()
+                del unsent[:size]
 
         spiked = False
         while True:
             try:
                 events = tail.read()
-                done = next((e for e in events if e.get("type") == "done"), done)
-                spiked = spiked or any(e.get("type") == "spike" for e in events)
+                done = next((e for e in events if isinstance(e, DoneEvent)), done)
+                spiked = spiked or any(isinstance(e, SpikeEvent) for e in events)
                 send(events)
                 if spiked:
                     # The run now awaits a human; the server released the lease.
@@ -245,9 +273,9 @@ class Supervisor:
                 exit_code = executor.poll()
                 if exit_code is not None:
                     rest = tail.read()
-                    done = next((e for e in rest if e.get("type") == "done"), done)
+                    done = next((e for e in rest if isinstance(e, DoneEvent)), done)
                     send(rest)
-                    if done is not None and done.get("status") == "spike":
+                    if done is not None and done.status == "spike":
                         return Outcome("awaiting_approval", None, "loss spike: restart proposed")
                     if stop_deadline is not None:
                         return self._finish(run_id, attempt, _stop_outcome(stop_code, done))
@@ -262,17 +290,17 @@ class Supervisor:
                     beat = self.api.heartbeat(run_id, attempt)
                     last_contact = time.monotonic()
                     next_beat = last_contact + heartbeat_s
-                    if beat.get("stop") == "cancel":
+                    if beat.stop == "cancel":
                         executor.kill()
                         return self._finish(run_id, attempt, Outcome(
                             "cancelled", None, "cancelled; the processes were stopped and the "
                             "last committed checkpoint kept"))
-                    if beat.get("stop") in ("budget", "booking") and stop_deadline is None:
+                    if beat.stop in ("budget", "booking") and stop_deadline is None:
                         # The server stops while the worst case until the next beat is still
                         # under the ceiling (or inside the term): that headroom (the lease TTL)
                         # pays for a final checkpoint.
-                        stop_code = str(beat.get("stop_code") or "budget_exceeded")
-                        stop_path.write_text(beat["stop"] + "\n")
+                        stop_code = beat.stop_code or "budget_exceeded"
+                        stop_path.write_text(beat.stop + "\n")
                         stop_deadline = time.monotonic() + stop_grace_s
             except ItoError as exc:
                 if exc.code in _LOST:
@@ -304,37 +332,38 @@ def executor_wait(executor: Executor, timeout: float = 120.0) -> None:
         time.sleep(POLL_SECONDS)
 
 
-def _stop_outcome(code: str, done: dict[str, Any] | None) -> Outcome:
+def _stop_outcome(code: str, done: DoneEvent | None) -> Outcome:
     why = ("the next interval would cross the budget ceiling" if code == "budget_exceeded"
            else f"the booking can no longer be used ({code})")
-    if done is not None and done.get("status") == "stopped":
+    if done is not None and done.status == "stopped":
         return Outcome("failed", code, f"stopped because {why}; checkpoint committed at step "
-                                       f"{done.get('step')}")
+                                       f"{done.step}")
     return Outcome("failed", code, f"stopped because {why}; the engine did not checkpoint in "
                                    "time and was killed; the last committed checkpoint is kept")
 
 
-def _outcome(done: dict[str, Any] | None, exit_code: int) -> Outcome:
-    if done is not None and done.get("status") in ("succeeded", "gate_failed"):
-        status = str(done["status"])
+def _outcome(done: DoneEvent | None, exit_code: int) -> Outcome:
+    if done is not None and done.status in ("succeeded", "gate_failed"):
+        status = done.status
         message = "every stage and gate passed" if status == "succeeded" else \
-            f"an eval gate failed: {done.get('reason') or done.get('stage') or ''}".strip()
+            f"an eval gate failed: {done.reason or done.stage or ''}".strip()
         return Outcome(status, "eval_gate_failed" if status == "gate_failed" else None, message)
-    if done is not None and done.get("status") == "failed" and done.get("code") in REGISTRY:
-        return Outcome("failed", str(done["code"]), str(done.get("reason") or "")[:500]
+    if done is not None and done.status == "failed" and done.code in REGISTRY:
+        assert done.code is not None
+        return Outcome("failed", done.code, (done.reason or "")[:500]
                        or "the pipeline refused to continue")
     return Outcome("failed", "pipeline_crashed",
                    f"the training processes exited with code {exit_code} after their restarts")
 
 
-def cleanup_run(api: WorkerApi, home: Path, job: dict[str, Any]) -> int:
+def cleanup_run(api: WorkerApi, home: Path, job: CleanupJob) -> int:
     """Delete a run's checkpoints and scratch data; report the bytes freed and the real paths.
 
     Each tree is deleted through a freshly proven parent, without following any link: a link
     planted inside a run's directory is removed, never its target; a link on the way to it
     refuses the cleanup (``checkpoint_storage_invalid``) and deletes nothing there."""
-    run_id = job["run_id"]
-    trees = [checkpoint_storage(job["checkpoint_uri"], job.get("storage_uri"), run_id),
+    run_id = job.run_id
+    trees = [checkpoint_storage(job.checkpoint_uri, job.storage_uri, run_id),
              StoragePath(home / "work", (run_id,))]
     freed = 0
     deleted = []

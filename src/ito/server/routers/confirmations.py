@@ -7,9 +7,11 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
+from ito.core.booking_views import ConfirmationView
 from ito.core.envelope import ok_envelope
 from ito.core.errors import ItoError
 from ito.core.manifest import MANIFEST_MAX_BYTES
+from ito.core.responses import Envelope
 from ito.server.routers.deps import (
     Approver,
     Requester,
@@ -41,7 +43,7 @@ class ConfirmationRequest(BaseModel):
     """The manifest's bytes; stored with the confirmation if the server lacks them."""
 
 
-@router.post("")
+@router.post("", response_model=Envelope[ConfirmationView])
 def confirmations_create(body: ConfirmationRequest, caller: Requester,
                          state: State) -> dict[str, Any]:
     ttl = state.settings.confirmation_ttl_seconds
@@ -61,7 +63,7 @@ def confirmations_create(body: ConfirmationRequest, caller: Requester,
                        "it out of band. The reference alone authorizes nothing")
 
 
-@router.get("/{ref}")
+@router.get("/{ref}", response_model=Envelope[ConfirmationView])
 def confirmations_show(ref: str, caller: RequesterOrApprover, state: State) -> dict[str, Any]:
     with state.db.read() as session:
         data = confirmation_dict(get_confirmation(session, caller.account_id, ref),
@@ -69,7 +71,7 @@ def confirmations_show(ref: str, caller: RequesterOrApprover, state: State) -> d
     return ok_envelope(data, f"confirmation {ref} is {data['state']}")
 
 
-@router.post("/{ref}/approve")
+@router.post("/{ref}/approve", response_model=Envelope[ConfirmationView])
 def confirmations_approve(ref: str, caller: Approver, state: State) -> dict[str, Any]:
     with state.db.write() as session:
         data = confirmation_dict(
@@ -78,7 +80,7 @@ def confirmations_approve(ref: str, caller: Approver, state: State) -> dict[str,
     return ok_envelope(data, "confirmation approved; it can be used once, before it expires")
 
 
-@router.post("/{ref}/reject")
+@router.post("/{ref}/reject", response_model=Envelope[ConfirmationView])
 def confirmations_reject(ref: str, caller: Approver, state: State) -> dict[str, Any]:
     with state.db.write() as session:
         data = confirmation_dict(

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from ito.core.envelope import ok_envelope
+from ito.core.responses import Envelope, Open
 from ito.server.routers.deps import Caller, State
 from ito.server.services.audit import Actor, audited
 from ito.server.services.credentials import OperatorContext, revoke_key
@@ -16,7 +17,7 @@ router = APIRouter(prefix="/v1/credentials")
 log = logging.getLogger("ito.server.credentials")
 
 
-@router.post("/self/revoke")
+@router.post("/self/revoke", response_model=Envelope[Open])
 def revoke_self(caller: Caller, state: State) -> dict[str, Any]:
     if isinstance(caller, OperatorContext):  # an operator credential changing is a desk action
         with audited(state.db, Actor.of(caller), "key.revoke", target_kind="key",

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ito.core.envelope import ok_envelope
 from ito.core.errors import ItoError
+from ito.core.responses import Envelope, Open
 from ito.server.routers.deps import Desk, State
 from ito.server.services.accounts import create_account
 from ito.server.services.audit import Actor, audit_dict, audited, list_audit
@@ -70,7 +71,7 @@ class BookingStateBody(_Body):
     state: Literal["completed", "expired", "revoked", "released"]
 
 
-@router.post("/accounts")
+@router.post("/accounts", response_model=Envelope[Open])
 def desk_account_create(body: AccountBody, caller: Desk, state: State) -> dict[str, Any]:
     with audited(state.db, Actor.of(caller), "account.create", target_kind="account",
                  details={"name": body.name}) as (session, note):
@@ -80,7 +81,7 @@ def desk_account_create(body: AccountBody, caller: Desk, state: State) -> dict[s
     return ok_envelope(data, "account created")
 
 
-@router.post("/keys")
+@router.post("/keys", response_model=Envelope[Open])
 def desk_key_create(body: KeyBody, caller: Desk, state: State) -> dict[str, Any]:
     with audited(state.db, Actor.of(caller), "key.create", account_id=body.account_id,
                  target_kind="key", details={"role": body.role, "name": body.name,
@@ -100,7 +101,7 @@ def desk_key_create(body: KeyBody, caller: Desk, state: State) -> dict[str, Any]
                        "key created; the api_key is shown once and never stored")
 
 
-@router.post("/keys/{key_id}/revoke")
+@router.post("/keys/{key_id}/revoke", response_model=Envelope[Open])
 def desk_key_revoke(key_id: str, caller: Desk, state: State) -> dict[str, Any]:
     with audited(state.db, Actor.of(caller), "key.revoke", target_kind="key",
                  target_id=key_id) as (session, note):
@@ -110,7 +111,7 @@ def desk_key_revoke(key_id: str, caller: Desk, state: State) -> dict[str, Any]:
     return ok_envelope(data, "key revoked")
 
 
-@router.post("/bookings")
+@router.post("/bookings", response_model=Envelope[Open])
 def desk_booking_create(body: BookingBody, caller: Desk, state: State) -> dict[str, Any]:
     with audited(state.db, Actor.of(caller), "booking.create", account_id=body.account_id,
                  target_kind="booking") as (session, note):
@@ -127,7 +128,7 @@ def desk_booking_create(body: BookingBody, caller: Desk, state: State) -> dict[s
     return ok_envelope(data, "booking recorded")
 
 
-@router.post("/bookings/{booking_id}/state")
+@router.post("/bookings/{booking_id}/state", response_model=Envelope[Open])
 def desk_booking_state(booking_id: str, body: BookingStateBody, caller: Desk,
                        state: State) -> dict[str, Any]:
     with audited(state.db, Actor.of(caller), "booking.set_state", target_kind="booking",
@@ -138,7 +139,7 @@ def desk_booking_state(booking_id: str, body: BookingStateBody, caller: Desk,
     return ok_envelope(data, f"booking is now {data['state']}")
 
 
-@router.get("/audit")
+@router.get("/audit", response_model=Envelope[Open])
 def desk_audit(caller: Desk, state: State,
                account_id: str | None = Query(default=None, max_length=64),
                limit: int = Query(default=100, ge=1, le=1000)) -> dict[str, Any]:

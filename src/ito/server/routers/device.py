@@ -11,6 +11,7 @@ from fastapi import APIRouter, Body, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ito.core.envelope import ok_envelope
+from ito.core.responses import Envelope, Open
 from ito.server.routers.deps import State, source_of
 from ito.server.services.device_auth import poll_device_code, start_device_login
 from ito.server.store.tables import utcnow
@@ -32,7 +33,7 @@ class DeviceTokenBody(BaseModel):
     """Optional, as RFC 8628 §3.4 names it; any other grant is refused."""
 
 
-@router.post("/code")
+@router.post("/code", response_model=Envelope[Open])
 def device_code(request: Request, state: State,
                 body: Annotated[DeviceCodeBody | None, Body()] = None) -> dict[str, Any]:
     # Unauthenticated and it writes a row: bounded per source address like a credential.
@@ -54,7 +55,7 @@ def device_code(request: Request, state: State,
     }, "device login started; a signed-in approver must approve the user code")
 
 
-@router.post("/token")
+@router.post("/token", response_model=Envelope[Open])
 def device_token(body: DeviceTokenBody, state: State) -> dict[str, Any]:
     with state.db.write() as session:
         outcome = poll_device_code(session, state.pepper, body.device_code, utcnow())

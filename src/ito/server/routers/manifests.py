@@ -10,6 +10,7 @@ from fastapi.concurrency import run_in_threadpool
 from ito.core.envelope import ok_envelope
 from ito.core.errors import ItoError
 from ito.core.manifest import MANIFEST_MAX_BYTES, manifest_digest
+from ito.core.responses import Envelope, Open
 from ito.server.routers.deps import Requester, State, read_bounded_body
 from ito.server.services.manifests import find_manifest, manifest_dict, store_manifest
 from ito.server.services.plans import plan_run
@@ -17,7 +18,7 @@ from ito.server.services.plans import plan_run
 router = APIRouter(prefix="/v1")
 
 
-@router.post("/manifests")
+@router.post("/manifests", response_model=Envelope[Open])
 async def manifests_upload(request: Request, caller: Requester, state: State) -> dict[str, Any]:
     raw = await read_bounded_body(request, MANIFEST_MAX_BYTES, "manifest_too_large")
 
@@ -35,7 +36,7 @@ async def manifests_upload(request: Request, caller: Requester, state: State) ->
     return ok_envelope(data | {"created": created}, notice)
 
 
-@router.get("/manifests/{digest}")
+@router.get("/manifests/{digest}", response_model=Envelope[Open])
 def manifests_show(digest: str, caller: Requester, state: State) -> dict[str, Any]:
     with state.db.read() as session:
         row = find_manifest(session, caller.account_id, digest)
@@ -44,7 +45,7 @@ def manifests_show(digest: str, caller: Requester, state: State) -> dict[str, An
         return ok_envelope(manifest_dict(row), "manifest found")
 
 
-@router.post("/plans")
+@router.post("/plans", response_model=Envelope[Open])
 async def plans_create(booking_id: str, request: Request, caller: Requester,
                        state: State) -> dict[str, Any]:
     raw = await read_bounded_body(request, MANIFEST_MAX_BYTES, "manifest_too_large")

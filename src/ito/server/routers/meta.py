@@ -10,6 +10,8 @@ from fastapi import APIRouter, Query
 from ito import __version__
 from ito.core.envelope import ok_envelope
 from ito.core.manifest import manifest_json_schema
+from ito.core.meta_views import Health, Identity
+from ito.core.responses import Envelope, Open
 from ito.server.routers.deps import Caller, Requester, RequesterOrApprover, State
 from ito.server.services.audit import account_event_dict, list_account_events
 from ito.server.services.bookings import booking_dict, list_bookings
@@ -18,17 +20,17 @@ from ito.server.services.runs import list_runs, run_dict
 router = APIRouter(prefix="/v1")
 
 
-@router.get("/health")
+@router.get("/health", response_model=Envelope[Health])
 def health() -> dict[str, Any]:
     return ok_envelope({"status": "ok", "version": __version__}, "the API is up")
 
 
-@router.get("/schemas/manifest")
+@router.get("/schemas/manifest", response_model=Envelope[Open])
 def manifest_schema() -> dict[str, Any]:
     return ok_envelope(manifest_json_schema(), "schema ito.training.manifest.v1")
 
 
-@router.get("/me")
+@router.get("/me", response_model=Envelope[Identity])
 def me(caller: Caller) -> dict[str, Any]:
     """Who this credential is; the operator's ``account_id`` is ``null`` (it is no tenant)."""
     return ok_envelope({"account_id": caller.account_id, "principal_id": caller.principal_id,
@@ -36,7 +38,7 @@ def me(caller: Caller) -> dict[str, Any]:
                         "booking_id": caller.booking_id}, "the credential is valid")
 
 
-@router.get("/status")
+@router.get("/status", response_model=Envelope[Open])
 def status(caller: Requester, state: State) -> dict[str, Any]:
     with state.db.read() as session:
         bookings = [booking_dict(b) for b in list_bookings(session, caller.account_id)]
@@ -46,7 +48,7 @@ def status(caller: Requester, state: State) -> dict[str, Any]:
                        f"{len(bookings)} booking(s), {len(runs)} recent run(s)")
 
 
-@router.get("/account/events")
+@router.get("/account/events", response_model=Envelope[Open])
 def account_events(caller: RequesterOrApprover, state: State,
                    limit: int = Query(default=100, ge=1, le=1000)) -> dict[str, Any]:
     """The desk's actions on this account (keys minted or revoked, bookings recorded or moved,

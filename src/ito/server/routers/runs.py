@@ -9,6 +9,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ito.core.envelope import ok_envelope
 from ito.core.manifest import MANIFEST_MAX_BYTES
+from ito.core.responses import Envelope, Open
+from ito.core.run_views import (
+    CheckpointList,
+    LogPage,
+    MetricPage,
+    RunDetail,
+    RunEventPage,
+    RunList,
+)
 from ito.server.routers.deps import Requester, State, decode_manifest_b64
 from ito.server.services.lifecycle import (
     apply_run_action,
@@ -41,7 +50,7 @@ class RunCreateBody(BaseModel):
     manifest_b64: str | None = Field(default=None, max_length=2 * MANIFEST_MAX_BYTES)
 
 
-@router.post("")
+@router.post("", response_model=Envelope[Open])
 def runs_create(body: RunCreateBody, caller: Requester, state: State) -> dict[str, Any]:
     result = create_run(state.db, caller, state.pepper, CreateRunRequest(
         booking_id=body.booking_id, manifest_digest=body.manifest_id,
@@ -56,7 +65,7 @@ def runs_create(body: RunCreateBody, caller: Requester, state: State) -> dict[st
     return ok_envelope(data, notice)
 
 
-@router.get("")
+@router.get("", response_model=Envelope[RunList])
 def runs_list(caller: Requester, state: State,
               idempotency_key: str | None = Query(default=None, max_length=255),
               booking_id: str | None = None,
@@ -68,7 +77,7 @@ def runs_list(caller: Requester, state: State,
     return ok_envelope({"runs": runs}, f"{len(runs)} run(s)")
 
 
-@router.get("/{run_id}")
+@router.get("/{run_id}", response_model=Envelope[RunDetail])
 def runs_show(run_id: str, caller: Requester, state: State) -> dict[str, Any]:
     with state.db.read() as session:
         run = get_run(session, caller.account_id, run_id)
@@ -77,7 +86,7 @@ def runs_show(run_id: str, caller: Requester, state: State) -> dict[str, Any]:
     return ok_envelope(data, f"run {run_id} is {data['state']}")
 
 
-@router.get("/{run_id}/events")
+@router.get("/{run_id}/events", response_model=Envelope[RunEventPage])
 def runs_events(run_id: str, caller: Requester, state: State,
                 after: int = Query(default=0, ge=0, le=CURSOR_MAX),
                 limit: int = Query(default=200, ge=1, le=1000)) -> dict[str, Any]:
@@ -108,25 +117,25 @@ def _action(run_id: str, action: str, body: RunActionBody, caller: Requester,
     return ok_envelope(data | {"replayed": replayed}, notice)
 
 
-@router.post("/{run_id}/cancel")
+@router.post("/{run_id}/cancel", response_model=Envelope[Open])
 def runs_cancel(run_id: str, body: RunActionBody, caller: Requester,
                 state: State) -> dict[str, Any]:
     return _action(run_id, "run.cancel", body, caller, state)
 
 
-@router.post("/{run_id}/cleanup")
+@router.post("/{run_id}/cleanup", response_model=Envelope[Open])
 def runs_cleanup(run_id: str, body: RunActionBody, caller: Requester,
                  state: State) -> dict[str, Any]:
     return _action(run_id, "run.cleanup", body, caller, state)
 
 
-@router.post("/{run_id}/restart")
+@router.post("/{run_id}/restart", response_model=Envelope[Open])
 def runs_restart(run_id: str, body: RunActionBody, caller: Requester,
                  state: State) -> dict[str, Any]:
     return _action(run_id, "run.restart_from_checkpoint", body, caller, state)
 
 
-@router.get("/{run_id}/logs")
+@router.get("/{run_id}/logs", response_model=Envelope[LogPage])
 def runs_logs(run_id: str, caller: Requester, state: State,
               since: int = Query(default=0, ge=0, le=CURSOR_MAX),
               limit: int = Query(default=500, ge=1, le=5000)) -> dict[str, Any]:
@@ -135,7 +144,7 @@ def runs_logs(run_id: str, caller: Requester, state: State,
     return ok_envelope({"lines": lines, "next_cursor": cursor}, f"{len(lines)} line(s)")
 
 
-@router.get("/{run_id}/metrics")
+@router.get("/{run_id}/metrics", response_model=Envelope[MetricPage])
 def runs_metrics(run_id: str, caller: Requester, state: State,
                  name: str | None = Query(default=None, max_length=64),
                  since: int = Query(default=0, ge=0, le=CURSOR_MAX),
@@ -146,7 +155,7 @@ def runs_metrics(run_id: str, caller: Requester, state: State,
     return ok_envelope({"points": points, "next_cursor": cursor}, f"{len(points)} point(s)")
 
 
-@router.get("/{run_id}/checkpoints")
+@router.get("/{run_id}/checkpoints", response_model=Envelope[CheckpointList])
 def runs_checkpoints(run_id: str, caller: Requester, state: State) -> dict[str, Any]:
     with state.db.read() as session:
         rows = [checkpoint_dict(r) for r in list_checkpoints(session, caller.account_id,

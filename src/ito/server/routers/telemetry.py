@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from ito.core.envelope import ok_envelope
 from ito.core.errors import ItoError
+from ito.core.responses import Envelope, Open
 from ito.server.routers.deps import Desk, RequesterOrDesk, State
 from ito.server.services.audit import Actor, audited
 from ito.server.services.credentials import OperatorContext
@@ -25,7 +26,7 @@ from ito.server.services.telemetry import booking_telemetry, prometheus_text, ru
 router = APIRouter()
 
 
-@router.get("/v1/telemetry")
+@router.get("/v1/telemetry", response_model=Envelope[Open])
 def telemetry(state: State, caller: RequesterOrDesk, booking_id: str | None = None,
               run_id: str | None = None) -> dict[str, Any]:
     if (booking_id is None) == (run_id is None):

@@ -3,13 +3,24 @@ heartbeats, reports, finishes, and performs requested cleanups."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, Depends
-from pydantic import BaseModel, ConfigDict, Field
 
 from ito.core.envelope import ok_envelope
-from ito.core.errors import ItoError
+from ito.core.responses import Envelope
+from ito.core.worker_messages import (
+    AttemptBody,
+    CleanedAnswer,
+    CleanedBody,
+    CleanupJobs,
+    FinishAnswer,
+    FinishBody,
+    HeartbeatAnswer,
+    Lease,
+    ReportBody,
+    ReportCounts,
+)
 from ito.server.routers.deps import State, require
 from ito.server.services.credentials import AuthContext
 from ito.server.services.leases import (
@@ -31,28 +42,7 @@ def _lease_settings(state: Any) -> LeaseSettings:
     return LeaseSettings(settings.lease_ttl_seconds, settings.heartbeat_seconds)
 
 
-class Attempt(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    attempt: int = Field(ge=1, le=2**31 - 1)
-
-
-class ReportBody(Attempt):
-    events: list[dict[str, Any]] = Field(max_length=5000)
-
-
-class FinishBody(Attempt):
-    status: Literal["succeeded", "failed", "gate_failed", "cancelled"]
-    failure_code: str | None = Field(default=None, max_length=64)
-    message: str = Field(default="", max_length=2000)
-
-
-class CleanedBody(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    bytes_freed: int = Field(ge=0)
-    paths: list[str] = Field(default_factory=list, max_length=1000)
-
-
-@router.post("/lease")
+@router.post("/lease", response_model=Envelope[Lease | None])
 def worker_lease(state: State, caller: AuthContext = Worker) -> dict[str, Any]:
     with state.db.write() as session:
         leased = lease_next(session, caller, _lease_settings(state), utcnow())
@@ -61,8 +51,8 @@ def worker_lease(state: State, caller: AuthContext = Worker) -> dict[str, Any]:
     return ok_envelope(leased, f"leased run {leased['run_id']} (attempt {leased['attempt']})")
 
 
-@router.post("/runs/{run_id}/heartbeat")
-def worker_heartbeat(run_id: str, body: Attempt, state: State,
+@router.post("/runs/{run_id}/heartbeat", response_model=Envelope[HeartbeatAnswer])
+def worker_heartbeat(run_id: str, body: AttemptBody, state: State,
                      caller: AuthContext = Worker) -> dict[str, Any]:
     with state.db.write() as session:
         data = heartbeat(session, caller, _lease_settings(state), run_id, body.attempt,
@@ -70,20 +60,17 @@ def worker_heartbeat(run_id: str, body: Attempt, state: State,
     return ok_envelope(data, "lease renewed")
 
 
-@router.post("/runs/{run_id}/report")
+@router.post("/runs/{run_id}/report", response_model=Envelope[ReportCounts])
 def worker_report(run_id: str, body: ReportBody, state: State,
                   caller: AuthContext = Worker) -> dict[str, Any]:
-    try:
-        with state.db.write() as session:
-            counts = report(session, caller, run_id, body.attempt, body.events)
-    except (KeyError, ValueError, TypeError, AttributeError):
-        # Events are free-form dicts: one missing or mistyped field refuses the batch (rolled
-        # back whole), never a 500.
-        raise ItoError("invalid_arguments", "a reported event is malformed") from None
+    # The body was validated against the event models on the way in: a malformed event
+    # refuses the whole batch with ``invalid_arguments`` (422) before anything is written.
+    with state.db.write() as session:
+        counts = report(session, caller, run_id, body.attempt, body.events)
     return ok_envelope(counts, "reported")
 
 
-@router.post("/runs/{run_id}/finish")
+@router.post("/runs/{run_id}/finish", response_model=Envelope[FinishAnswer])
 def worker_finish(run_id: str, body: FinishBody, state: State,
                   caller: AuthContext = Worker) -> dict[str, Any]:
     with state.db.write() as session:
@@ -92,14 +79,14 @@ def worker_finish(run_id: str, body: FinishBody, state: State,
     return ok_envelope(data, f"run {run_id} is {data['state']}")
 
 
-@router.get("/cleanups")
+@router.get("/cleanups", response_model=Envelope[CleanupJobs])
 def worker_cleanups(state: State, caller: AuthContext = Worker) -> dict[str, Any]:
     with state.db.read() as session:
         jobs = cleanup_jobs(session, caller)
     return ok_envelope({"cleanups": jobs}, f"{len(jobs)} cleanup(s) requested")
 
 
-@router.post("/runs/{run_id}/cleaned")
+@router.post("/runs/{run_id}/cleaned", response_model=Envelope[CleanedAnswer])
 def worker_cleaned(run_id: str, body: CleanedBody, state: State,
                    caller: AuthContext = Worker) -> dict[str, Any]:
     with state.db.write() as session:

@@ -7,6 +7,7 @@ Every state change goes through :func:`ito.server.services.runs.transition_run`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -15,6 +16,16 @@ from sqlalchemy.orm import Session
 
 from ito.core.errors import ItoError
 from ito.core.gates import check_eligibility
+from ito.core.pipeline_events import (
+    CheckpointEvent,
+    GateEvent,
+    LogEvent,
+    MetricEvent,
+    ReportedEvent,
+    RestartEvent,
+    SpikeEvent,
+    StageEvent,
+)
 from ito.core.states import RunState
 from ito.server.services.bookings import booking_view
 from ito.server.services.credentials import AuthContext
@@ -202,72 +213,68 @@ def heartbeat(session: Session, worker: AuthContext, settings: LeaseSettings, ru
 
 
 def report(session: Session, worker: AuthContext, run_id: str, attempt: int,
-           events: list[dict[str, Any]]) -> dict[str, int]:
-    """Ingest a batch of the pipeline's events, in order."""
+           events: Sequence[ReportedEvent]) -> dict[str, int]:
+    """Ingest a batch of the pipeline's events (already validated), in order."""
     run, lease = _held(session, worker, run_id, attempt)
     counts = {"logs": 0, "metrics": 0, "checkpoints": 0, "events": 0}
     for item in events:
-        kind = item.get("type")
-        if kind == "log":
+        if isinstance(item, LogEvent):
             session.add(RunLog(run_id=run.id, account_id=run.account_id, attempt=attempt,
-                               level=str(item.get("level", "info"))[:10],
-                               message=str(item.get("message", ""))[:_MAX_LOG_CHARS]))
+                               level=item.level, message=item.message[:_MAX_LOG_CHARS]))
             counts["logs"] += 1
-        elif kind == "metric":
-            for name, value in (item.get("values") or {}).items():
-                if isinstance(value, int | float) and value == value:  # drops None and NaN
+        elif isinstance(item, MetricEvent):
+            for name, value in item.values.items():
+                if value is not None:  # a figure that is not finite or not known
                     session.add(RunMetric(run_id=run.id, account_id=run.account_id,
-                                          attempt=attempt, stage=str(item.get("stage")),
-                                          step=int(item.get("step", 0)), name=str(name)[:64],
-                                          value=float(value)))
+                                          attempt=attempt, stage=item.stage, step=item.step,
+                                          name=name, value=float(value)))
                     counts["metrics"] += 1
-        elif kind == "checkpoint":
+        elif isinstance(item, CheckpointEvent):
             session.add(CheckpointRow(run_id=run.id, account_id=run.account_id,
-                                      attempt=attempt, stage=str(item["stage"]),
-                                      step=int(item["step"]), path=str(item["path"]),
-                                      bytes=int(item.get("bytes", 0)),
-                                      seconds=float(item.get("seconds", 0.0))))
-            if "productive_seconds" in item:
+                                      attempt=attempt, stage=item.stage, step=item.step,
+                                      path=item.path, bytes=item.bytes, seconds=item.seconds))
+            if item.productive_seconds is not None:
                 lease.productive_seconds = max(lease.productive_seconds,
-                                               float(item["productive_seconds"]))
+                                               item.productive_seconds)
             record_event(session, run, "checkpoint", f"checkpoint committed at step "
-                         f"{item['step']} ({item['stage']})",
-                         data={k: item[k] for k in ("stage", "step", "bytes", "seconds")
-                               if k in item})
+                         f"{item.step} ({item.stage})",
+                         data={"stage": item.stage, "step": item.step, "bytes": item.bytes,
+                               "seconds": item.seconds})
             counts["checkpoints"] += 1
-        elif kind == "stage":
-            if item.get("status") == "started":
-                run.stage = str(item["stage"])
-            record_event(session, run, "stage", f"stage {item['stage']} {item.get('status')}",
-                         data={"stage": item["stage"], "status": item.get("status")})
+        elif isinstance(item, StageEvent):
+            if item.status == "started":
+                run.stage = item.stage
+            record_event(session, run, "stage", f"stage {item.stage} {item.status}",
+                         data={"stage": item.stage, "status": item.status})
             counts["events"] += 1
-        elif kind == "spike":
-            proposal = {"action": "restart_from_checkpoint", "stage": item.get("stage"),
-                        "spike_step": int(item["step"]), "loss": item.get("loss"),
-                        "z": item.get("z"), "checkpoint_step": int(item["checkpoint_step"]),
-                        "skip_steps": int(item["skip_steps"]), "approved": False}
+        elif isinstance(item, SpikeEvent):
+            proposal = {"action": "restart_from_checkpoint", "stage": item.stage,
+                        "spike_step": item.step, "loss": item.loss,
+                        "z": item.z, "checkpoint_step": item.checkpoint_step,
+                        "skip_steps": item.skip_steps, "approved": False}
             lease.proposal = proposal
             lease.lease_expires_at = None
             lease.worker_principal_id = None
             transition_run(session, run, RunState.awaiting_approval,
-                           reason=f"loss spike at step {item['step']}: proposed restart from "
-                                  f"checkpoint {item['checkpoint_step']} skipping "
-                                  f"{item['skip_steps']} step(s) of data; needs a "
+                           reason=f"loss spike at step {item.step}: proposed restart from "
+                                  f"checkpoint {item.checkpoint_step} skipping "
+                                  f"{item.skip_steps} step(s) of data; needs a "
                                   "run.restart_from_checkpoint confirmation",
                            data=proposal)
             counts["events"] += 1
             break  # the attempt is over: nothing after a spike belongs to the run
-        elif kind == "restart":
+        elif isinstance(item, RestartEvent):
             lease.interruptions += 1
             record_event(session, run, "restart", "the training processes were restarted from "
-                         "the last committed checkpoint", data={"restarts": item.get("restarts")})
+                         "the last committed checkpoint", data={"restarts": item.restarts})
             counts["events"] += 1
-        elif kind == "gate":
+        elif isinstance(item, GateEvent):
             record_event(session, run, "gate",
-                         f"eval gate of {item.get('stage')} "
-                         f"{'passed' if item.get('passed') else 'FAILED'}",
-                         data={k: item.get(k) for k in ("stage", "battery", "results",
-                                                        "passed")})
+                         f"eval gate of {item.stage} "
+                         f"{'passed' if item.passed else 'FAILED'}",
+                         data={"stage": item.stage, "battery": item.battery,
+                               "results": [r.model_dump() for r in item.results],
+                               "passed": item.passed})
             counts["events"] += 1
     session.flush()
     return counts

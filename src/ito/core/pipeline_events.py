@@ -1,0 +1,195 @@
+"""The pipeline's events: one model per line type of the events file (DESIGN §7), shared by
+the engine that writes them, the supervisor that tails them, the worker API that carries them
+and the server that ingests them.
+
+Every model forbids unknown fields and bounds every string, list and number, so a line that is
+not exactly one of these is refused where it enters (the supervisor drops it with a log line;
+the server answers a report carrying it ``invalid_arguments`` 422). Numbers are finite: the
+engine writes a diverged loss as ``null``, never ``NaN``.
+
+Types (the ``type`` field is the discriminator; ``ts`` is unix seconds, absent on events the
+worker itself makes):
+
+- ``log``: ``level``, ``message``
+- ``stage``: ``stage``, ``status`` (``started`` | ``completed``)
+- ``metric``: ``stage``, ``step``, ``values`` (name → number or ``null``)
+- ``checkpoint``: ``stage``, ``step``, ``path``, ``bytes``, ``seconds``, ``blocking_seconds``
+- ``gate``: ``stage``, ``battery``, ``results``, ``passed``
+- ``restart``: ``restarts`` — torchrun restarted the ranks (an interruption)
+- ``spike``: ``stage``, ``step``, ``loss``, ``z``, ``checkpoint_step``, ``skip_steps``
+- ``done``: ``status`` — the engine's last word, read by the supervisor and never reported
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+__all__ = [
+    "LOG_MESSAGE_MAX_CHARS",
+    "CheckpointEvent",
+    "DoneEvent",
+    "GateEvent",
+    "GateResult",
+    "LogEvent",
+    "MetricEvent",
+    "PipelineEvent",
+    "ReportedEvent",
+    "RestartEvent",
+    "SpikeEvent",
+    "StageEvent",
+    "parse_event_line",
+    "pipeline_event",
+    "reported_event",
+]
+
+LOG_MESSAGE_MAX_CHARS = 16_000
+"""The engine cuts a log line (a traceback) to this many characters before writing it."""
+_REPORTED_TEXT_MAX = 6 * LOG_MESSAGE_MAX_CHARS
+"""The worker escapes control characters as visible escapes (up to six characters each) before
+it reports: the bound on a reported message allows for that."""
+_STEP_MAX = 2**31 - 1
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+Step = Annotated[int, Field(ge=0, le=_STEP_MAX)]
+StageLabel = Annotated[str, Field(min_length=1, max_length=30)]
+"""A curriculum stage, or ``data_prep``."""
+MetricName = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_.]{0,63}$")]
+Timestamp = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    ts: Timestamp | None = None
+    """Unix seconds when the engine wrote it; ``None`` on events the worker makes."""
+
+
+class LogEvent(_Event):
+    type: Literal["log"] = "log"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    message: Annotated[str, Field(max_length=_REPORTED_TEXT_MAX)] = ""
+
+
+class StageEvent(_Event):
+    type: Literal["stage"] = "stage"
+    stage: StageLabel
+    status: Literal["started", "completed"]
+
+
+class MetricEvent(_Event):
+    type: Literal["metric"] = "metric"
+    stage: StageLabel
+    step: Step
+    values: Annotated[dict[MetricName, FiniteFloat | None], Field(max_length=64)]
+    """``loss``, ``lr``, ``grad_norm``, ``tokens_per_s``, ``mfu``, ``step_seconds`` (and
+    ``replicas`` with several replica groups); ``None`` for a figure that is not finite or not
+    known (MFU without a known peak)."""
+
+
+class CheckpointEvent(_Event):
+    type: Literal["checkpoint"] = "checkpoint"
+    stage: StageLabel
+    step: Step
+    path: Annotated[str, Field(min_length=1, max_length=2048)]
+    bytes: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
+    seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+    """Wall time from the save's start to its commit (training goes on meanwhile)."""
+    blocking_seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    """The part of it the training loop waited for."""
+    productive_seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    """Productive training time that this checkpoint preserves, when the engine knows it."""
+
+
+class GateResult(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    eval: Annotated[str, Field(min_length=1, max_length=64)]
+    data: Annotated[str, Field(min_length=1, max_length=128)]
+    value: FiniteFloat | None
+    threshold: FiniteFloat | None
+    passed: bool
+
+
+class GateEvent(_Event):
+    type: Literal["gate"] = "gate"
+    stage: StageLabel
+    battery: Annotated[str, Field(min_length=1, max_length=128)]
+    results: Annotated[list[GateResult], Field(max_length=256)]
+    passed: bool
+
+
+class RestartEvent(_Event):
+    type: Literal["restart"] = "restart"
+    restarts: Annotated[int, Field(ge=1, le=1_000_000)]
+
+
+class SpikeEvent(_Event):
+    type: Literal["spike"] = "spike"
+    stage: StageLabel
+    step: Step
+    loss: FiniteFloat | None
+    z: FiniteFloat | None
+    checkpoint_step: Step
+    """The newest committed checkpoint from before the spike: the proposed restart point."""
+    skip_steps: Step
+    """Batches of data to skip after it (the window that produced the spike)."""
+
+
+class DoneEvent(_Event):
+    type: Literal["done"] = "done"
+    status: Literal["succeeded", "gate_failed", "spike", "stopped", "failed"]
+    """``stopped``: the worker asked for a stop, the engine committed a checkpoint at ``step``
+    and exited; ``failed``: a refusal with a stable ``code`` and a ``reason``."""
+    stage: StageLabel | None = None
+    step: Step | None = None
+    code: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")] | None = None
+    reason: Annotated[str, Field(max_length=2000)] | None = None
+
+
+ReportedEvent = Annotated[
+    LogEvent | StageEvent | MetricEvent | CheckpointEvent | GateEvent | RestartEvent
+    | SpikeEvent,
+    Field(discriminator="type"),
+]
+"""What the worker reports to the server: every event but ``done``."""
+
+PipelineEvent = Annotated[
+    LogEvent | StageEvent | MetricEvent | CheckpointEvent | GateEvent | RestartEvent
+    | SpikeEvent | DoneEvent,
+    Field(discriminator="type"),
+]
+"""A line of the events file."""
+
+_PIPELINE: TypeAdapter[PipelineEvent] = TypeAdapter(PipelineEvent)
+_REPORTED: TypeAdapter[ReportedEvent] = TypeAdapter(ReportedEvent)
+
+
+def pipeline_event(value: Any) -> PipelineEvent:
+    """``value`` (a decoded object) as its event model; raises ``ValueError`` if it is none."""
+    try:
+        return _PIPELINE.validate_python(value)
+    except ValidationError as exc:
+        raise ValueError(_where(exc)) from None
+
+
+def reported_event(value: Any) -> ReportedEvent:
+    """``value`` as a reportable event model; raises ``ValueError`` if it is none."""
+    try:
+        return _REPORTED.validate_python(value)
+    except ValidationError as exc:
+        raise ValueError(_where(exc)) from None
+
+
+def parse_event_line(line: bytes | str) -> PipelineEvent:
+    """One line of the events file as its model; raises ``ValueError`` (naming where, never
+    echoing the content) if it is not JSON or not exactly one event type."""
+    try:
+        return _PIPELINE.validate_json(line)
+    except ValidationError as exc:
+        raise ValueError(_where(exc)) from None
+
+
+def _where(exc: ValidationError) -> str:
+    """The fields at fault, without the values (a line may carry anything)."""
+    places = sorted({".".join(str(p) for p in e["loc"]) or "$" for e in exc.errors()})
+    return "malformed event at " + ", ".join(places[:5])

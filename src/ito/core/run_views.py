@@ -1,0 +1,118 @@
+"""What the API answers about runs (DESIGN §5.7, §7): a run, its events, its log lines, metric
+points and checkpoints — the ``data`` of the read routes, as models, so the OpenAPI document
+describes them exactly and a reader (client, MCP) can check them. The server answers through
+these models, so an answer holds exactly their fields (the document cannot drift from the
+answers); a reader ignores fields a newer server adds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = [
+    "CheckpointList",
+    "CheckpointView",
+    "LogLine",
+    "LogPage",
+    "MetricPage",
+    "MetricPoint",
+    "RunDetail",
+    "RunEventPage",
+    "RunEventView",
+    "RunList",
+    "RunView",
+]
+
+
+class _View(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class RunView(_View):
+    run_id: str
+    booking_id: str
+    manifest_id: str
+    """The manifest's digest."""
+    idempotency_key: str
+    state: str
+    """One of the run states (:class:`ito.core.states.RunState`)."""
+    stage: str | None
+    """The curriculum stage running now (or last), once one started."""
+    cleanup_state: str
+    terminal: bool
+    confirmation_ref: str
+    estimate: dict[str, Any]
+    """The cost estimate fixed at creation (cost, ceiling, hours)."""
+    checkpoint_uri: str
+    failure_code: str | None
+    created_at: str
+    updated_at: str
+    finished_at: str | None
+
+
+class RunEventView(_View):
+    id: int
+    """Also the cursor of ``/events?after=``."""
+    kind: str
+    from_state: str | None
+    to_state: str | None
+    message: str
+    data: dict[str, Any]
+    at: str
+
+
+class RunDetail(RunView):
+    events: list[RunEventView]
+
+
+class RunList(_View):
+    runs: list[RunView]
+
+
+class RunEventPage(_View):
+    events: list[RunEventView]
+    next_cursor: int
+
+
+class LogLine(_View):
+    cursor: int
+    attempt: int
+    level: str
+    message: str
+    at: str
+
+
+class LogPage(_View):
+    lines: list[LogLine]
+    next_cursor: int
+
+
+class MetricPoint(_View):
+    cursor: int
+    attempt: int
+    stage: str
+    step: int
+    name: str
+    value: float
+
+
+class MetricPage(_View):
+    points: list[MetricPoint]
+    next_cursor: int
+
+
+class CheckpointView(_View):
+    stage: str
+    step: int
+    path: str
+    bytes: int
+    seconds: float
+    attempt: int
+    committed_at: str
+    deleted: bool
+
+
+class CheckpointList(_View):
+    checkpoints: list[CheckpointView]

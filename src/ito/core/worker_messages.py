@@ -1,0 +1,166 @@
+"""The worker API's messages (DESIGN §7.1): the lease the server hands a worker, the heartbeat
+and its answer, the report batch, the finish, and the cleanups — one model each, shared by the
+server's routes (which validate what a worker sends: unknown fields refused, every string,
+list and number bounded) and the worker (which validates what the server answers before it
+acts on it).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ito.core.pipeline_events import ReportedEvent
+
+__all__ = [
+    "REPORT_MAX_EVENTS",
+    "AttemptBody",
+    "CleanedAnswer",
+    "CleanedBody",
+    "CleanupJob",
+    "CleanupJobs",
+    "FinishAnswer",
+    "FinishBody",
+    "HeartbeatAnswer",
+    "Lease",
+    "LeaseBooking",
+    "ReportBody",
+    "ReportCounts",
+    "RestartPoint",
+]
+
+REPORT_MAX_EVENTS = 5000
+"""Events in one report request (the worker sends at most 2000)."""
+_ATTEMPT_MAX = 2**31 - 1
+
+Attempt = Annotated[int, Field(ge=1, le=_ATTEMPT_MAX)]
+RunId = Annotated[str, Field(min_length=1, max_length=64)]
+Uri = Annotated[str, Field(min_length=1, max_length=2048)]
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class _Inbound(BaseModel):
+    """What a worker sends: exactly these fields, exactly these types."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class _Answer(BaseModel):
+    """What the server answers: checked by the worker, tolerant of fields a newer server
+    adds."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+# ---- lease -------------------------------------------------------------------------------------
+
+
+class RestartPoint(_Answer):
+    """A human-approved restart: resume from this checkpoint, skipping a data window."""
+
+    step: Annotated[int, Field(ge=0, le=_ATTEMPT_MAX)]
+    skip_steps: Annotated[int, Field(ge=0, le=_ATTEMPT_MAX)]
+
+
+class LeaseBooking(_Answer):
+    booking_id: Annotated[str, Field(min_length=1, max_length=64)]
+    gpu: Annotated[str, Field(min_length=1, max_length=20)]
+    nodes: Annotated[int, Field(ge=1, le=100_000)]
+    gpus_per_node: Annotated[int, Field(ge=1, le=1024)]
+    node_inventory: list[dict[str, Any]]
+    storage_uri: Uri | None
+
+
+class Lease(_Answer):
+    """One attempt of a run, now held by the worker that leased it."""
+
+    run_id: RunId
+    attempt: Attempt
+    resuming: bool
+    """The run was ``recovering``: this attempt resumes from the last committed checkpoint."""
+    restart_from: RestartPoint | None
+    manifest_b64: Annotated[str, Field(min_length=1, max_length=4 << 20)]
+    """The manifest's exact bytes, base64."""
+    manifest_id: Annotated[str, Field(min_length=1, max_length=128)]
+    checkpoint_uri: Uri
+    booking: LeaseBooking
+    lease_ttl_s: Seconds
+    heartbeat_s: Seconds
+
+
+# ---- heartbeat -----------------------------------------------------------------------------
+
+
+class AttemptBody(_Inbound):
+    """The heartbeat's body: the attempt this worker holds."""
+
+    attempt: Attempt
+
+
+class HeartbeatAnswer(_Answer):
+    run_id: RunId
+    state: Annotated[str, Field(max_length=32)]
+    stop: Literal["cancel", "budget", "booking"] | None
+    """Set when the run must stop: cancelled, the next interval would cross the budget ceiling,
+    or the booking can no longer be used."""
+    stop_code: Annotated[str, Field(max_length=64)] | None
+    """The error code of a budget or booking stop."""
+    lease_expires_at: Annotated[str, Field(max_length=64)]
+    cost_usd: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+# ---- report --------------------------------------------------------------------------------
+
+
+class ReportBody(_Inbound):
+    attempt: Attempt
+    events: Annotated[list[ReportedEvent], Field(max_length=REPORT_MAX_EVENTS)]
+
+
+class ReportCounts(_Answer):
+    logs: Annotated[int, Field(ge=0)]
+    metrics: Annotated[int, Field(ge=0)]
+    checkpoints: Annotated[int, Field(ge=0)]
+    events: Annotated[int, Field(ge=0)]
+
+
+# ---- finish --------------------------------------------------------------------------------
+
+
+class FinishBody(_Inbound):
+    attempt: Attempt
+    status: Literal["succeeded", "failed", "gate_failed", "cancelled"]
+    failure_code: Annotated[str, Field(max_length=64)] | None = None
+    message: Annotated[str, Field(max_length=2000)] = ""
+
+
+class FinishAnswer(_Answer):
+    run_id: RunId
+    state: Annotated[str, Field(max_length=32)]
+
+
+# ---- cleanups ------------------------------------------------------------------------------
+
+
+class CleanupJob(_Answer):
+    run_id: RunId
+    checkpoint_uri: Uri
+    storage_uri: Uri | None
+    """The booking's storage root: the worker re-checks that what it deletes lies inside."""
+
+
+class CleanupJobs(_Answer):
+    cleanups: list[CleanupJob]
+
+
+class CleanedBody(_Inbound):
+    bytes_freed: Annotated[int, Field(ge=0, le=2**63 - 1)]
+    paths: Annotated[list[Annotated[str, Field(max_length=4096)]],
+                     Field(max_length=1000)] = Field(default_factory=list)
+
+
+class CleanedAnswer(_Answer):
+    run_id: RunId
+    cleanup_state: Annotated[str, Field(max_length=32)]
+    bytes_freed: Annotated[int, Field(ge=0)]
