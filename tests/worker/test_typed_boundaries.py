@@ -48,7 +48,7 @@ MALFORMED_EVENTS: list[Any] = [
 ]
 
 
-def _leased_run(tenant: Tenant) -> tuple[WorkerApi, Lease]:
+def _leased_run(tenant: Tenant) -> tuple[WorkerApi, Lease, str]:
     manifest = tenant.manifest()
     ref = tenant.approved_confirmation(manifest)
     created = tenant.ito("train", "--booking", tenant.booking_id, "--manifest", str(manifest),
@@ -60,7 +60,7 @@ def _leased_run(tenant: Tenant) -> tuple[WorkerApi, Lease]:
     api = WorkerApi(tenant.server.url, str(key))
     lease = api.lease()
     assert lease is not None and lease.run_id == created.data["run_id"]
-    return api, lease
+    return api, lease, str(key)
 
 
 COUNT = {"run_logs": "SELECT count(*) FROM run_logs WHERE run_id = :r",
@@ -89,10 +89,10 @@ def _states(tenant: Tenant, run_id: str) -> list[str]:
 def test_a_malformed_report_is_refused_422_writes_nothing_and_the_lease_keeps_heartbeating(
     tenant: Tenant,
 ) -> None:
-    api, lease = _leased_run(tenant)
+    api, lease, key = _leased_run(tenant)
     run_id = lease.run_id
     url = f"{tenant.server.url}/v1/worker/runs/{run_id}/report"
-    headers = dict(api._client.headers)
+    headers = {"authorization": f"Bearer {key}"}
     good = LogEvent(message="before").model_dump(mode="json")
     bodies: list[Any] = [{"attempt": lease.attempt, "events": [good, bad]}
                          for bad in MALFORMED_EVENTS]
@@ -165,7 +165,7 @@ def test_the_supervisor_drops_a_malformed_line_and_a_refused_batch_and_keeps_hea
     tenant: Tenant, tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="ito.worker")
-    api, lease = _leased_run(tenant)
+    api, lease, _ = _leased_run(tenant)
     run_id, attempt = lease.run_id, lease.attempt
     events_path = tmp_path / "events.jsonl"
     executor = PacedExecutor()

@@ -8,7 +8,7 @@ The fault-injection fields are test and drill hooks, set only through ``ITO_FAUL
 
 from __future__ import annotations
 
-from pathlib import PurePosixPath
+import posixpath
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -22,7 +22,7 @@ FAULT_INJECTION_FIELDS = frozenset({"fail_at", "loss_spike_at", "max_steps_per_s
 
 
 def _absolute(value: str) -> str:
-    if not PurePosixPath(value).is_absolute():
+    if not posixpath.isabs(value):
         raise ValueError("must be an absolute path")
     return value
 
@@ -77,8 +77,10 @@ class RunSpecDocument(_Spec):
     @model_validator(mode="after")
     def _checkpoints_below_root(self) -> RunSpecDocument:
         if self.storage_root is not None:
-            root, below = PurePosixPath(self.storage_root), PurePosixPath(self.checkpoint_dir)
-            rest = below.relative_to(root) if below.is_relative_to(root) else None
-            if rest is None or not rest.parts or ".." in rest.parts:
+            root = posixpath.normpath(self.storage_root)
+            below = posixpath.normpath(self.checkpoint_dir)
+            inside = (".." not in self.checkpoint_dir.split("/") and below != root
+                      and below.startswith(root.rstrip("/") + "/"))
+            if not inside:
                 raise ValueError("checkpoint_dir must lie strictly below storage_root")
         return self
