@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select, text
+from sqlalchemy import select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -14,7 +14,7 @@ from ito.core.errors import ItoError
 from ito.server.store.db import Database
 from ito.server.store.tables import IdempotencyRecord, utcnow
 
-__all__ = ["find_key", "lock_key", "replayable", "reserve_key"]
+__all__ = ["bind_key", "find_key", "lock_key", "replayable", "reserve_key"]
 
 
 def lock_key(session: Session, db: Database, account_id: str, action: str, key: str) -> None:
@@ -35,8 +35,9 @@ def find_key(session: Session, account_id: str, action: str,
 
 
 def reserve_key(session: Session, db: Database, account_id: str, action: str, key: str,
-                fingerprint: str) -> IdempotencyRecord | None:
-    """Insert the record, or ``None`` if another transaction holds the key."""
+                fingerprint: str) -> int | None:
+    """Insert the record and return its id, or ``None`` if another transaction holds the key.
+    The record is bound to what it created by :func:`bind_key`, in the same transaction."""
     insert = sqlite_insert if db.is_sqlite else pg_insert
     statement = (
         insert(IdempotencyRecord)
@@ -46,9 +47,15 @@ def reserve_key(session: Session, db: Database, account_id: str, action: str, ke
         .returning(IdempotencyRecord.id)
     )
     inserted = session.execute(statement).scalar_one_or_none()
-    if inserted is None:
-        return None
-    return session.get(IdempotencyRecord, inserted)
+    return None if inserted is None else int(inserted)
+
+
+def bind_key(session: Session, record_id: int, run_id: str, response: dict[str, Any]) -> None:
+    """Bind a reserved record to the run it created and the response a retry replays: one
+    UPDATE, no read back."""
+    session.execute(update(IdempotencyRecord).where(IdempotencyRecord.id == record_id)
+                    .values(run_id=run_id, response=response)
+                    .execution_options(synchronize_session=False))
 
 
 def replayable(record: IdempotencyRecord, fingerprint: str) -> dict[str, Any]:

@@ -18,7 +18,13 @@ from ito.core.gates import idempotency_fingerprint, validate_idempotency_key
 from ito.core.states import CleanupState, ConfirmationAction, RunState
 from ito.server.services.confirmations import mark_consumed, usable_confirmation
 from ito.server.services.credentials import AuthContext
-from ito.server.services.idempotency import find_key, lock_key, replayable, reserve_key
+from ito.server.services.idempotency import (
+    bind_key,
+    find_key,
+    lock_key,
+    replayable,
+    reserve_key,
+)
 from ito.server.services.leases import lease_for
 from ito.server.services.runs import get_run, record_event, transition_run
 from ito.server.store.db import Database
@@ -123,8 +129,7 @@ def apply_run_action(db: Database, ctx: AuthContext, pepper: str, *, run_id: str
                 _request_cleanup(session, run)
             data = {"run_id": run.id, "booking_id": run.booking_id, "state": run.state,
                     "cleanup_state": run.cleanup_state, "idempotency_key": idempotency_key}
-            record.run_id = run.id
-            record.response = data
+            bind_key(session, record, run.id, data)
             return data, False
     except ItoError as exc:
         if exc.code == "store_busy":
