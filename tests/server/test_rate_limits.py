@@ -2,8 +2,9 @@
 ``rate_limited`` (429, ``Retry-After``) while others go on; a source that keeps presenting
 unknown keys is answered ``rate_limited`` for the rest of the minute (a key that verifies still
 gets in), and one that keeps trying wrong passwords for an email at the sign-in page is
-refused outright for it, the right password included. (On SQLite only: the limits live
-in the server process, not in the store.)"""
+refused outright for it, the right password included. (On SQLite only: the request rate lives
+in the server process; the failure window in the store, the same code on both backends —
+tests/server/test_several_processes.py runs it on both, behind several processes.)"""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from tests.server.web_browser import Browser, csrf_field, extra_server, make_approver
 from tests.support import Server, Tenant, make_tenant, wait_until
 
-# The limiter lives in the server process, not the store: one backend is enough.
+# One backend is enough here (see the module docstring).
 pytestmark = [pytest.mark.slow,
               pytest.mark.parametrize("backend_url", ["sqlite"], indirect=True)]
 BURST = 10
@@ -54,6 +55,9 @@ def test_a_source_guessing_api_keys_is_refused_for_the_minute(
     server: Server, tmp_path: Path
 ) -> None:
     t = make_tenant(server, tmp_path / "t", "guessed")
+    # The failure window is in the database, shared by every server on it: start this one's
+    # minute without the failures other tests' servers counted from this address.
+    server.sql("DELETE FROM auth_failures")
     with extra_server(server, tmp_path, ITO_AUTH_FAILURES_PER_MINUTE="3") as url:
         for _ in range(3):
             guess = _get(url, "ito_req_" + "x" * 40)
@@ -74,6 +78,7 @@ def test_password_guessing_at_the_sign_in_page_is_refused_for_the_minute(
     server: Server, tenant: Tenant, tmp_path: Path
 ) -> None:
     approver = make_approver(server, tenant.account_id)
+    server.sql("DELETE FROM auth_failures")  # a fresh minute (the window is in the database)
     with extra_server(server, tmp_path, ITO_AUTH_FAILURES_PER_MINUTE="3") as url:
         browser = Browser(url)
         try:

@@ -1,0 +1,82 @@
+"""``ito-server serve --workers 2`` on each backend (PostgreSQL, SQLite in WAL): the API works,
+and the failed-authentication window is shared by the processes (it lives in the
+database)."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support import ITO_SERVER, Server, Tenant, free_port, wait_until
+
+LIMIT = 4
+GUESS = "ito_req_" + "x" * 40
+
+
+@pytest.fixture
+def two_processes(server: Server, tmp_path: Path) -> Iterator[str]:
+    """A second server on the same database, serving with two worker processes."""
+    server.sql("DELETE FROM auth_failures")  # a fresh minute for this test's address
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = tmp_path / "workers.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [ITO_SERVER, "serve", "--host", "127.0.0.1", "--port", str(port), "--no-worker",
+             "--workers", "2"],
+            env=server.env | {"ITO_PUBLIC_URL": url,
+                              "ITO_AUTH_FAILURES_PER_MINUTE": str(LIMIT)},
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def healthy() -> bool:
+        assert process.poll() is None, log_path.read_text()
+        try:
+            return httpx.get(url + "/v1/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(healthy, timeout=60)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=30)
+
+
+def _fresh(url: str, key: str, path: str = "/v1/runs") -> httpx.Response:
+    """One request on a new connection: the kernel hands it to either worker process."""
+    with httpx.Client(timeout=30) as client:
+        return client.get(url + path, headers={"authorization": f"Bearer {key}",
+                                               "connection": "close"})
+
+
+def test_the_api_works_behind_two_processes(two_processes: str, tenant: Tenant) -> None:
+    for _ in range(8):
+        answer = _fresh(two_processes, tenant.requester_key)
+        assert answer.status_code == 200 and answer.json()["ok"]
+    assert _fresh(two_processes, tenant.requester_key, "/v1/bookings").status_code == 200
+
+
+def test_the_failure_lockout_holds_across_processes(two_processes: str,
+                                                    tenant: Tenant) -> None:
+    # Each guess on a fresh connection, so both processes answer some of them. Counted per
+    # process, neither would have seen LIMIT failures yet and the guesses after would still be
+    # ``not_authenticated``; counted in the database, every one past LIMIT is refused.
+    codes = [_fresh(two_processes, GUESS).json()["error"]["code"] for _ in range(LIMIT)]
+    assert codes == ["not_authenticated"] * LIMIT
+    for _ in range(2 * LIMIT):
+        refused = _fresh(two_processes, GUESS)
+        assert refused.status_code == 429
+        assert refused.json()["error"]["code"] == "rate_limited"
+    # A key that verifies still gets in, from either process.
+    for _ in range(4):
+        assert _fresh(two_processes, tenant.requester_key).status_code == 200
+
