@@ -428,11 +428,15 @@ async def flow_client(index: int, s: ItoSetup, rec: Recorder, args: argparse.Nam
 
 
 async def read_client(index: int, s: ItoSetup, rec: Recorder, args: argparse.Namespace,
-                      run_ids: list[str], deadline: float) -> None:
-    if not run_ids:
-        return
+                      run_ids: list[str], deadline: float, ready: asyncio.Barrier) -> None:
+    """Polls status, logs and metrics; its connection opened and warmed (one untimed status
+    read) before the round starts, like the baseline's."""
     async with new_client(s.base_url, args.request_timeout_s) as client:
-        for r in range(args.read_polls):
+        if run_ids:
+            await call(client, Recorder(), "warm", "GET", f"/v1/runs/{run_ids[0]}",
+                       token=s.requester_key)
+        await ready.wait()
+        for r in range(args.read_polls if run_ids else 0):
             if time.monotonic() > deadline:
                 rec.add("read.skipped_deadline", 0.0, "skipped")
                 return
@@ -570,9 +574,12 @@ async def ito_rounds(s: ItoSetup, server: Server, args: argparse.Namespace,
     # Read-only round: every client polls status, logs and metrics of the created runs (queued,
     # as agents poll them), nothing else running.
     readable = created + burst_created
+    ready = asyncio.Barrier(args.clients + 1)
+    tasks = [asyncio.create_task(read_client(i, s, rec, args, readable, deadline, ready))
+             for i in range(args.clients)]
+    await ready.wait()
     cpu0, t0 = server.cpu(), time.perf_counter()
-    await asyncio.gather(*(read_client(i, s, rec, args, readable, deadline)
-                           for i in range(args.clients)))
+    await asyncio.gather(*tasks)
     wall = time.perf_counter() - t0
     out["reads"] = {"requests": sum(len(rec.latencies.get(f"read.{what}", []))
                                     for what in ("status", "logs", "metrics")),

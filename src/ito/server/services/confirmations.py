@@ -15,7 +15,7 @@ import math
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from ito.core.errors import ItoError
@@ -39,6 +39,15 @@ __all__ = [
     "request_confirmation",
     "usable_confirmation",
 ]
+
+
+_CONSUME = (update(Confirmation)
+            .where(Confirmation.id == bindparam("ref"),
+                   Confirmation.state == ConfirmationState.approved.value)
+            .values(state=ConfirmationState.consumed.value, consumed_at=bindparam("now"),
+                    consumed_by_run_id=bindparam("run_id"))
+            .execution_options(synchronize_session=False))
+"""Built once: the conditional consumption every gated action runs under the lock."""
 
 
 def request_confirmation(
@@ -186,14 +195,7 @@ def check_usable(confirmation: Confirmation, ctx: AuthContext, pepper: str,
 def mark_consumed(session: Session, confirmation: Confirmation, run_id: str,
                   now: datetime) -> None:
     """Consume exactly once: a conditional update that only one transaction can win."""
-    result = session.execute(
-        update(Confirmation)
-        .where(Confirmation.id == confirmation.id,
-               Confirmation.state == ConfirmationState.approved.value)
-        .values(state=ConfirmationState.consumed.value, consumed_at=now,
-                consumed_by_run_id=run_id)
-        .execution_options(synchronize_session=False)
-    )
+    result = session.execute(_CONSUME, {"ref": confirmation.id, "now": now, "run_id": run_id})
     if getattr(result, "rowcount", 0) != 1:
         raise ItoError("confirmation_consumed")
 

@@ -13,8 +13,7 @@ from ito.core.manifest import Manifest, manifest_digest, manifest_summary
 from ito.server.services.manifest_cache import parsed_manifest
 from ito.server.store.tables import ManifestRow
 
-__all__ = ["find_manifest", "load_manifest", "manifest_dict", "manifest_exists",
-           "store_manifest"]
+__all__ = ["find_manifest", "load_manifest", "manifest_dict", "store_manifest"]
 
 
 def store_manifest(session: Session, account_id: str, raw: bytes) -> tuple[ManifestRow, bool]:
@@ -46,12 +45,6 @@ def store_manifest(session: Session, account_id: str, raw: bytes) -> tuple[Manif
 def find_manifest(session: Session, account_id: str, digest: str) -> ManifestRow | None:
     return session.scalar(select(ManifestRow).where(ManifestRow.account_id == account_id,
                                                     ManifestRow.digest == digest))
-
-
-def manifest_exists(session: Session, account_id: str, digest: str) -> bool:
-    """Whether this account stored the manifest: reads its id, never its bytes."""
-    return session.scalar(select(ManifestRow.id).where(ManifestRow.account_id == account_id,
-                                                       ManifestRow.digest == digest)) is not None
 
 
 def load_manifest(session: Session, account_id: str, digest: str) -> tuple[ManifestRow, Manifest]:

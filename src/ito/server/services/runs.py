@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from ito.core.errors import ItoError
@@ -31,6 +31,12 @@ from ito.server.ids import new_id
 from ito.server.services.bookings import booking_view, get_booking
 from ito.server.services.confirmations import check_usable, mark_consumed
 from ito.server.services.credentials import AuthContext
+from ito.server.services.hints import (
+    booking_hint,
+    manifest_known,
+    remember_booking,
+    remember_manifest,
+)
 from ito.server.services.idempotency import (
     bind_key,
     find_key,
@@ -39,7 +45,7 @@ from ito.server.services.idempotency import (
     reserve_key,
 )
 from ito.server.services.manifest_cache import cached_manifest, parsed_manifest
-from ito.server.services.manifests import find_manifest, manifest_exists, store_manifest
+from ito.server.services.manifests import find_manifest, store_manifest
 from ito.server.store.db import Database
 from ito.server.store.tables import (
     Confirmation,
@@ -65,6 +71,16 @@ __all__ = [
 
 ACTION = ConfirmationAction.train_create.value
 
+# The hot reads, built once: a request then pays for the query, not for building it.
+_RUN = select(Run).where(Run.id == bindparam("run_id"), Run.account_id == bindparam("account_id"))
+_EVENTS = (select(RunEvent)
+           .where(RunEvent.run_id == bindparam("run_id"),
+                  RunEvent.account_id == bindparam("account_id"),
+                  RunEvent.id > bindparam("after"))
+           .order_by(RunEvent.id).limit(bindparam("limit")))
+_CONFIRMATION = select(Confirmation).where(Confirmation.id == bindparam("ref"),
+                                           Confirmation.account_id == bindparam("account_id"))
+
 
 @dataclass(frozen=True)
 class CreateRunRequest:
@@ -86,21 +102,20 @@ def create_run(db: Database, ctx: AuthContext, pepper: str,
                req: CreateRunRequest) -> CreateRunResult:
     """Create a run behind the five gates, holding the write lock as briefly as it can.
 
-    A read transaction first does what needs no lock: a replay of a key already bound to a run,
-    the booking's view, the manifest (parsed once per process, by digest) and gate 5's resource
-    checks and estimate. The write transaction then does only what must be atomic: reserve the
-    key, re-check the booking's eligibility (and gate 5 again only if the booking changed in
-    between), check and consume the confirmation, insert. If the read found any refusal, the
-    write transaction instead evaluates every gate in order (:func:`_create_in_transaction`), so
-    the code a refused request gets is exactly the one of the first failing gate, as before."""
+    First, outside any write transaction, what needs no lock: the manifest (parsed once per
+    process, by digest) and gate 5's resource checks and estimate, against the booking as this
+    process last saw it (:func:`_prepare`). The write transaction then does only what must be
+    atomic: reserve the key (a key already bound replays its run), re-check the booking's
+    eligibility (and gate 5 again only if the booking is not as it was seen), check and consume
+    the confirmation, insert. If the preparation met any refusal, the write transaction instead
+    evaluates every gate in order (:func:`_create_in_transaction`), so a refused request gets
+    exactly the code of the first failing gate, as before."""
     validate_idempotency_key(req.idempotency_key)
     raw = _decode_manifest(req)
     fingerprint = idempotency_fingerprint(ACTION, req.booking_id, req.manifest_digest,
                                           req.confirmation_ref)
     try:
-        prepared = _prepare(db, ctx, req, raw, fingerprint)
-        if isinstance(prepared, CreateRunResult):
-            return prepared
+        prepared = _prepare(db, ctx, req, raw)
         with db.write() as session:
             if prepared is None:
                 return _create_in_transaction(session, db, ctx, pepper, req, raw, fingerprint)
@@ -123,34 +138,36 @@ class _Prepared:
     checked: ResourceCheck
 
 
-def _prepare(db: Database, ctx: AuthContext, req: CreateRunRequest, raw: bytes | None,
-             fingerprint: str) -> _Prepared | CreateRunResult | None:
-    """The lock-free part of a create: a replay, the prepared checks, or ``None`` when some
-    check refused (the write transaction then finds the first failing gate, in order)."""
-    with db.read() as session:
-        existing = find_key(session, ctx.account_id, ACTION, req.idempotency_key)
-        if existing is not None:
-            # A committed record is always bound to its run (reserved and bound in one
-            # transaction); its fingerprint never changes: replay or refuse reuse, for good.
-            return _replay(session, existing, fingerprint)
+def _prepare(db: Database, ctx: AuthContext, req: CreateRunRequest,
+             raw: bytes | None) -> _Prepared | None:
+    """The lock-free part of a create, or ``None`` when some check refused (the write
+    transaction then finds the first failing gate, in order). It works from this process's
+    hints (:mod:`ito.server.services.hints`: the booking as last seen, manifests known to the
+    account) and reads the database only for what they lack."""
+    view = booking_hint(ctx.account_id, req.booking_id)
+    manifest = cached_manifest(req.manifest_digest)
+    stored = manifest_known(ctx.account_id, req.manifest_digest)
+    try:
+        if view is None or manifest is None or not (stored or raw is not None):
+            with db.read() as session:
+                view = booking_view(get_booking(session, ctx.account_id, req.booking_id))
+                remember_booking(view)
+                row = find_manifest(session, ctx.account_id, req.manifest_digest) \
+                    if manifest is None or not stored else None
+                if row is not None:
+                    stored = True
+                    remember_manifest(ctx.account_id, row.digest)
+                    manifest = parsed_manifest(row.content, row.digest)
         now = utcnow()
-        try:
-            view = booking_view(get_booking(session, ctx.account_id, req.booking_id))
-            check_eligibility(view, now)
-            manifest = cached_manifest(req.manifest_digest)
-            stored = manifest_exists(session, ctx.account_id, req.manifest_digest)
-            if manifest is None and stored:
-                row = find_manifest(session, ctx.account_id, req.manifest_digest)
-                assert row is not None
-                manifest = parsed_manifest(row.content, row.digest)
-            elif manifest is None and raw is not None:
-                manifest = parsed_manifest(raw, req.manifest_digest)
-            if manifest is None or not (stored or raw is not None):
-                return None
-            run_id = new_id("run")
-            checked = check_resources(manifest, view, now, run_id_hint=run_id)
-        except ItoError:
+        check_eligibility(view, now)
+        if manifest is None and raw is not None:
+            manifest = parsed_manifest(raw, req.manifest_digest)
+        if manifest is None or not (stored or raw is not None):
             return None
+        run_id = new_id("run")
+        checked = check_resources(manifest, view, now, run_id_hint=run_id)
+    except ItoError:
+        return None
     return _Prepared(view=view, manifest=manifest, manifest_stored=stored, run_id=run_id,
                      checked=checked)
 
@@ -174,6 +191,7 @@ def _commit_prepared(
     # Gate 1, fresh: the booking as it is now, under the write lock.
     booking = get_booking(session, ctx.account_id, req.booking_id)
     view = booking_view(booking)
+    remember_booking(view)
     check_eligibility(view, now)
 
     # Gate 2: the manifest (its existence or bytes were established and it cannot change:
@@ -216,6 +234,7 @@ def _create_in_transaction(
     # Gate 1: fresh eligibility, computed now, inside this transaction.
     booking = get_booking(session, ctx.account_id, req.booking_id)
     view = booking_view(booking)
+    remember_booking(view)
     check_eligibility(view, now)
 
     # Gate 2: the manifest is known (or its bytes came along), valid, and its digest is the one
@@ -224,6 +243,7 @@ def _create_in_transaction(
     _check_digest(confirmation, req)
     row = find_manifest(session, ctx.account_id, req.manifest_digest)
     if row is not None:
+        remember_manifest(ctx.account_id, row.digest)
         manifest = parsed_manifest(row.content, row.digest)
     elif raw is not None:
         manifest = parsed_manifest(raw, req.manifest_digest)
@@ -312,8 +332,7 @@ def _decode_manifest(req: CreateRunRequest) -> bytes | None:
 
 
 def _confirmation_for(session: Session, account_id: str, ref: str) -> Confirmation:
-    confirmation = session.scalar(select(Confirmation).where(
-        Confirmation.id == ref, Confirmation.account_id == account_id))
+    confirmation = session.scalar(_CONFIRMATION, {"ref": ref, "account_id": account_id})
     if confirmation is None:
         raise ItoError("confirmation_not_found")
     return confirmation
@@ -364,7 +383,7 @@ def record_event(session: Session, run: Run, kind: str, message: str, *,
 
 def get_run(session: Session, account_id: str, run_id: str) -> Run:
     """This account's run; another tenant's answers exactly like a missing one."""
-    run = session.scalar(select(Run).where(Run.id == run_id, Run.account_id == account_id))
+    run = session.scalar(_RUN, {"run_id": run_id, "account_id": account_id})
     if run is None:
         raise ItoError("run_not_found")
     return run
@@ -388,9 +407,8 @@ def list_events(session: Session, account_id: str, run_id: str, *, after: int = 
 def _events_of(session: Session, run: Run, *, after: int = 0,
                limit: int = 200) -> list[RunEvent]:
     """One indexed page (``run_id, id``) of a run already checked to be the caller's."""
-    return list(session.scalars(
-        select(RunEvent).where(RunEvent.run_id == run.id, RunEvent.account_id == run.account_id,
-                               RunEvent.id > after).order_by(RunEvent.id).limit(limit)))
+    return list(session.scalars(_EVENTS, {"run_id": run.id, "account_id": run.account_id,
+                                          "after": after, "limit": limit}))
 
 
 def run_status(session: Session, account_id: str, run_id: str) -> dict[str, Any]:
