@@ -1,10 +1,12 @@
 """``ito-server serve --workers 2`` on each backend (PostgreSQL, SQLite in WAL): the API works,
-and the failed-authentication window is shared by the processes (it lives in the
-database)."""
+the failed-authentication window is shared by the processes (it lives in the database), and
+the per-credential request rate is counted per process, as the README says."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,19 +19,17 @@ LIMIT = 4
 GUESS = "ito_req_" + "x" * 40
 
 
-@pytest.fixture
-def two_processes(server: Server, tmp_path: Path) -> Iterator[str]:
+@contextlib.contextmanager
+def _serve_two(server: Server, tmp_path: Path, **settings: str) -> Iterator[str]:
     """A second server on the same database, serving with two worker processes."""
-    server.sql("DELETE FROM auth_failures")  # a fresh minute for this test's address
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    log_path = tmp_path / "workers.log"
+    log_path = tmp_path / f"workers-{port}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [ITO_SERVER, "serve", "--host", "127.0.0.1", "--port", str(port), "--no-worker",
              "--workers", "2"],
-            env=server.env | {"ITO_PUBLIC_URL": url,
-                              "ITO_AUTH_FAILURES_PER_MINUTE": str(LIMIT)},
+            env=server.env | {"ITO_PUBLIC_URL": url} | settings,
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def healthy() -> bool:
@@ -49,6 +49,13 @@ def two_processes(server: Server, tmp_path: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=30)
+
+
+@pytest.fixture
+def two_processes(server: Server, tmp_path: Path) -> Iterator[str]:
+    server.sql("DELETE FROM auth_failures")  # a fresh minute for this test's address
+    with _serve_two(server, tmp_path, ITO_AUTH_FAILURES_PER_MINUTE=str(LIMIT)) as url:
+        yield url
 
 
 def _fresh(url: str, key: str, path: str = "/v1/runs") -> httpx.Response:
@@ -80,3 +87,20 @@ def test_the_failure_lockout_holds_across_processes(two_processes: str,
     for _ in range(4):
         assert _fresh(two_processes, tenant.requester_key).status_code == 200
 
+
+
+def test_the_request_rate_is_counted_per_process_as_documented(
+    server: Server, tenant: Tenant, tmp_path: Path
+) -> None:
+    """README: the per-credential rate lives in each process, so behind N processes a
+    credential gets up to N times its burst, and never more; each process still refuses."""
+    burst = 5
+    with _serve_two(server, tmp_path, ITO_RATE_LIMIT_PER_SECOND="0.2",
+                    ITO_RATE_LIMIT_BURST=str(burst)) as url:
+        started = time.monotonic()
+        answers = [_fresh(url, tenant.requester_key) for _ in range(6 * burst)]
+        elapsed = time.monotonic() - started
+    admitted = sum(1 for a in answers if a.status_code == 200)
+    refused = [a for a in answers if a.status_code != 200]
+    assert burst <= admitted <= 2 * (burst + 0.2 * elapsed + 1)
+    assert refused and all(a.json()["error"]["code"] == "rate_limited" for a in refused)
