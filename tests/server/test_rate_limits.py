@@ -9,6 +9,7 @@ tests/server/test_several_processes.py runs it on both, behind several processes
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -21,6 +22,15 @@ from tests.support import Server, Tenant, make_tenant, wait_until
 pytestmark = [pytest.mark.slow,
               pytest.mark.parametrize("backend_url", ["sqlite"], indirect=True)]
 BURST = 10
+
+
+@pytest.fixture(autouse=True)
+def _fresh_failure_window(server: Server) -> Iterator[None]:
+    """The failure window is in the store, shared by every server on it: this test's failures
+    count neither before nor after it."""
+    server.sql("DELETE FROM auth_failures")
+    yield
+    server.sql("DELETE FROM auth_failures")
 
 
 def _get(url: str, key: str, path: str = "/v1/runs") -> httpx.Response:
@@ -55,9 +65,6 @@ def test_a_source_guessing_api_keys_is_refused_for_the_minute(
     server: Server, tmp_path: Path
 ) -> None:
     t = make_tenant(server, tmp_path / "t", "guessed")
-    # The failure window is in the database, shared by every server on it: start this one's
-    # minute without the failures other tests' servers counted from this address.
-    server.sql("DELETE FROM auth_failures")
     with extra_server(server, tmp_path, ITO_AUTH_FAILURES_PER_MINUTE="3") as url:
         for _ in range(3):
             guess = _get(url, "ito_req_" + "x" * 40)
@@ -78,7 +85,6 @@ def test_password_guessing_at_the_sign_in_page_is_refused_for_the_minute(
     server: Server, tenant: Tenant, tmp_path: Path
 ) -> None:
     approver = make_approver(server, tenant.account_id)
-    server.sql("DELETE FROM auth_failures")  # a fresh minute (the window is in the database)
     with extra_server(server, tmp_path, ITO_AUTH_FAILURES_PER_MINUTE="3") as url:
         browser = Browser(url)
         try:

@@ -56,6 +56,7 @@ def two_processes(server: Server, tmp_path: Path) -> Iterator[str]:
     server.sql("DELETE FROM auth_failures")  # a fresh minute for this test's address
     with _serve_two(server, tmp_path, ITO_AUTH_FAILURES_PER_MINUTE=str(LIMIT)) as url:
         yield url
+    server.sql("DELETE FROM auth_failures")  # and none of its failures left for the next
 
 
 def _fresh(url: str, key: str, path: str = "/v1/runs") -> httpx.Response:
