@@ -5,7 +5,8 @@ database that is dropped at the end) this script:
 
 1. sets up through the real operator CLI (``ito-server migrate``, ``account create``, ``key
    create`` for a requester and an approver, ``booking create --state completed``) and starts a
-   real ``ito-server serve --no-worker`` on a free loopback port;
+   real ``ito-server serve --no-worker --workers N`` (``--workers``, default 2) on a free
+   loopback port;
 2. **flow round**: ``--clients`` concurrent clients, each doing ``--runs-per-client`` times what
    ``ito confirm`` / ``ito approve`` / ``ito train`` / ``ito status`` do: upload the manifest,
    request a confirmation, approve it with the approver key, check the manifest, create the run
@@ -20,9 +21,11 @@ database that is dropped at the end) this script:
    ``idempotency_in_progress``), in "conflict" groups each with its own approved confirmation
    (exactly one run; the others ``idempotency_key_reused``, their confirmations still
    ``approved``, i.e. nothing consumed);
-5. counts runs per idempotency key through the API (``GET /v1/runs?idempotency_key=``) and in
+5. **read-only round**: the same clients poll status, logs and metrics of the created runs
+   (``--read-polls`` times each); their p99s are reported against the bare insert's p99;
+6. counts runs per idempotency key through the API (``GET /v1/runs?idempotency_key=``) and in
    the database (duplicates must be 0), and scans the server log for tracebacks and lock errors;
-6. stops the server, then serves ``bench/baseline_app.py`` (FastAPI + SQLAlchemy, one
+7. stops the server, then serves ``bench/baseline_app.py`` (FastAPI + SQLAlchemy, one
    ``POST /insert`` of one row, same backend) and hammers it like the create burst: same
    concurrency, same number of requests, connections opened and warmed before the clock starts.
 
@@ -181,12 +184,19 @@ def operator(env: dict[str, str], *args: str) -> dict[str, Any]:
 
 
 def cpu_seconds(pid: int) -> float | None:
-    """User+system CPU of a process from /proc (Linux); None elsewhere."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
+    """User+system CPU of a process and its live child processes (``serve --workers N``) from
+    /proc (Linux); None elsewhere."""
+    total = 0.0
+    found = False
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(stat.parent.name) == pid or int(fields[1]) == pid:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            found = found or int(stat.parent.name) == pid
+    return total if found else None
 
 
 class Server:
@@ -417,6 +427,28 @@ async def flow_client(index: int, s: ItoSetup, rec: Recorder, args: argparse.Nam
                            token=s.requester_key)
 
 
+async def read_client(index: int, s: ItoSetup, rec: Recorder, args: argparse.Namespace,
+                      run_ids: list[str], deadline: float, ready: asyncio.Barrier) -> None:
+    """Polls status, logs and metrics; its connection opened and warmed (one untimed status
+    read) before the round starts, like the baseline's."""
+    async with new_client(s.base_url, args.request_timeout_s) as client:
+        if run_ids:
+            await call(client, Recorder(), "warm", "GET", f"/v1/runs/{run_ids[0]}",
+                       token=s.requester_key)
+        await ready.wait()
+        for r in range(args.read_polls if run_ids else 0):
+            if time.monotonic() > deadline:
+                rec.add("read.skipped_deadline", 0.0, "skipped")
+                return
+            run_id = run_ids[(index + r) % len(run_ids)]
+            await call(client, rec, "read.status", "GET", f"/v1/runs/{run_id}",
+                       token=s.requester_key)
+            await call(client, rec, "read.logs", "GET", f"/v1/runs/{run_id}/logs",
+                       token=s.requester_key)
+            await call(client, rec, "read.metrics", "GET", f"/v1/runs/{run_id}/metrics",
+                       token=s.requester_key)
+
+
 async def burst_client(index: int, s: ItoSetup, rec: Recorder, args: argparse.Namespace,
                        tag: str, deadline: float, ready: asyncio.Barrier, go: asyncio.Event,
                        created: list[str], keys: list[str], window: list[float]) -> None:
@@ -538,6 +570,20 @@ async def ito_rounds(s: ItoSetup, server: Server, args: argparse.Namespace,
                     "wall_s": round(wall, 3),
                     "runs_per_s": round(len(burst_created) / wall, 2) if wall > 0 else None,
                     "server_cpu_s": _delta(cpu0, cpu1), "bench_cpu_s": round(own1 - own0, 2)}
+
+    # Read-only round: every client polls status, logs and metrics of the created runs (queued,
+    # as agents poll them), nothing else running.
+    readable = created + burst_created
+    ready = asyncio.Barrier(args.clients + 1)
+    tasks = [asyncio.create_task(read_client(i, s, rec, args, readable, deadline, ready))
+             for i in range(args.clients)]
+    await ready.wait()
+    cpu0, t0 = server.cpu(), time.perf_counter()
+    await asyncio.gather(*tasks)
+    wall = time.perf_counter() - t0
+    out["reads"] = {"requests": sum(len(rec.latencies.get(f"read.{what}", []))
+                                    for what in ("status", "logs", "metrics")),
+                    "wall_s": round(wall, 3), "server_cpu_s": _delta(cpu0, server.cpu())}
 
     # Duplicate rounds: groups sharing one idempotency key, fired together.
     group_size = max(2, args.clients // max(1, args.dup_keys))
@@ -724,7 +770,8 @@ def bench_backend(backend: Backend, args: argparse.Namespace, manifest: bytes, d
 
     port = free_port()
     server = Server("ito-server", [*ito_server_command(), "serve", "--host", LOOPBACK, "--port",
-                                   str(port), "--no-worker", "--log-level", "warning"],
+                                   str(port), "--no-worker", "--log-level", "warning",
+                                   "--workers", str(args.workers)],
                     backend.env, backend.workdir / "ito-server.log", port, "/v1/health")
     try:
         result["ito_startup_s"] = round(server.wait_healthy(), 2)
@@ -768,6 +815,18 @@ def bench_backend(backend: Backend, args: argparse.Namespace, manifest: bytes, d
                                                            max(1, ito["burst"]["runs_created"])))
     result["server_cpu_ms_per_bare_insert"] = _round(_per(result["baseline"]["server_cpu_s"],
                                                           max(1, result["baseline"]["inserted"])))
+    bare_p99 = result["baseline"]["insert"]["p99_ms"]
+    for what in ("status", "logs", "metrics"):
+        p99 = ito["endpoints"].get(f"read.{what}", {}).get("p99_ms")
+        result[f"ratio_p99_{what}_vs_insert"] = round(p99 / bare_p99, 3) \
+            if p99 and bare_p99 else None
+    create_p99 = ito["endpoints"].get("runs.create_burst", {}).get("p99_ms")
+    result["ratio_p99_create_vs_insert"] = round(create_p99 / bare_p99, 3) \
+        if create_p99 and bare_p99 else None
+    result["ratio_cpu_create_vs_insert"] = round(
+        result["server_cpu_ms_per_gated_create"] / result["server_cpu_ms_per_bare_insert"], 3) \
+        if result["server_cpu_ms_per_gated_create"] and result["server_cpu_ms_per_bare_insert"] \
+        else None
     result["duplicates"] = max(ito["api_duplicates"], result["db"]["duplicate_runs"])
     result["elapsed_s"] = round(time.monotonic() - t0, 2)
     return result
@@ -820,6 +879,11 @@ def print_report(results: list[dict[str, Any]], args: argparse.Namespace) -> Non
               f";  full flow / bare insert = {_fmt(r['ratio_full_flow'])}")
         n_runs = max(1, ito["burst"]["runs_created"])
         n_rows = max(1, base["inserted"])
+        print(f"{r['backend']:9} p99 / bare insert p99: create "
+              f"{_fmt(r['ratio_p99_create_vs_insert'])}, status "
+              f"{_fmt(r['ratio_p99_status_vs_insert'])}, logs {_fmt(r['ratio_p99_logs_vs_insert'])}"
+              f", metrics {_fmt(r['ratio_p99_metrics_vs_insert'])}; server CPU per create / per "
+              f"insert {_fmt(r['ratio_cpu_create_vs_insert'])}")
         print(f"{r['backend']:9} CPU s server/bench: flow {_fmt(ito['flow']['server_cpu_s'])}/"
               f"{_fmt(ito['flow']['bench_cpu_s'])}, burst {_fmt(ito['burst']['server_cpu_s'])}/"
               f"{_fmt(ito['burst']['bench_cpu_s'])}, baseline {_fmt(base['server_cpu_s'])}/"
@@ -862,6 +926,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dup-jitter-ms", type=float, default=50.0,
                         help="each duplicate-round request starts after a random delay up to "
                         "this (0: all at once)")
+    parser.add_argument("--read-polls", type=int, default=10,
+                        help="status+logs+metrics polls per client in the read-only round")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="ito-server API processes (serve --workers; both backends allow "
+                        "it: PostgreSQL, SQLite in WAL)")
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument("--pg-admin-url", default=DEFAULT_PG_ADMIN_URL,
                         help="loopback PostgreSQL URL used to create and drop the bench database")
@@ -871,7 +940,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not 1 <= args.clients <= 512 or not 1 <= args.runs_per_client <= 1000 \
             or not 0 <= args.polls <= 100 or not 1 <= args.dup_keys <= args.clients \
-            or not 0 <= args.dup_rounds <= 50 or not 0 <= args.dup_jitter_ms <= 5000:
+            or not 0 <= args.dup_rounds <= 50 or not 0 <= args.dup_jitter_ms <= 5000 \
+            or not 0 <= args.read_polls <= 1000 or not 1 <= args.workers <= 16:
         parser.error("out-of-range --clients / --runs-per-client / --polls / --dup-keys / "
                      "--dup-rounds")
     args.backend_list = [b.strip() for b in args.backends.split(",") if b.strip()]

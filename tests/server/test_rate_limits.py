@@ -2,12 +2,14 @@
 ``rate_limited`` (429, ``Retry-After``) while others go on; a source that keeps presenting
 unknown keys is answered ``rate_limited`` for the rest of the minute (a key that verifies still
 gets in), and one that keeps trying wrong passwords for an email at the sign-in page is
-refused outright for it, the right password included. (On SQLite only: the limits live
-in the server process, not in the store.)"""
+refused outright for it, the right password included. (On SQLite only: the request rate lives
+in the server process; the failure window in the store, the same code on both backends —
+tests/server/test_several_processes.py runs it on both, behind several processes.)"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -16,10 +18,19 @@ import pytest
 from tests.server.web_browser import Browser, csrf_field, extra_server, make_approver
 from tests.support import Server, Tenant, make_tenant, wait_until
 
-# The limiter lives in the server process, not the store: one backend is enough.
+# One backend is enough here (see the module docstring).
 pytestmark = [pytest.mark.slow,
               pytest.mark.parametrize("backend_url", ["sqlite"], indirect=True)]
 BURST = 10
+
+
+@pytest.fixture(autouse=True)
+def _fresh_failure_window(server: Server) -> Iterator[None]:
+    """The failure window is in the store, shared by every server on it: this test's failures
+    count neither before nor after it."""
+    server.sql("DELETE FROM auth_failures")
+    yield
+    server.sql("DELETE FROM auth_failures")
 
 
 def _get(url: str, key: str, path: str = "/v1/runs") -> httpx.Response:

@@ -6,11 +6,13 @@ against the address and against the presented key's public prefix; past the limi
 are answered ``rate_limited`` — but a key that verifies always gets in, so one tenant's (or an
 attacker's) failures behind a shared NAT cannot lock another tenant out. At the sign-in page
 (guessable passwords) failures count per email and per address-and-email, never per address
-alone. (On SQLite only: the
-limiter lives in the server process, not in the store.)"""
+alone. (On SQLite only: the failure window lives in the store, shared by every server on it,
+the same code on both backends; each test starts its minute without the failures other tests'
+servers counted from this address.)"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -22,6 +24,14 @@ from tests.support import Server, make_tenant
 pytestmark = [pytest.mark.slow,
               pytest.mark.parametrize("backend_url", ["sqlite"], indirect=True)]
 LIMIT = 3
+
+
+@pytest.fixture(autouse=True)
+def _fresh_failure_window(server: Server) -> Iterator[None]:
+    """This test's failures count neither before nor after it (the window is in the store)."""
+    server.sql("DELETE FROM auth_failures")
+    yield
+    server.sql("DELETE FROM auth_failures")
 
 
 def _get(url: str, key: str, forwarded_for: str | None = None) -> tuple[int, str | None]:

@@ -67,14 +67,15 @@ text guard, decides what they may carry (``manifest_invalid``)."""
 
 
 def create_app(settings: ServerSettings, db: Database | None = None, *,
-               embedded_worker_url: str | None = None) -> FastAPI:
+               embedded_worker_url: str | None = None, background: bool = True) -> FastAPI:
     """The API. With ``embedded_worker_url`` (the embedded default) it also runs the
-    in-process worker against that URL; the lease sweeper always runs."""
+    in-process worker against that URL; the lease sweeper runs unless ``background`` is false
+    (a worker process of ``serve --workers N``, whose supervisor runs it once)."""
     state = AppState(settings=settings,
                      db=db or Database(settings.resolved_database_url(),
                                        pool_size=settings.db_pool_size))
     app = FastAPI(title="ito-training", version=__version__, docs_url=None, redoc_url=None,
-                  lifespan=lifespan_for(state, embedded_worker_url))
+                  lifespan=lifespan_for(state, embedded_worker_url, background=background))
     app.state.ito = state
     for module in (meta, bookings, manifests, confirmations, runs, desk, device, credentials,
                    worker, telemetry):

@@ -16,9 +16,10 @@ from ito.server.store.tables import utcnow
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from ito.server.embedded_worker import EmbeddedWorkers
     from ito.server.state import AppState
 
-__all__ = ["LeaseSweeper", "lifespan_for"]
+__all__ = ["BackgroundDuties", "LeaseSweeper", "lifespan_for"]
 
 log = logging.getLogger("ito.server")
 
@@ -47,23 +48,41 @@ class LeaseSweeper:
                 log.exception("lease sweep failed")
 
 
-def lifespan_for(state: AppState, embedded_worker_url: str | None):  # type: ignore[no-untyped-def]
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        sweeper = LeaseSweeper(state)
-        sweeper.start()
-        workers = None
+class BackgroundDuties:
+    """The lease sweeper and, with ``embedded_worker_url``, the in-process worker: started once
+    per server, whatever the number of API processes."""
+
+    def __init__(self, state: AppState, embedded_worker_url: str | None) -> None:
+        self.sweeper = LeaseSweeper(state)
+        self.workers: EmbeddedWorkers | None = None
         if embedded_worker_url is not None:
             from ito.server.embedded_worker import EmbeddedWorkers
 
-            workers = EmbeddedWorkers(state.db, state.pepper, embedded_worker_url,
-                                      state.settings.home / "worker")
-            workers.start()
+            self.workers = EmbeddedWorkers(state.db, state.pepper, embedded_worker_url,
+                                           state.settings.home / "worker")
+
+    def start(self) -> None:
+        self.sweeper.start()
+        if self.workers is not None:
+            self.workers.start()
+
+    def stop(self) -> None:
+        if self.workers is not None:
+            self.workers.stop()
+        self.sweeper.stop()
+
+
+def lifespan_for(state: AppState, embedded_worker_url: str | None, *,  # type: ignore[no-untyped-def]
+                 background: bool = True):
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        duties = BackgroundDuties(state, embedded_worker_url) if background else None
+        if duties is not None:
+            duties.start()
         try:
             yield
         finally:
-            if workers is not None:
-                workers.stop()
-            sweeper.stop()
+            if duties is not None:
+                duties.stop()
 
     return lifespan

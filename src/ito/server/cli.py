@@ -113,8 +113,13 @@ def serve(
                                             "worker.")] = False,
     database_url: DatabaseUrl = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    workers: Annotated[int, typer.Option(min=1, max=64, help="API processes (uvicorn "
+                                         "workers). Above 1 only where the store allows it: "
+                                         "PostgreSQL, or SQLite in WAL mode.")] = 1,
 ) -> None:
     """Serve the canonical API over HTTP."""
+    import os
+
     import uvicorn
 
     from ito.server.app import create_app
@@ -127,9 +132,32 @@ def serve(
     worker_url = None if no_worker else f"http://{local}:{port}"
     proxies = [p.strip() for p in settings.trusted_proxies.split(",") if p.strip()]
     # Forwarded headers only from named proxies: uvicorn's default trusts them from loopback.
-    uvicorn.run(create_app(settings, db, embedded_worker_url=worker_url), host=host, port=port,
-                log_level=log_level, server_header=False, proxy_headers=bool(proxies),
-                forwarded_allow_ips=proxies or None, log_config=log_config())
+    options: dict[str, Any] = {
+        "host": host, "port": port, "log_level": log_level, "server_header": False,
+        "proxy_headers": bool(proxies), "forwarded_allow_ips": proxies or None,
+        "log_config": log_config()}
+    if workers == 1:
+        uvicorn.run(create_app(settings, db, embedded_worker_url=worker_url), **options)
+        return
+    from ito.server.background import BackgroundDuties
+    from ito.server.state import AppState
+    from ito.server.store.db import several_processes_refusal
+
+    refusal = several_processes_refusal(db)
+    if refusal is not None:
+        raise ItoError("invalid_arguments", f"--workers {workers} needs a store that several "
+                       f"processes can share: {refusal}", workers=workers)
+    # Each worker process builds its app from the environment (ito.server.asgi); the
+    # background duties (lease sweeper, embedded worker) run once, here, in the supervisor.
+    os.environ["ITO_DATABASE_URL"] = settings.resolved_database_url()
+    os.environ["ITO_PUBLIC_URL"] = settings.public_url
+    duties = BackgroundDuties(AppState(settings=settings, db=db), worker_url)
+    duties.start()
+    try:
+        uvicorn.run("ito.server.asgi:app_from_environment", factory=True, workers=workers,
+                    **options)
+    finally:
+        duties.stop()
 
 
 @account_app.command("create")

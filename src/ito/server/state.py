@@ -7,21 +7,27 @@ import time
 from dataclasses import dataclass, field
 
 from ito.core.errors import ItoError
-from ito.core.rate_limit import FailureWindow, TokenBucket
+from ito.core.rate_limit import TokenBucket
+from ito.server.services.auth_failures import AuthFailures
 from ito.server.settings import ServerSettings
 from ito.server.store.db import Database
+from ito.server.store.tables import utcnow
 
 __all__ = ["AppState", "Limits"]
 
 
 class Limits:
-    """The process's rate limits (:mod:`ito.core.rate_limit`) behind one lock: request handlers
-    run on a thread pool."""
+    """The rate limits. The per-principal request bucket (:class:`TokenBucket`) lives in this
+    process, behind one lock (request handlers run on a thread pool): with several server
+    processes each counts on its own, so a credential gets up to the rate times the processes
+    (documented in the README). The failed-authentication window lives in the database
+    (:class:`AuthFailures`), shared by every process: guessing is refused at the same count
+    however many processes answer."""
 
-    def __init__(self, settings: ServerSettings) -> None:
+    def __init__(self, settings: ServerSettings, db: Database) -> None:
         self._lock = threading.Lock()
         self._requests = TokenBucket(settings.rate_limit_per_second, settings.rate_limit_burst)
-        self._failures = FailureWindow(settings.auth_failures_per_minute, 60.0)
+        self._failures = AuthFailures(db, settings.auth_failures_per_minute, 60.0)
 
     def admit(self, principal_id: str) -> None:
         """Spend one request of a principal, or refuse with ``rate_limited``."""
@@ -33,15 +39,13 @@ class Limits:
 
     def check_source(self, key: str) -> None:
         """Refuse a source that failed authentication too often lately."""
-        with self._lock:
-            wait = self._failures.blocked(key, time.monotonic())
+        wait = self._failures.blocked([key], utcnow())
         if wait is not None:
             raise ItoError("rate_limited", "too many failed sign-ins from here",
                            retry_after_s=round(wait, 3))
 
     def failed(self, key: str) -> None:
-        with self._lock:
-            self._failures.fail(key, time.monotonic())
+        self._failures.fail([key], utcnow())
 
     def key_failed(self, source: str, key_prefix: str | None) -> None:
         """Count an API key that did not verify against its source address and, when it had
@@ -50,14 +54,12 @@ class Limits:
         looked up here (DESIGN §5.1: its secret is 256 random bits, so failures cannot be a
         path to guessing it, only to denying it)."""
         keys = [source] + ([f"prefix:{key_prefix}"] if key_prefix else [])
-        now = time.monotonic()
-        with self._lock:
-            waits = [w for k in keys if (w := self._failures.blocked(k, now)) is not None]
-            for k in keys:
-                self._failures.fail(k, now)
-        if waits:
+        now = utcnow()
+        wait = self._failures.blocked(keys, now)
+        self._failures.fail(keys, now)
+        if wait is not None:
             raise ItoError("rate_limited", "too many failed sign-ins from here",
-                           retry_after_s=round(max(waits), 3))
+                           retry_after_s=round(wait, 3))
 
 
 @dataclass
@@ -67,7 +69,7 @@ class AppState:
     limits: Limits = field(init=False)
 
     def __post_init__(self) -> None:
-        self.limits = Limits(self.settings)
+        self.limits = Limits(self.settings, self.db)
 
     @property
     def pepper(self) -> str:

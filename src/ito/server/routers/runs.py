@@ -30,10 +30,10 @@ from ito.server.services.runs import (
     CreateRunRequest,
     create_run,
     event_dict,
-    get_run,
     list_events,
     list_runs,
     run_dict,
+    run_status,
 )
 
 router = APIRouter(prefix="/v1/runs")
@@ -80,9 +80,7 @@ def runs_list(caller: Requester, state: State,
 @router.get("/{run_id}", response_model=Envelope[RunDetail])
 def runs_show(run_id: str, caller: Requester, state: State) -> dict[str, Any]:
     with state.db.read() as session:
-        run = get_run(session, caller.account_id, run_id)
-        data = run_dict(run)
-        data["events"] = [event_dict(e) for e in list_events(session, caller.account_id, run.id)]
+        data = run_status(session, caller.account_id, run_id)
     return ok_envelope(data, f"run {run_id} is {data['state']}")
 
 

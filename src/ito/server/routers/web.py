@@ -157,8 +157,8 @@ async def login_submit(request: Request, state: State, email: FormField = "",
     account = "email:" + email.strip().lower()
     sources = (f"{source_of(request)} {account}", account)
     try:
-        for source in sources:
-            state.limits.check_source(source)
+        for source in sources:  # the window is in the database: off the event loop
+            await run_in_threadpool(state.limits.check_source, source)
     except ItoError as limited:
         log.warning("web sign-in refused: rate limited")
         return _login_page(state, _login_secret(request), next_url=next_url, email=email,
@@ -184,7 +184,7 @@ async def login_submit(request: Request, state: State, email: FormField = "",
     outcome = await run_in_threadpool(check)
     if outcome is None:
         for source in sources:
-            state.limits.failed(source)
+            await run_in_threadpool(state.limits.failed, source)
         log.warning("web sign-in refused: invalid credentials")
         return _login_page(state, _login_secret(request), next_url=next_url, email=email,
                            error=ItoError("invalid_credentials"))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from ito.core.errors import ItoError
@@ -140,11 +140,14 @@ def _tell_runs(session: Session, booking: Booking, previous: str) -> None:
                            "booking_to_state": booking.state})
 
 
+_BOOKING = select(Booking).where(Booking.id == bindparam("booking_id"),
+                                 Booking.account_id == bindparam("account_id"))
+"""Built once (the hot lookup of every create)."""
+
+
 def get_booking(session: Session, account_id: str, booking_id: str) -> Booking:
     """This account's booking; another tenant's answers exactly like a missing one."""
-    booking = session.scalar(
-        select(Booking).where(Booking.id == booking_id, Booking.account_id == account_id)
-    )
+    booking = session.scalar(_BOOKING, {"booking_id": booking_id, "account_id": account_id})
     if booking is None:
         raise ItoError("booking_not_found")
     return booking

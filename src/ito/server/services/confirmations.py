@@ -15,22 +15,23 @@ import math
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from ito.core.errors import ItoError
 from ito.core.gates import check_eligibility, check_resources
 from ito.core.manifest import manifest_digest as _digest
-from ito.core.manifest import parse_manifest
 from ito.core.states import ConfirmationAction, ConfirmationState, RunState
 from ito.server.ids import new_id
 from ito.server.services.bookings import booking_dict, booking_view, get_booking
 from ito.server.services.credentials import AuthContext, hmac_hex
+from ito.server.services.manifest_cache import parsed_manifest
 from ito.server.services.manifests import load_manifest, store_manifest
 from ito.server.store.runtime_tables import RunLease
 from ito.server.store.tables import Confirmation, Run, utcnow
 
 __all__ = [
+    "check_usable",
     "confirmation_dict",
     "decide_confirmation",
     "get_confirmation",
@@ -38,6 +39,15 @@ __all__ = [
     "request_confirmation",
     "usable_confirmation",
 ]
+
+
+_CONSUME = (update(Confirmation)
+            .where(Confirmation.id == bindparam("ref"),
+                   Confirmation.state == ConfirmationState.approved.value)
+            .values(state=ConfirmationState.consumed.value, consumed_at=bindparam("now"),
+                    consumed_by_run_id=bindparam("run_id"))
+            .execution_options(synchronize_session=False))
+"""Built once: the conditional consumption every gated action runs under the lock."""
 
 
 def request_confirmation(
@@ -71,7 +81,7 @@ def request_confirmation(
             row, _ = store_manifest(session, ctx.account_id, manifest_raw)
         else:
             row, _ = load_manifest(session, ctx.account_id, manifest_digest)
-        manifest = parse_manifest(row.content)
+        manifest = parsed_manifest(row.content, row.digest)
         result = check_resources(manifest, view, now)
         cost = max(0.01, math.ceil(result.estimate.cost_usd * 100) / 100)
         target_id = booking.id
@@ -155,6 +165,13 @@ def usable_confirmation(
     unexpired, unconsumed, capability intact, and presented by the principal that requested it
     — another requester of the same account cannot spend it (``confirmation_mismatch``)."""
     confirmation = get_confirmation(session, ctx.account_id, ref)
+    check_usable(confirmation, ctx, pepper, now)
+    return confirmation
+
+
+def check_usable(confirmation: Confirmation, ctx: AuthContext, pepper: str,
+                 now: datetime) -> None:
+    """:func:`usable_confirmation`'s checks on a confirmation already loaded."""
     state = confirmation.state
     if state == ConfirmationState.consumed.value:
         raise ItoError("confirmation_consumed")
@@ -173,20 +190,12 @@ def usable_confirmation(
     if confirmation.requester_id != ctx.principal_id:
         raise ItoError("confirmation_mismatch", "the confirmation was requested by another "
                        "principal; request your own")
-    return confirmation
 
 
 def mark_consumed(session: Session, confirmation: Confirmation, run_id: str,
                   now: datetime) -> None:
     """Consume exactly once: a conditional update that only one transaction can win."""
-    result = session.execute(
-        update(Confirmation)
-        .where(Confirmation.id == confirmation.id,
-               Confirmation.state == ConfirmationState.approved.value)
-        .values(state=ConfirmationState.consumed.value, consumed_at=now,
-                consumed_by_run_id=run_id)
-        .execution_options(synchronize_session=False)
-    )
+    result = session.execute(_CONSUME, {"ref": confirmation.id, "now": now, "run_id": run_id})
     if getattr(result, "rowcount", 0) != 1:
         raise ItoError("confirmation_consumed")
 

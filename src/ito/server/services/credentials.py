@@ -19,7 +19,7 @@ import secrets
 import string
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from ito.core.errors import ItoError
@@ -46,6 +46,11 @@ OPERATOR_ROLE = "desk"
 ROLES = (*TENANT_ROLES, OPERATOR_ROLE)
 _ROLE_TAG = {"requester": "req", "approver": "apr", "worker": "wrk", "desk": "dsk"}
 _ALPHABET = string.ascii_letters + string.digits
+
+
+# Built once: a request's lookup then costs the query, not the building of its statement.
+_TENANT_KEY = select(ApiKey).where(ApiKey.prefix == bindparam("prefix"))
+_OPERATOR_KEY = select(OperatorKey).where(OperatorKey.prefix == bindparam("prefix"))
 
 
 def hmac_hex(pepper: str, value: str) -> str:
@@ -147,7 +152,7 @@ def authenticate(session: Session, pepper: str, presented: str) -> Credential:
     prefix = "_".join(parts[:3])
     if parts[1] == _ROLE_TAG[OPERATOR_ROLE]:
         return _authenticate_operator(session, pepper, prefix, presented)
-    key = session.scalar(select(ApiKey).where(ApiKey.prefix == prefix))
+    key = session.scalar(_TENANT_KEY, {"prefix": prefix})
     if key is None or not hmac.compare_digest(key.secret_hash, hmac_hex(pepper, presented)):
         raise ItoError("not_authenticated")
     if key.role not in TENANT_ROLES:  # a tenant row never carries the operator's role
@@ -160,7 +165,7 @@ def authenticate(session: Session, pepper: str, presented: str) -> Credential:
 
 def _authenticate_operator(session: Session, pepper: str, prefix: str,
                            presented: str) -> OperatorContext:
-    key = session.scalar(select(OperatorKey).where(OperatorKey.prefix == prefix))
+    key = session.scalar(_OPERATOR_KEY, {"prefix": prefix})
     if key is None or not hmac.compare_digest(key.secret_hash, hmac_hex(pepper, presented)):
         raise ItoError("not_authenticated")
     if key.revoked_at is not None:

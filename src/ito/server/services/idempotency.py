@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select, text
+from sqlalchemy import bindparam, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -14,7 +14,28 @@ from ito.core.errors import ItoError
 from ito.server.store.db import Database
 from ito.server.store.tables import IdempotencyRecord, utcnow
 
-__all__ = ["find_key", "lock_key", "replayable", "reserve_key"]
+__all__ = ["bind_key", "find_key", "lock_key", "replayable", "reserve_key"]
+
+
+_FIND = select(IdempotencyRecord).where(IdempotencyRecord.account_id == bindparam("account_id"),
+                                        IdempotencyRecord.action == bindparam("action"),
+                                        IdempotencyRecord.key == bindparam("key"))
+_BIND = (update(IdempotencyRecord).where(IdempotencyRecord.id == bindparam("record_id"))
+         .values(run_id=bindparam("run_id"), response=bindparam("response"))
+         .execution_options(synchronize_session=False))
+
+
+def _reserve_statement(insert: Any) -> Any:
+    return (insert(IdempotencyRecord)
+            .values(account_id=bindparam("account_id"), action=bindparam("action"),
+                    key=bindparam("key"), fingerprint=bindparam("fingerprint"),
+                    created_at=bindparam("created_at"))
+            .on_conflict_do_nothing(index_elements=["account_id", "action", "key"])
+            .returning(IdempotencyRecord.id))
+
+
+# Built once per dialect: a create pays for the statements, not for building them.
+_RESERVE = {True: _reserve_statement(sqlite_insert), False: _reserve_statement(pg_insert)}
 
 
 def lock_key(session: Session, db: Database, account_id: str, action: str, key: str) -> None:
@@ -29,26 +50,23 @@ def lock_key(session: Session, db: Database, account_id: str, action: str, key: 
 
 def find_key(session: Session, account_id: str, action: str,
              key: str) -> IdempotencyRecord | None:
-    return session.scalar(select(IdempotencyRecord).where(
-        IdempotencyRecord.account_id == account_id, IdempotencyRecord.action == action,
-        IdempotencyRecord.key == key))
+    return session.scalar(_FIND, {"account_id": account_id, "action": action, "key": key})
 
 
 def reserve_key(session: Session, db: Database, account_id: str, action: str, key: str,
-                fingerprint: str) -> IdempotencyRecord | None:
-    """Insert the record, or ``None`` if another transaction holds the key."""
-    insert = sqlite_insert if db.is_sqlite else pg_insert
-    statement = (
-        insert(IdempotencyRecord)
-        .values(account_id=account_id, action=action, key=key, fingerprint=fingerprint,
-                created_at=utcnow())
-        .on_conflict_do_nothing(index_elements=["account_id", "action", "key"])
-        .returning(IdempotencyRecord.id)
-    )
-    inserted = session.execute(statement).scalar_one_or_none()
-    if inserted is None:
-        return None
-    return session.get(IdempotencyRecord, inserted)
+                fingerprint: str) -> int | None:
+    """Insert the record and return its id, or ``None`` if another transaction holds the key.
+    The record is bound to what it created by :func:`bind_key`, in the same transaction."""
+    inserted = session.execute(_RESERVE[db.is_sqlite], {
+        "account_id": account_id, "action": action, "key": key, "fingerprint": fingerprint,
+        "created_at": utcnow()}).scalar_one_or_none()
+    return None if inserted is None else int(inserted)
+
+
+def bind_key(session: Session, record_id: int, run_id: str, response: dict[str, Any]) -> None:
+    """Bind a reserved record to the run it created and the response a retry replays: one
+    UPDATE, no read back."""
+    session.execute(_BIND, {"record_id": record_id, "run_id": run_id, "response": response})
 
 
 def replayable(record: IdempotencyRecord, fingerprint: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from ito.core.errors import ItoError
@@ -18,7 +18,13 @@ from ito.core.gates import idempotency_fingerprint, validate_idempotency_key
 from ito.core.states import CleanupState, ConfirmationAction, RunState
 from ito.server.services.confirmations import mark_consumed, usable_confirmation
 from ito.server.services.credentials import AuthContext
-from ito.server.services.idempotency import find_key, lock_key, replayable, reserve_key
+from ito.server.services.idempotency import (
+    bind_key,
+    find_key,
+    lock_key,
+    replayable,
+    reserve_key,
+)
 from ito.server.services.leases import lease_for
 from ito.server.services.runs import get_run, record_event, transition_run
 from ito.server.store.db import Database
@@ -40,12 +46,27 @@ CLEANUP_TRANSITIONS = {CleanupState.none: {CleanupState.cleaning},
                        CleanupState.cleaned: set()}
 
 
+# The polled reads, built once; each is one indexed range (``run_id, id``), bounded by ``limit``.
+_LOGS = (select(RunLog).where(RunLog.run_id == bindparam("run_id"),
+                              RunLog.account_id == bindparam("account_id"),
+                              RunLog.id > bindparam("since"))
+         .order_by(RunLog.id).limit(bindparam("limit")))
+_METRICS = (select(RunMetric).where(RunMetric.run_id == bindparam("run_id"),
+                                    RunMetric.account_id == bindparam("account_id"),
+                                    RunMetric.id > bindparam("since"))
+            .order_by(RunMetric.id).limit(bindparam("limit")))
+_METRICS_NAMED = (select(RunMetric).where(RunMetric.run_id == bindparam("run_id"),
+                                          RunMetric.account_id == bindparam("account_id"),
+                                          RunMetric.name == bindparam("name"),
+                                          RunMetric.id > bindparam("since"))
+                  .order_by(RunMetric.id).limit(bindparam("limit")))
+
+
 def list_logs(session: Session, account_id: str, run_id: str, *, since: int = 0,
               limit: int = 500) -> tuple[list[dict[str, Any]], int]:
     get_run(session, account_id, run_id)
-    rows = list(session.scalars(
-        select(RunLog).where(RunLog.run_id == run_id, RunLog.account_id == account_id,
-                             RunLog.id > since).order_by(RunLog.id).limit(limit)))
+    rows = list(session.scalars(_LOGS, {"run_id": run_id, "account_id": account_id,
+                                        "since": since, "limit": limit}))
     lines = [{"cursor": r.id, "attempt": r.attempt, "level": r.level, "message": r.message,
               "at": r.created_at.isoformat()} for r in rows]
     return lines, rows[-1].id if rows else since
@@ -54,11 +75,11 @@ def list_logs(session: Session, account_id: str, run_id: str, *, since: int = 0,
 def list_metrics(session: Session, account_id: str, run_id: str, *, name: str | None = None,
                  since: int = 0, limit: int = 5000) -> tuple[list[dict[str, Any]], int]:
     get_run(session, account_id, run_id)
-    query = select(RunMetric).where(RunMetric.run_id == run_id,
-                                    RunMetric.account_id == account_id, RunMetric.id > since)
-    if name is not None:
-        query = query.where(RunMetric.name == name)
-    rows = list(session.scalars(query.order_by(RunMetric.id).limit(limit)))
+    params = {"run_id": run_id, "account_id": account_id, "since": since, "limit": limit}
+    if name is None:
+        rows = list(session.scalars(_METRICS, params))
+    else:
+        rows = list(session.scalars(_METRICS_NAMED, params | {"name": name}))
     points = [{"cursor": r.id, "attempt": r.attempt, "stage": r.stage, "step": r.step,
                "name": r.name, "value": r.value} for r in rows]
     return points, rows[-1].id if rows else since
@@ -123,8 +144,7 @@ def apply_run_action(db: Database, ctx: AuthContext, pepper: str, *, run_id: str
                 _request_cleanup(session, run)
             data = {"run_id": run.id, "booking_id": run.booking_id, "state": run.state,
                     "cleanup_state": run.cleanup_state, "idempotency_key": idempotency_key}
-            record.run_id = run.id
-            record.response = data
+            bind_key(session, record, run.id, data)
             return data, False
     except ItoError as exc:
         if exc.code == "store_busy":

@@ -9,7 +9,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from ito.core.errors import ItoError
-from ito.core.manifest import Manifest, manifest_digest, manifest_summary, parse_manifest
+from ito.core.manifest import Manifest, manifest_digest, manifest_summary
+from ito.server.services.manifest_cache import parsed_manifest
 from ito.server.store.tables import ManifestRow
 
 __all__ = ["find_manifest", "load_manifest", "manifest_dict", "store_manifest"]
@@ -27,7 +28,7 @@ def store_manifest(session: Session, account_id: str, raw: bytes) -> tuple[Manif
     if existing is not None:
         # Same digest, same bytes: already validated when first stored.
         return existing, False
-    manifest = parse_manifest(raw)
+    manifest = parsed_manifest(raw, digest)
     row = ManifestRow(account_id=account_id, digest=digest, content=raw, size_bytes=len(raw),
                       summary=manifest_summary(manifest))
     try:
@@ -50,7 +51,7 @@ def load_manifest(session: Session, account_id: str, digest: str) -> tuple[Manif
     row = find_manifest(session, account_id, digest)
     if row is None:
         raise ItoError("manifest_not_found", digest=digest)
-    return row, parse_manifest(row.content)
+    return row, parsed_manifest(row.content, row.digest)
 
 
 def manifest_dict(row: ManifestRow) -> dict[str, Any]:

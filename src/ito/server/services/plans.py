@@ -9,9 +9,10 @@ from sqlalchemy.orm import Session
 
 from ito.core.errors import ItoError
 from ito.core.gates import check_resources, eligibility_record
-from ito.core.manifest import manifest_digest, manifest_summary, parse_manifest
+from ito.core.manifest import manifest_digest, manifest_summary
 from ito.core.pricing import estimate_cost
 from ito.server.services.bookings import booking_view, get_booking
+from ito.server.services.manifest_cache import parsed_manifest
 from ito.server.store.tables import utcnow
 
 __all__ = ["plan_run"]
@@ -19,7 +20,7 @@ __all__ = ["plan_run"]
 
 def plan_run(session: Session, account_id: str, booking_id: str, raw: bytes) -> dict[str, Any]:
     booking = get_booking(session, account_id, booking_id)
-    manifest = parse_manifest(raw)
+    manifest = parsed_manifest(raw)
     view = booking_view(booking)
     now = utcnow()
     refusals: list[dict[str, Any]] = []

@@ -1,33 +1,50 @@
 """Runs: the gated creation (DESIGN §5.8), reads, and the one transition function (§5.7).
 
-:func:`create_run` evaluates every gate in order inside one write transaction and either commits
-the run, the consumed confirmation, the idempotency record (and the manifest, if its bytes came
-with the request) together, or rolls all of it back. A key already bound to a run with the same
-fingerprint replays that run before any gate is looked at.
+:func:`create_run` commits the run, the consumed confirmation, the idempotency record (and the
+manifest, if its bytes came with the request) together in one write transaction, or rolls all
+of it back. Work that needs no lock (parsing the manifest, gate 5's checks and estimate) is done
+before that transaction, so the write lock is held for a handful of statements. A key already
+bound to a run with the same fingerprint replays that run before any gate is looked at.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from ito.core.errors import ItoError
 from ito.core.gates import (
+    BookingView,
+    ResourceCheck,
     check_eligibility,
     check_resources,
     idempotency_fingerprint,
     validate_idempotency_key,
 )
-from ito.core.manifest import manifest_digest, parse_manifest
+from ito.core.manifest import Manifest, manifest_digest
 from ito.core.states import ConfirmationAction, RunState, check_transition
 from ito.server.ids import new_id
 from ito.server.services.bookings import booking_view, get_booking
-from ito.server.services.confirmations import mark_consumed, usable_confirmation
+from ito.server.services.confirmations import check_usable, mark_consumed
 from ito.server.services.credentials import AuthContext
-from ito.server.services.idempotency import find_key, lock_key, replayable, reserve_key
+from ito.server.services.hints import (
+    booking_hint,
+    manifest_known,
+    remember_booking,
+    remember_manifest,
+)
+from ito.server.services.idempotency import (
+    bind_key,
+    find_key,
+    lock_key,
+    replayable,
+    reserve_key,
+)
+from ito.server.services.manifest_cache import cached_manifest, parsed_manifest
 from ito.server.services.manifests import find_manifest, store_manifest
 from ito.server.store.db import Database
 from ito.server.store.tables import (
@@ -48,10 +65,21 @@ __all__ = [
     "list_runs",
     "record_event",
     "run_dict",
+    "run_status",
     "transition_run",
 ]
 
 ACTION = ConfirmationAction.train_create.value
+
+# The hot reads, built once: a request then pays for the query, not for building it.
+_RUN = select(Run).where(Run.id == bindparam("run_id"), Run.account_id == bindparam("account_id"))
+_EVENTS = (select(RunEvent)
+           .where(RunEvent.run_id == bindparam("run_id"),
+                  RunEvent.account_id == bindparam("account_id"),
+                  RunEvent.id > bindparam("after"))
+           .order_by(RunEvent.id).limit(bindparam("limit")))
+_CONFIRMATION = select(Confirmation).where(Confirmation.id == bindparam("ref"),
+                                           Confirmation.account_id == bindparam("account_id"))
 
 
 @dataclass(frozen=True)
@@ -72,13 +100,26 @@ class CreateRunResult:
 
 def create_run(db: Database, ctx: AuthContext, pepper: str,
                req: CreateRunRequest) -> CreateRunResult:
+    """Create a run behind the five gates, holding the write lock as briefly as it can.
+
+    First, outside any write transaction, what needs no lock: the manifest (parsed once per
+    process, by digest) and gate 5's resource checks and estimate, against the booking as this
+    process last saw it (:func:`_prepare`). The write transaction then does only what must be
+    atomic: reserve the key (a key already bound replays its run), re-check the booking's
+    eligibility (and gate 5 again only if the booking is not as it was seen), check and consume
+    the confirmation, insert. If the preparation met any refusal, the write transaction instead
+    evaluates every gate in order (:func:`_create_in_transaction`), so a refused request gets
+    exactly the code of the first failing gate, as before."""
     validate_idempotency_key(req.idempotency_key)
     raw = _decode_manifest(req)
     fingerprint = idempotency_fingerprint(ACTION, req.booking_id, req.manifest_digest,
                                           req.confirmation_ref)
     try:
+        prepared = _prepare(db, ctx, req, raw)
         with db.write() as session:
-            return _create_in_transaction(session, db, ctx, pepper, req, raw, fingerprint)
+            if prepared is None:
+                return _create_in_transaction(session, db, ctx, pepper, req, raw, fingerprint)
+            return _commit_prepared(session, db, ctx, pepper, req, raw, fingerprint, prepared)
     except ItoError as exc:
         if exc.code == "store_busy":
             raise ItoError("idempotency_in_progress",
@@ -86,10 +127,104 @@ def create_run(db: Database, ctx: AuthContext, pepper: str,
         raise
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """What the read before the write transaction established (see :func:`create_run`)."""
+
+    view: BookingView
+    manifest: Manifest
+    manifest_stored: bool
+    run_id: str
+    checked: ResourceCheck
+
+
+def _prepare(db: Database, ctx: AuthContext, req: CreateRunRequest,
+             raw: bytes | None) -> _Prepared | None:
+    """The lock-free part of a create, or ``None`` when some check refused (the write
+    transaction then finds the first failing gate, in order). It works from this process's
+    hints (:mod:`ito.server.services.hints`: the booking as last seen, manifests known to the
+    account) and reads the database only for what they lack."""
+    view = booking_hint(ctx.account_id, req.booking_id)
+    manifest = cached_manifest(req.manifest_digest)
+    stored = manifest_known(ctx.account_id, req.manifest_digest)
+    try:
+        if view is None or manifest is None or not (stored or raw is not None):
+            with db.read() as session:
+                view = booking_view(get_booking(session, ctx.account_id, req.booking_id))
+                remember_booking(view)
+                row = find_manifest(session, ctx.account_id, req.manifest_digest) \
+                    if manifest is None or not stored else None
+                if row is not None:
+                    stored = True
+                    remember_manifest(ctx.account_id, row.digest)
+                    manifest = parsed_manifest(row.content, row.digest)
+        now = utcnow()
+        check_eligibility(view, now)
+        if manifest is None and raw is not None:
+            manifest = parsed_manifest(raw, req.manifest_digest)
+        if manifest is None or not (stored or raw is not None):
+            return None
+        run_id = new_id("run")
+        checked = check_resources(manifest, view, now, run_id_hint=run_id)
+    except ItoError:
+        return None
+    return _Prepared(view=view, manifest=manifest, manifest_stored=stored, run_id=run_id,
+                     checked=checked)
+
+
+def _commit_prepared(
+    session: Session, db: Database, ctx: AuthContext, pepper: str, req: CreateRunRequest,
+    raw: bytes | None, fingerprint: str, prepared: _Prepared,
+) -> CreateRunResult:
+    """The atomic part of a create whose checks were prepared. Any refusal rolls back the
+    reservation with everything else; the gates keep their order among themselves."""
+    now = utcnow()
+    lock_key(session, db, ctx.account_id, ACTION, req.idempotency_key)
+    record_id = reserve_key(session, db, ctx.account_id, ACTION, req.idempotency_key,
+                            fingerprint)
+    if record_id is None:
+        # Another request with this key committed since the read: replay it (or refuse reuse).
+        existing = find_key(session, ctx.account_id, ACTION, req.idempotency_key)
+        assert existing is not None
+        return _replay(session, existing, fingerprint)
+
+    # Gate 1, fresh: the booking as it is now, under the write lock.
+    booking = get_booking(session, ctx.account_id, req.booking_id)
+    view = booking_view(booking)
+    remember_booking(view)
+    check_eligibility(view, now)
+
+    # Gate 2: the manifest (its existence or bytes were established and it cannot change:
+    # content-addressed, immutable) is the one the confirmation is bound to.
+    confirmation = _confirmation_for(session, ctx.account_id, req.confirmation_ref)
+    _check_digest(confirmation, req)
+
+    # Gate 3, on the row just read.
+    check_usable(confirmation, ctx, pepper, now)
+    _check_binding(confirmation, booking.id)
+
+    # Gate 5: prepared; evaluated again only if the booking changed or its term ran short.
+    checked = prepared.checked
+    if view != prepared.view or now + timedelta(seconds=checked.estimate.seconds) \
+            > view.term_end:
+        checked = check_resources(prepared.manifest, view, now, run_id_hint=prepared.run_id)
+    _check_cost_bound(checked, confirmation)
+
+    mark_consumed(session, confirmation, prepared.run_id, now)
+    if not prepared.manifest_stored and raw is not None:
+        store_manifest(session, ctx.account_id, raw)
+    data = _insert_run(session, ctx, req, prepared.run_id, booking.id, confirmation, checked,
+                       now)
+    bind_key(session, record_id, prepared.run_id, data)
+    return CreateRunResult(data=data, replayed=False)
+
+
 def _create_in_transaction(
     session: Session, db: Database, ctx: AuthContext, pepper: str, req: CreateRunRequest,
     raw: bytes | None, fingerprint: str,
 ) -> CreateRunResult:
+    """Every gate in order, inside the write transaction: the path of a request the lock-free
+    read refused, so the refusal is the first failing gate's, seen under the lock."""
     now = utcnow()
     lock_key(session, db, ctx.account_id, ACTION, req.idempotency_key)
     existing = find_key(session, ctx.account_id, ACTION, req.idempotency_key)
@@ -99,37 +234,31 @@ def _create_in_transaction(
     # Gate 1: fresh eligibility, computed now, inside this transaction.
     booking = get_booking(session, ctx.account_id, req.booking_id)
     view = booking_view(booking)
+    remember_booking(view)
     check_eligibility(view, now)
 
     # Gate 2: the manifest is known (or its bytes came along), valid, and its digest is the one
     # the confirmation is bound to.
     confirmation = _confirmation_for(session, ctx.account_id, req.confirmation_ref)
-    if confirmation.manifest_digest != req.manifest_digest:
-        raise ItoError("manifest_digest_mismatch",
-                       "the manifest is not the one the confirmation approved",
-                       confirmation_manifest_id=confirmation.manifest_digest,
-                       presented_manifest_id=req.manifest_digest)
+    _check_digest(confirmation, req)
     row = find_manifest(session, ctx.account_id, req.manifest_digest)
     if row is not None:
-        manifest = parse_manifest(row.content)
+        remember_manifest(ctx.account_id, row.digest)
+        manifest = parsed_manifest(row.content, row.digest)
     elif raw is not None:
-        manifest = parse_manifest(raw)
+        manifest = parsed_manifest(raw, req.manifest_digest)
     else:
         raise ItoError("manifest_not_found", digest=req.manifest_digest)
 
     # Gate 3: approved, unexpired, unconsumed, every binding equal.
-    confirmation = usable_confirmation(session, ctx, pepper, req.confirmation_ref, now)
-    if confirmation.action != ACTION or confirmation.target_kind != "booking" \
-            or confirmation.target_id != booking.id:
-        raise ItoError("confirmation_mismatch", "the confirmation approves another action or "
-                       "booking", bound_action=confirmation.action,
-                       bound_target=confirmation.target_id)
+    check_usable(confirmation, ctx, pepper, now)
+    _check_binding(confirmation, booking.id)
 
     # Gate 4: reserve the key. Concurrent holders of the same key wait here for the winner's
     # commit (unique constraint / database lock), then replay its run.
-    reserved = reserve_key(session, db, ctx.account_id, ACTION, req.idempotency_key,
-                           fingerprint)
-    if reserved is None:
+    record_id = reserve_key(session, db, ctx.account_id, ACTION, req.idempotency_key,
+                            fingerprint)
+    if record_id is None:
         existing = find_key(session, ctx.account_id, ACTION, req.idempotency_key)
         assert existing is not None
         return _replay(session, existing, fingerprint)
@@ -137,16 +266,45 @@ def _create_in_transaction(
     # Gate 5: fabric, capacity, data policy, checkpoint storage, term and cost.
     run_id = new_id("run")
     checked = check_resources(manifest, view, now, run_id_hint=run_id)
+    _check_cost_bound(checked, confirmation)
+
+    mark_consumed(session, confirmation, run_id, now)
+    if row is None and raw is not None:
+        store_manifest(session, ctx.account_id, raw)
+    data = _insert_run(session, ctx, req, run_id, booking.id, confirmation, checked, now)
+    bind_key(session, record_id, run_id, data)
+    return CreateRunResult(data=data, replayed=False)
+
+
+def _check_digest(confirmation: Confirmation, req: CreateRunRequest) -> None:
+    if confirmation.manifest_digest != req.manifest_digest:
+        raise ItoError("manifest_digest_mismatch",
+                       "the manifest is not the one the confirmation approved",
+                       confirmation_manifest_id=confirmation.manifest_digest,
+                       presented_manifest_id=req.manifest_digest)
+
+
+def _check_binding(confirmation: Confirmation, booking_id: str) -> None:
+    if confirmation.action != ACTION or confirmation.target_kind != "booking" \
+            or confirmation.target_id != booking_id:
+        raise ItoError("confirmation_mismatch", "the confirmation approves another action or "
+                       "booking", bound_action=confirmation.action,
+                       bound_target=confirmation.target_id)
+
+
+def _check_cost_bound(checked: ResourceCheck, confirmation: Confirmation) -> None:
     if checked.estimate.cost_usd > confirmation.cost_usd + 1e-9:
         raise ItoError("confirmation_mismatch", "the estimate exceeds the confirmation's cost "
                        "bound", cost_usd=checked.estimate.cost_usd,
                        bound_usd=confirmation.cost_usd)
 
-    mark_consumed(session, confirmation, run_id, now)
-    if row is None and raw is not None:
-        store_manifest(session, ctx.account_id, raw)
+
+def _insert_run(session: Session, ctx: AuthContext, req: CreateRunRequest, run_id: str,
+                booking_id: str, confirmation: Confirmation, checked: ResourceCheck,
+                now: datetime) -> dict[str, Any]:
+    """The run and its ``created`` event, written in one flush."""
     run = Run(
-        id=run_id, account_id=ctx.account_id, booking_id=booking.id,
+        id=run_id, account_id=ctx.account_id, booking_id=booking_id,
         manifest_digest=req.manifest_digest, idempotency_key=req.idempotency_key,
         confirmation_id=confirmation.id, state=RunState.queued.value, stage=None,
         cleanup_state="none", estimate=checked.estimate.to_dict(),
@@ -154,14 +312,14 @@ def _create_in_transaction(
         created_at=now, updated_at=now,
     )
     session.add(run)
-    session.flush()
-    record_event(session, run, "created", "run created behind all five gates", to_state="queued",
-           data={"confirmation_ref": confirmation.id, "cost_usd": checked.estimate.cost_usd,
-                 "idempotency_key": req.idempotency_key})
-    data = _create_data(run)
-    reserved.run_id = run.id
-    reserved.response = data
-    return CreateRunResult(data=data, replayed=False)
+    session.add(RunEvent(run_id=run_id, account_id=ctx.account_id, kind="created",
+                         from_state=None, to_state="queued",
+                         message="run created behind all five gates",
+                         data={"confirmation_ref": confirmation.id,
+                               "cost_usd": checked.estimate.cost_usd,
+                               "idempotency_key": req.idempotency_key},
+                         created_at=now))
+    return _create_data(run)
 
 
 def _decode_manifest(req: CreateRunRequest) -> bytes | None:
@@ -174,8 +332,7 @@ def _decode_manifest(req: CreateRunRequest) -> bytes | None:
 
 
 def _confirmation_for(session: Session, account_id: str, ref: str) -> Confirmation:
-    confirmation = session.scalar(select(Confirmation).where(
-        Confirmation.id == ref, Confirmation.account_id == account_id))
+    confirmation = session.scalar(_CONFIRMATION, {"ref": ref, "account_id": account_id})
     if confirmation is None:
         raise ItoError("confirmation_not_found")
     return confirmation
@@ -226,7 +383,7 @@ def record_event(session: Session, run: Run, kind: str, message: str, *,
 
 def get_run(session: Session, account_id: str, run_id: str) -> Run:
     """This account's run; another tenant's answers exactly like a missing one."""
-    run = session.scalar(select(Run).where(Run.id == run_id, Run.account_id == account_id))
+    run = session.scalar(_RUN, {"run_id": run_id, "account_id": account_id})
     if run is None:
         raise ItoError("run_not_found")
     return run
@@ -244,10 +401,22 @@ def list_runs(session: Session, account_id: str, *, idempotency_key: str | None 
 
 def list_events(session: Session, account_id: str, run_id: str, *, after: int = 0,
                 limit: int = 200) -> list[RunEvent]:
-    get_run(session, account_id, run_id)
-    return list(session.scalars(
-        select(RunEvent).where(RunEvent.run_id == run_id, RunEvent.account_id == account_id,
-                               RunEvent.id > after).order_by(RunEvent.id).limit(limit)))
+    return _events_of(session, get_run(session, account_id, run_id), after=after, limit=limit)
+
+
+def _events_of(session: Session, run: Run, *, after: int = 0,
+               limit: int = 200) -> list[RunEvent]:
+    """One indexed page (``run_id, id``) of a run already checked to be the caller's."""
+    return list(session.scalars(_EVENTS, {"run_id": run.id, "account_id": run.account_id,
+                                          "after": after, "limit": limit}))
+
+
+def run_status(session: Session, account_id: str, run_id: str) -> dict[str, Any]:
+    """A run and its first page of events: two indexed queries."""
+    run = get_run(session, account_id, run_id)
+    data = run_dict(run)
+    data["events"] = [event_dict(e) for e in _events_of(session, run)]
+    return data
 
 
 def run_dict(run: Run) -> dict[str, Any]:

@@ -21,7 +21,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ito.core.errors import ItoError
 
-__all__ = ["Database", "is_lock_timeout", "migrate", "schema_revision"]
+__all__ = ["Database", "is_lock_timeout", "migrate", "schema_revision",
+           "several_processes_refusal"]
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 POSTGRES_LOCK_TIMEOUT_MS = 10_000
@@ -73,6 +74,19 @@ def is_lock_timeout(exc: BaseException) -> bool:
     text = str(getattr(exc, "orig", exc)).lower()
     return "database is locked" in text or "lock timeout" in text or "lock_timeout" in text \
         or "canceling statement due to lock timeout" in text
+
+
+def several_processes_refusal(db: Database) -> str | None:
+    """Why several server processes cannot share this store, or ``None`` if they can:
+    PostgreSQL always can; SQLite only as a file in WAL mode (readers and the one writer of
+    different processes then do not block each other; the write lock serialises writers)."""
+    if not db.is_sqlite:
+        return None
+    with db.read() as session:
+        mode = str(session.connection().exec_driver_sql("PRAGMA journal_mode").scalar())
+    if mode.lower() != "wal":
+        return f"this SQLite database is in {mode} journal mode, not WAL"
+    return None
 
 
 def _sqlite_engine(url: str, *, immediate: bool) -> Engine:

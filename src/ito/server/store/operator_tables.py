@@ -17,7 +17,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from ito.server.store.tables import Base, UTCDateTime, utcnow
 
-__all__ = ["AuditEvent", "OperatorKey"]
+__all__ = ["AuditEvent", "AuthFailure", "OperatorKey"]
 
 
 class OperatorKey(Base):
@@ -59,3 +59,18 @@ class AuditEvent(Base):
     """``ok`` or ``refused``."""
     error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
     details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class AuthFailure(Base):
+    """One failed authentication, counted against a key (a source address, a key's public
+    prefix, an email): the failure window every server process shares
+    (:mod:`ito.server.services.auth_failures`). Rows older than the window are deleted as new
+    ones arrive. Holds no secret: keys are addresses, public prefixes and hashed emails."""
+
+    __tablename__ = "auth_failures"
+    __table_args__ = (Index("ix_auth_failures_key_at", "key", "at"),
+                      Index("ix_auth_failures_at", "at"))
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"),
+                                    primary_key=True, autoincrement=True)
+    key: Mapped[str] = mapped_column(String(200))
+    at: Mapped[datetime] = mapped_column(UTCDateTime())

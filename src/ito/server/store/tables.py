@@ -196,6 +196,11 @@ class IdempotencyRecord(Base):
 
 class Run(Base):
     __tablename__ = "runs"
+    __table_args__ = (
+        # The runs list (newest first) and the lookup by idempotency key, per account.
+        Index("ix_runs_account_id_created_at", "account_id", "created_at"),
+        Index("ix_runs_account_id_idempotency_key", "account_id", "idempotency_key"),
+    )
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
     booking_id: Mapped[str] = mapped_column(ForeignKey("bookings.id"), index=True)
