@@ -8,6 +8,7 @@ from tests.worker.slurm_support import slurm_cluster
 __all__ = ["backend_url", "other_tenant", "server", "slurm_cluster", "tenant"]
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Under pytest-xdist (``--dist loadgroup``) every test on the two-node Slurm cluster runs in
     # one worker: the cluster's slurmd ports are fixed, so two workers cannot each start one.
