@@ -28,7 +28,11 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]
     if shutil.which("slurmctld") is None and shutil.which("apt-get") is None:
         pytest.skip("Slurm is not installed and apt-get is not available to install it")
     directory = tmp_path_factory.mktemp("slurm")
-    started = subprocess.run([str(CLUSTER_SCRIPT), "start", str(directory)],
+    # One cluster per pytest-xdist worker (gw0, gw1…), each on ports of its own.
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    port = 17000 + 10 * (int(worker) if worker.isdigit() else 0)
+    env = {**os.environ, "ITO_SLURM_CTLD_PORT": str(port)}
+    started = subprocess.run([str(CLUSTER_SCRIPT), "start", str(directory)], env=env,
                              capture_output=True, text=True, timeout=600, check=False)
     try:
         if started.returncode != 0:
