@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -176,6 +177,14 @@ def start_server(database_url: str, home: Path, *, worker: bool = False,
                                stderr=subprocess.STDOUT, start_new_session=True)
     log.close()
 
+    wait_healthy(process, url, log_path)
+    return Server(url=url, database_url=database_url, home=home, log_path=log_path, env=env,
+                  desk_key=desk_key, process=process, engine=create_engine(database_url))
+
+
+def wait_healthy(process: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
+    """Until ``url`` answers its health check; fails with the server's log if it exits first."""
+
     def healthy() -> bool:
         assert process.poll() is None, log_path.read_text()
         try:
@@ -184,8 +193,31 @@ def start_server(database_url: str, home: Path, *, worker: bool = False,
             return False
 
     wait_until(healthy, timeout=60)
-    return Server(url=url, database_url=database_url, home=home, log_path=log_path, env=env,
-                  desk_key=desk_key, process=process, engine=create_engine(database_url))
+
+
+@contextmanager
+def extra_server(server: Server, tmp: Path, *args: str, **settings: str) -> Iterator[str]:
+    """Another ``ito-server serve`` on the same database (extra ``serve`` arguments, extra
+    ``ITO_…`` settings); yields its URL, stops it on exit."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = tmp / f"server-{port}.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [ITO_SERVER, "serve", "--host", "127.0.0.1", "--port", str(port), "--no-worker",
+             *args],
+            env=server.env | {"ITO_PUBLIC_URL": url} | settings, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_healthy(process, url, log_path)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=30)
 
 
 def stop_server(srv: Server) -> None:

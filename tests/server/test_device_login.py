@@ -19,14 +19,13 @@ from sqlalchemy import text
 from tests.server.web_browser import (
     device_code,
     error_code,
-    extra_server,
     make_approver,
     poll,
     poll_until_decided,
     signed_in,
     user_create,
 )
-from tests.support import ITO_SERVER, Server, Tenant, database_text
+from tests.support import ITO_SERVER, Server, Tenant, database_text, extra_server
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.web_browser import Browser, csrf_field, extra_server, make_approver
-from tests.support import Server, Tenant, make_tenant, wait_until
+from tests.server.web_browser import Browser, csrf_field, make_approver
+from tests.support import Server, Tenant, extra_server, make_tenant, wait_until
 
 # One backend is enough here (see the module docstring).
 pytestmark = [pytest.mark.slow,

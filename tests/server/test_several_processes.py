@@ -4,51 +4,23 @@ the per-credential request rate is counted per process, as the README says."""
 
 from __future__ import annotations
 
-import contextlib
-import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support import ITO_SERVER, Server, Tenant, free_port, wait_until
+from tests.support import Server, Tenant, extra_server
 
 LIMIT = 4
 GUESS = "ito_req_" + "x" * 40
 
 
-@contextlib.contextmanager
-def _serve_two(server: Server, tmp_path: Path, **settings: str) -> Iterator[str]:
+def _serve_two(server: Server, tmp_path: Path, **settings: str) -> AbstractContextManager[str]:
     """A second server on the same database, serving with two worker processes."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path = tmp_path / f"workers-{port}.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [ITO_SERVER, "serve", "--host", "127.0.0.1", "--port", str(port), "--no-worker",
-             "--workers", "2"],
-            env=server.env | {"ITO_PUBLIC_URL": url} | settings,
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def healthy() -> bool:
-        assert process.poll() is None, log_path.read_text()
-        try:
-            return httpx.get(url + "/v1/health", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_until(healthy, timeout=60)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=30)
+    return extra_server(server, tmp_path, "--workers", "2", **settings)
 
 
 @pytest.fixture

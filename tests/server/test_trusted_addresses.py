@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.web_browser import browser, extra_server, make_approver
-from tests.support import Server, make_tenant
+from tests.server.web_browser import browser, make_approver
+from tests.support import Server, extra_server, make_tenant
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.parametrize("backend_url", ["sqlite"], indirect=True)]

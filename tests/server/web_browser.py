@@ -13,12 +13,11 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tests.support import ITO_SERVER, Server, free_port, wait_until
+from tests.support import ITO_SERVER, Server
 
 CSRF_FIELD = re.compile(r'name="csrf_token" value="([^"]*)"')
 
@@ -131,33 +130,3 @@ def poll_until_decided(url: str, grant: dict[str, Any], timeout: float = 30.0) -
         if error_code(response) != "authorization_pending":
             return response
         assert time.monotonic() < deadline, "still pending at the deadline"
-
-
-@contextmanager
-def extra_server(server: Server, tmp: Path, **settings: str) -> Iterator[str]:
-    """Another ``ito-server serve`` on the same database with extra ``ITO_…`` settings."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path = tmp / f"server-{port}.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [ITO_SERVER, "serve", "--host", "127.0.0.1", "--port", str(port), "--no-worker"],
-            env=server.env | {"ITO_PUBLIC_URL": url} | settings, stdout=log,
-            stderr=subprocess.STDOUT)
-
-        def healthy() -> bool:
-            assert process.poll() is None, log_path.read_text()
-            try:
-                return httpx.get(url + "/v1/health", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        try:
-            wait_until(healthy, timeout=30)
-            yield url
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
