@@ -5,7 +5,11 @@ database that is dropped at the end) this script:
 
 1. sets up through the real operator CLI (``ito-server migrate``, ``account create``, ``key
    create`` for a requester and an approver, ``booking create --state completed``) and starts a
-   real ``ito-server serve --no-worker --workers N`` (``--workers``, default 2) on a free
+   real ``ito-server serve --no-worker --workers N`` (``--workers``; by default 1 on SQLite, 2
+   on PostgreSQL: on this 2-core machine, where the load generator shares the cores, a second
+   process helped PostgreSQL — create ratio 0.64 vs 0.55/0.32, server CPU per create 6.6-9 ms
+   vs 10-12 — and hurt SQLite, whose one write lock the processes then contend for across
+   processes — create ratio 0.22-0.27 vs 0.44-0.47, create p99 6x the insert's vs 3x) on a free
    loopback port;
 2. **flow round**: ``--clients`` concurrent clients, each doing ``--runs-per-client`` times what
    ``ito confirm`` / ``ito approve`` / ``ito train`` / ``ito status`` do: upload the manifest,
@@ -761,6 +765,13 @@ async def baseline_round(base_url: str, server: Server, args: argparse.Namespace
 # One backend end to end
 
 
+def workers_for(backend: str, args: argparse.Namespace) -> int:
+    """``--workers`` when given; else what measured best on 2 cores (module docstring)."""
+    if args.workers is not None:
+        return int(args.workers)
+    return 1 if backend == "sqlite" else 2
+
+
 def bench_backend(backend: Backend, args: argparse.Namespace, manifest: bytes, digest: str,
                   deadline: float) -> dict[str, Any]:
     result: dict[str, Any] = {"backend": backend.name}
@@ -771,7 +782,7 @@ def bench_backend(backend: Backend, args: argparse.Namespace, manifest: bytes, d
     port = free_port()
     server = Server("ito-server", [*ito_server_command(), "serve", "--host", LOOPBACK, "--port",
                                    str(port), "--no-worker", "--log-level", "warning",
-                                   "--workers", str(args.workers)],
+                                   "--workers", str(workers_for(backend.name, args))],
                     backend.env, backend.workdir / "ito-server.log", port, "/v1/health")
     try:
         result["ito_startup_s"] = round(server.wait_healthy(), 2)
@@ -928,9 +939,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "this (0: all at once)")
     parser.add_argument("--read-polls", type=int, default=10,
                         help="status+logs+metrics polls per client in the read-only round")
-    parser.add_argument("--workers", type=int, default=2,
+    parser.add_argument("--workers", type=int, default=None,
                         help="ito-server API processes (serve --workers; both backends allow "
-                        "it: PostgreSQL, SQLite in WAL)")
+                        "it: PostgreSQL, SQLite in WAL); default 1 on SQLite, 2 on PostgreSQL")
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument("--pg-admin-url", default=DEFAULT_PG_ADMIN_URL,
                         help="loopback PostgreSQL URL used to create and drop the bench database")
@@ -941,7 +952,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not 1 <= args.clients <= 512 or not 1 <= args.runs_per_client <= 1000 \
             or not 0 <= args.polls <= 100 or not 1 <= args.dup_keys <= args.clients \
             or not 0 <= args.dup_rounds <= 50 or not 0 <= args.dup_jitter_ms <= 5000 \
-            or not 0 <= args.read_polls <= 1000 or not 1 <= args.workers <= 16:
+            or not 0 <= args.read_polls <= 1000 \
+            or not (args.workers is None or 1 <= args.workers <= 16):
         parser.error("out-of-range --clients / --runs-per-client / --polls / --dup-keys / "
                      "--dup-rounds")
     args.backend_list = [b.strip() for b in args.backends.split(",") if b.strip()]

@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
+from anyio import to_thread
+
 from ito.server.services.leases import expire_leases
 from ito.server.store.tables import utcnow
 
@@ -76,6 +78,11 @@ def lifespan_for(state: AppState, embedded_worker_url: str | None, *,  # type: i
                  background: bool = True):
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # As many request threads as pooled connections: each thread holds at most one at a
+        # time, so a request never opens (and, on return, closes) an overflow connection —
+        # a new PostgreSQL backend per request under load — and threads past what the cores
+        # run only contend for the GIL. Requests beyond it wait for a thread, in order.
+        to_thread.current_default_thread_limiter().total_tokens = state.settings.db_pool_size
         duties = BackgroundDuties(state, embedded_worker_url) if background else None
         if duties is not None:
             duties.start()

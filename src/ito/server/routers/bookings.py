@@ -10,10 +10,11 @@ from ito.core.booking_views import BookingList, BookingView
 from ito.core.envelope import ok_envelope
 from ito.core.responses import Envelope, Open
 from ito.server.routers.deps import Requester, State
+from ito.server.routers.route import OneHopRoute
 from ito.server.services.audit import account_event_dict, list_account_events
 from ito.server.services.bookings import booking_dict, eligibility, get_booking, list_bookings
 
-router = APIRouter(prefix="/v1/bookings")
+router = APIRouter(prefix="/v1/bookings", route_class=OneHopRoute)
 
 
 @router.get("", response_model=Envelope[BookingList])

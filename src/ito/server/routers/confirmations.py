@@ -19,6 +19,7 @@ from ito.server.routers.deps import (
     State,
     decode_manifest_b64,
 )
+from ito.server.routers.route import OneHopRoute
 from ito.server.services.confirmations import (
     confirmation_dict,
     decide_confirmation,
@@ -26,7 +27,7 @@ from ito.server.services.confirmations import (
     request_confirmation,
 )
 
-router = APIRouter(prefix="/v1/confirmations")
+router = APIRouter(prefix="/v1/confirmations", route_class=OneHopRoute)
 
 
 class ConfirmationRequest(BaseModel):

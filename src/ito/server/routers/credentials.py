@@ -10,10 +10,11 @@ from fastapi import APIRouter
 from ito.core.envelope import ok_envelope
 from ito.core.responses import Envelope, Open
 from ito.server.routers.deps import Caller, State
+from ito.server.routers.route import OneHopRoute
 from ito.server.services.audit import Actor, audited
 from ito.server.services.credentials import OperatorContext, revoke_key
 
-router = APIRouter(prefix="/v1/credentials")
+router = APIRouter(prefix="/v1/credentials", route_class=OneHopRoute)
 log = logging.getLogger("ito.server.credentials")
 
 

@@ -1,10 +1,14 @@
-"""Dependencies shared by the routers: app state, the caller's identity, role checks, bodies."""
+"""Dependencies shared by the routers: app state, the caller's identity, role checks, bodies.
+
+The pure ones (state, role checks) are coroutines: FastAPI runs a plain ``def`` dependency in
+the thread pool, a hand-off that costs more than their work. Authentication reads the store and
+stays a plain ``def`` (one trip to the pool)."""
 
 from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -23,7 +27,7 @@ __all__ = ["Approver", "Caller", "Desk", "Requester", "RequesterOrApprover", "Re
            "State", "decode_manifest_b64", "read_bounded_body", "require", "source_of"]
 
 
-def _state(request: Request) -> AppState:
+async def _state(request: Request) -> AppState:
     state: AppState = request.app.state.ito
     return state
 
@@ -71,12 +75,12 @@ Caller = Annotated[Credential, Depends(_caller)]
 """Any valid credential: a tenant's principal or the operator."""
 
 
-def require(*roles: str) -> Callable[[Credential], AuthContext]:
+def require(*roles: str) -> Callable[[Credential], Awaitable[AuthContext]]:
     """A dependency that admits only a tenant's principal holding one of ``roles``. The
     operator is never admitted here: tenant routes trust ``account_id``, which it has not."""
     assert "desk" not in roles, "the operator is admitted by Desk, never by require()"
 
-    def check(caller: Caller) -> AuthContext:
+    async def check(caller: Caller) -> AuthContext:
         if not isinstance(caller, AuthContext) or caller.role not in roles:
             raise ItoError("forbidden_scope", required=list(roles), role=caller.role)
         return caller
@@ -84,13 +88,13 @@ def require(*roles: str) -> Callable[[Credential], AuthContext]:
     return check
 
 
-def _desk(caller: Caller) -> OperatorContext:
+async def _desk(caller: Caller) -> OperatorContext:
     if not isinstance(caller, OperatorContext):
         raise ItoError("forbidden_scope", required=["desk"], role=caller.role)
     return caller
 
 
-def _requester_or_desk(caller: Caller) -> AuthContext | OperatorContext:
+async def _requester_or_desk(caller: Caller) -> AuthContext | OperatorContext:
     if isinstance(caller, OperatorContext) or caller.role == "requester":
         return caller
     raise ItoError("forbidden_scope", required=["requester", "desk"], role=caller.role)

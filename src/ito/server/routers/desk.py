@@ -20,6 +20,7 @@ from ito.core.envelope import ok_envelope
 from ito.core.errors import ItoError
 from ito.core.responses import Envelope, Open
 from ito.server.routers.deps import Desk, State
+from ito.server.routers.route import OneHopRoute
 from ito.server.services.accounts import create_account
 from ito.server.services.audit import Actor, audit_dict, audited, list_audit
 from ito.server.services.bookings import (
@@ -30,7 +31,7 @@ from ito.server.services.bookings import (
 )
 from ito.server.services.credentials import OPERATOR_ROLE, create_key, revoke_key
 
-router = APIRouter(prefix="/v1/desk")
+router = APIRouter(prefix="/v1/desk", route_class=OneHopRoute)
 
 
 class _Body(BaseModel):

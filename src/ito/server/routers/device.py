@@ -13,10 +13,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from ito.core.envelope import ok_envelope
 from ito.core.responses import Envelope, Open
 from ito.server.routers.deps import State, source_of
+from ito.server.routers.route import OneHopRoute
 from ito.server.services.device_auth import poll_device_code, start_device_login
 from ito.server.store.tables import utcnow
 
-router = APIRouter(prefix="/v1/device")
+router = APIRouter(prefix="/v1/device", route_class=OneHopRoute)
 log = logging.getLogger("ito.server.device")
 
 

@@ -12,10 +12,11 @@ from ito.core.errors import ItoError
 from ito.core.manifest import MANIFEST_MAX_BYTES, manifest_digest
 from ito.core.responses import Envelope, Open
 from ito.server.routers.deps import Requester, State, read_bounded_body
+from ito.server.routers.route import OneHopRoute
 from ito.server.services.manifests import find_manifest, manifest_dict, store_manifest
 from ito.server.services.plans import plan_run
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", route_class=OneHopRoute)
 
 
 @router.post("/manifests", response_model=Envelope[Open])

@@ -13,11 +13,12 @@ from ito.core.manifest import manifest_json_schema
 from ito.core.meta_views import Health, Identity
 from ito.core.responses import Envelope, Open
 from ito.server.routers.deps import Caller, Requester, RequesterOrApprover, State
+from ito.server.routers.route import OneHopRoute
 from ito.server.services.audit import account_event_dict, list_account_events
 from ito.server.services.bookings import booking_dict, list_bookings
 from ito.server.services.runs import list_runs, run_dict
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", route_class=OneHopRoute)
 
 
 @router.get("/health", response_model=Envelope[Health])

@@ -19,6 +19,7 @@ from ito.core.run_views import (
     RunList,
 )
 from ito.server.routers.deps import Requester, State, decode_manifest_b64
+from ito.server.routers.route import OneHopRoute
 from ito.server.services.lifecycle import (
     apply_run_action,
     checkpoint_dict,
@@ -36,7 +37,7 @@ from ito.server.services.runs import (
     run_status,
 )
 
-router = APIRouter(prefix="/v1/runs")
+router = APIRouter(prefix="/v1/runs", route_class=OneHopRoute)
 CURSOR_MAX = 2**63 - 1
 """Cursors are row ids (64-bit); a larger one is refused, not passed to the store."""
 

@@ -19,11 +19,12 @@ from ito.core.envelope import ok_envelope
 from ito.core.errors import ItoError
 from ito.core.responses import Envelope, Open
 from ito.server.routers.deps import Desk, RequesterOrDesk, State
+from ito.server.routers.route import OneHopRoute
 from ito.server.services.audit import Actor, audited
 from ito.server.services.credentials import OperatorContext
 from ito.server.services.telemetry import booking_telemetry, prometheus_text, run_telemetry
 
-router = APIRouter()
+router = APIRouter(route_class=OneHopRoute)
 
 
 @router.get("/v1/telemetry", response_model=Envelope[Open])

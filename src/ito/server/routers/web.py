@@ -19,6 +19,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from ito.core.errors import ItoError
 from ito.server.routers.deps import State, source_of
+from ito.server.routers.route import OneHopRoute
 from ito.server.services.approvals import (
     account_view,
     confirmation_view,
@@ -49,7 +50,7 @@ from ito.server.state import AppState
 from ito.server.store.tables import utcnow
 from ito.server.web.pages import SECURITY_HEADERS, error_page, render
 
-router = APIRouter(prefix="/ui", include_in_schema=False)
+router = APIRouter(prefix="/ui", include_in_schema=False, route_class=OneHopRoute)
 log = logging.getLogger("ito.server.web")
 
 SESSION_COOKIE = "ito_session"

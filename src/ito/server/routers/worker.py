@@ -22,6 +22,7 @@ from ito.core.worker_messages import (
     ReportCounts,
 )
 from ito.server.routers.deps import State, require
+from ito.server.routers.route import OneHopRoute
 from ito.server.services.credentials import AuthContext
 from ito.server.services.leases import (
     LeaseSettings,
@@ -33,7 +34,7 @@ from ito.server.services.leases import (
 from ito.server.services.lifecycle import cleanup_jobs, mark_cleaned
 from ito.server.store.tables import utcnow
 
-router = APIRouter(prefix="/v1/worker")
+router = APIRouter(prefix="/v1/worker", route_class=OneHopRoute)
 Worker = Depends(require("worker"))
 
 

@@ -4,11 +4,13 @@ Writes and reads get different transactions on SQLite: a write transaction start
 ``BEGIN IMMEDIATE`` so concurrent writers queue on the database lock (bounded by
 ``busy_timeout``) instead of failing when a snapshot turns stale; reads stay deferred and never
 block in WAL mode. On PostgreSQL both are READ COMMITTED transactions and writes rely on
-row locks and unique constraints.
+row locks and unique constraints; each connection waits at most ``POSTGRES_LOCK_TIMEOUT_MS`` for
+a lock (``store_busy``), and is pinged before use only after being idle a while.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import create_engine, event, inspect
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DisconnectionError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ito.core.errors import ItoError
@@ -26,20 +28,27 @@ __all__ = ["Database", "is_lock_timeout", "migrate", "schema_revision",
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 POSTGRES_LOCK_TIMEOUT_MS = 10_000
+POSTGRES_PING_IDLE_S = 5.0
+"""A pooled PostgreSQL connection idle this long is pinged before use; a busier one is not."""
+POSTGRES_RECYCLE_S = 1800
+_LAST_USED = "ito_last_used"
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
 
 class Database:
-    def __init__(self, url: str, *, pool_size: int = 10) -> None:
+    def __init__(self, url: str, *, pool_size: int = 10,
+                 ping_idle_s: float = POSTGRES_PING_IDLE_S) -> None:
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
         if self.is_sqlite:
-            self._read_engine = _sqlite_engine(url, immediate=False)
-            self._write_engine = _sqlite_engine(url, immediate=True)
+            self._read_engine = _sqlite_engine(url, pool_size, immediate=False)
+            self._write_engine = _sqlite_engine(url, pool_size, immediate=True)
         else:
             engine = create_engine(url, pool_size=pool_size, max_overflow=pool_size * 2,
-                                   pool_pre_ping=True)
-            event.listen(engine, "begin", _postgres_lock_timeout)
+                                   pool_recycle=POSTGRES_RECYCLE_S)
+            event.listen(engine, "connect", _postgres_on_connect)
+            event.listen(engine, "checkout", _ping_if_idle(engine, ping_idle_s))
+            event.listen(engine, "checkin", _mark_used)
             self._read_engine = self._write_engine = engine
         self._read = sessionmaker(self._read_engine, expire_on_commit=False)
         self._write = sessionmaker(self._write_engine, expire_on_commit=False)
@@ -89,8 +98,14 @@ def several_processes_refusal(db: Database) -> str | None:
     return None
 
 
-def _sqlite_engine(url: str, *, immediate: bool) -> Engine:
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+def _sqlite_engine(url: str, pool_size: int, *, immediate: bool) -> Engine:
+    # The pool keeps as many connections as there are request threads (not SQLAlchemy's
+    # default 5), so a busy server does not reconnect and rerun the pragmas per request.
+    kwargs: dict[str, Any] = {}
+    if ":memory:" not in url and url.rstrip("/") not in ("sqlite:", "sqlite+pysqlite:"):
+        kwargs = {"pool_size": pool_size, "max_overflow": pool_size * 2}
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30},
+                           **kwargs)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -111,8 +126,43 @@ def _sqlite_engine(url: str, *, immediate: bool) -> Engine:
     return engine
 
 
-def _postgres_lock_timeout(conn: Connection) -> None:
-    conn.exec_driver_sql(f"SET LOCAL lock_timeout = {POSTGRES_LOCK_TIMEOUT_MS}")
+def _postgres_on_connect(dbapi_connection: Any, record: Any) -> None:
+    """Once per connection, not per transaction: the lock bound (a session setting, so no
+    round trip on every ``BEGIN``) and the time the connection was last known alive."""
+    autocommit = dbapi_connection.autocommit
+    dbapi_connection.autocommit = True
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(f"SET lock_timeout = {POSTGRES_LOCK_TIMEOUT_MS}")
+    finally:
+        cursor.close()
+        dbapi_connection.autocommit = autocommit
+    _mark_used(dbapi_connection, record)
+
+
+def _mark_used(_dbapi_connection: Any, record: Any) -> None:
+    record.info[_LAST_USED] = time.monotonic()
+
+
+def _ping_if_idle(engine: Engine, idle_s: float) -> Any:
+    """A checkout listener that pings only a connection idle for ``idle_s`` or more (the
+    server may have closed it meanwhile: restart, idle timeout, failover). A dead one is
+    invalidated and the pool hands out a fresh connection (SQLAlchemy retries a checkout
+    that raises ``DisconnectionError``). A busy pool thus skips the round trip that
+    ``pool_pre_ping`` spends on every checkout; a connection that dies while in use fails
+    its one request, and SQLAlchemy then invalidates the whole pool."""
+
+    def listener(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        last = record.info.get(_LAST_USED)
+        if last is not None and time.monotonic() - last < idle_s:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:
+            raise DisconnectionError("connection found closed on checkout") from exc
+        record.info[_LAST_USED] = time.monotonic()
+
+    return listener
 
 
 def _alembic_config(connection: Connection) -> Any:
