@@ -78,7 +78,7 @@ def cpu_seconds(pid: int) -> float | None:
             stat = handle.read()
     except OSError:
         return None
-    fields = stat[stat.rfind(")") + 2:].split()
+    fields = stat[stat.rfind(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -125,6 +125,7 @@ class Processes:
 
 def exit_on_sigterm() -> None:
     """Turn SIGTERM into ``SystemExit`` so the caller's ``finally`` still stops its processes."""
+
     def handler(signum: int, frame: object) -> None:
         raise SystemExit(128 + signum)
 
@@ -142,8 +143,13 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 def torchrun(nproc: int, *args: str, max_restarts: int = 0) -> list[str]:
-    return [TORCHRUN, "--standalone", f"--nproc-per-node={nproc}",
-            f"--max-restarts={max_restarts}", *args]
+    return [
+        TORCHRUN,
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        f"--max-restarts={max_restarts}",
+        *args,
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -184,11 +190,18 @@ def fmt(value: Any, digits: int = 3) -> str:
 def table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     cells = [[str(h) for h in headers], *[[fmt(c) for c in row] for row in rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = [title, "  ".join(h.ljust(w) for h, w in zip(cells[0], widths, strict=True)),
-             "  ".join("-" * w for w in widths)]
+    lines = [
+        title,
+        "  ".join(h.ljust(w) for h, w in zip(cells[0], widths, strict=True)),
+        "  ".join("-" * w for w in widths),
+    ]
     for row in cells[1:]:
-        lines.append("  ".join(c.rjust(w) if i else c.ljust(w)
-                               for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+        lines.append(
+            "  ".join(
+                c.rjust(w) if i else c.ljust(w)
+                for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
     return "\n".join(lines)
 
 

@@ -53,8 +53,7 @@ def make_engine(url: str, pool_size: int = 10) -> Engine:
             cursor.close()
 
         return engine
-    return create_engine(url, pool_size=pool_size, max_overflow=pool_size * 2,
-                         pool_pre_ping=True)
+    return create_engine(url, pool_size=pool_size, max_overflow=pool_size * 2, pool_pre_ping=True)
 
 
 def create_app(url: str) -> Any:
@@ -91,8 +90,13 @@ def main() -> None:
         raise SystemExit("the baseline app listens on loopback addresses only")
     import uvicorn
 
-    uvicorn.run(create_app(args.database_url), host=args.host, port=args.port,
-                log_level="warning", server_header=False)
+    uvicorn.run(
+        create_app(args.database_url),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        server_header=False,
+    )
 
 
 if __name__ == "__main__":

@@ -115,9 +115,12 @@ def worker(out_dir: Path, size_name: str, reps: int, default_async: bool) -> Non
 
     def state(step: int) -> dict[str, Any]:
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        return {"model": model_sd, "optim": optim_sd,
-                "trainer": json.dumps({"step": step}).encode(),
-                f"rng_rank{rank}": rng_record()}
+        return {
+            "model": model_sd,
+            "optim": optim_sd,
+            "trainer": json.dumps({"step": step}).encode(),
+            f"rng_rank{rank}": rng_record(),
+        }
 
     events = EventWriter(out_dir / "events.jsonl", enabled=rank == 0)
     checkpointer = Checkpointer(out_dir / "async", 1, events, group)
@@ -138,8 +141,14 @@ def worker(out_dir: Path, size_name: str, reps: int, default_async: bool) -> Non
         # 2. the engine's async saver, in the engine's order
         dist.barrier()
         start = time.perf_counter()
-        checkpointer.save(stage="pretrain", step=rep + 1, tokens_seen=0, model=model,
-                          optimizer=optimizer, trainer={"step": rep + 1})
+        checkpointer.save(
+            stage="pretrain",
+            step=rep + 1,
+            tokens_seen=0,
+            model=model,
+            optimizer=optimizer,
+            trainer={"step": rep + 1},
+        )
         row["async_call"] = time.perf_counter() - start
         row["overlapped_compute"] = forward_backward()
         start = time.perf_counter()
@@ -154,8 +163,14 @@ def worker(out_dir: Path, size_name: str, reps: int, default_async: bool) -> Non
         # 2b. the same saver with nothing else running: its own writing speed
         dist.barrier()
         start = time.perf_counter()
-        checkpointer.save(stage="pretrain", step=1000 + rep, tokens_seen=0, model=model,
-                          optimizer=optimizer, trainer={"step": 1000 + rep})
+        checkpointer.save(
+            stage="pretrain",
+            step=1000 + rep,
+            tokens_seen=0,
+            model=model,
+            optimizer=optimizer,
+            trainer={"step": 1000 + rep},
+        )
         checkpointer.wait_staging()
         row["staging_at_once"] = time.perf_counter() - start
         checkpointer.finish()
@@ -183,8 +198,9 @@ def worker(out_dir: Path, size_name: str, reps: int, default_async: bool) -> Non
     gathered: list[list[dict[str, Any]] | None] = [None] * world
     dist.all_gather_object(gathered, rows)
     if rank == 0:
-        (out_dir / "result.json").write_text(json.dumps({
-            "parameters": params, "ranks": gathered}), encoding="utf-8")
+        (out_dir / "result.json").write_text(
+            json.dumps({"parameters": params, "ranks": gathered}), encoding="utf-8"
+        )
     dist.destroy_process_group()
 
 
@@ -194,15 +210,24 @@ def worker(out_dir: Path, size_name: str, reps: int, default_async: bool) -> Non
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--role", choices=["driver", "worker"], default="driver",
-                        help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--role", choices=["driver", "worker"], default="driver", help=argparse.SUPPRESS
+    )
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--size", default="150m", help="model size from ito.core.model_sizes")
     parser.add_argument("--reps", type=int, default=3, help="repetitions (median reported)")
-    parser.add_argument("--no-default-async", dest="default_async", action="store_false",
-                        help="skip the default-options async_save row")
-    parser.add_argument("--dir", type=Path, default=None,
-                        help="parent of the temporary directory (the filesystem under test)")
+    parser.add_argument(
+        "--no-default-async",
+        dest="default_async",
+        action="store_false",
+        help="skip the default-options async_save row",
+    )
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="parent of the temporary directory (the filesystem under test)",
+    )
     args = parser.parse_args(argv)
     if args.role == "worker":
         worker(args.out, args.size, args.reps, args.default_async)
@@ -224,11 +249,24 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="ito-bench-ckpt-", dir=args.dir))
     procs = Processes(str(tmp))
     try:
-        argv_ = torchrun(NPROC, str(Path(__file__).resolve()), "--role", "worker",
-                         "--out", str(tmp), "--size", args.size, "--reps", str(args.reps),
-                         *([] if args.default_async else ["--no-default-async"]))
-        print(f"model {args.size}, {NPROC} ranks (gloo, FSDP2), {args.reps} repetitions, "
-              f"directory {tmp}", flush=True)
+        argv_ = torchrun(
+            NPROC,
+            str(Path(__file__).resolve()),
+            "--role",
+            "worker",
+            "--out",
+            str(tmp),
+            "--size",
+            args.size,
+            "--reps",
+            str(args.reps),
+            *([] if args.default_async else ["--no-default-async"]),
+        )
+        print(
+            f"model {args.size}, {NPROC} ranks (gloo, FSDP2), {args.reps} repetitions, "
+            f"directory {tmp}",
+            flush=True,
+        )
         log = (tmp / "torchrun.log").open("wb")
         proc = procs.start(argv_, cwd=tmp, env=child_env(), stdout=log, stderr=log)
         log.close()
@@ -252,25 +290,30 @@ def main(argv: list[str] | None = None) -> int:
                 values = [r[key] for r in rows if key in r]
                 return max(values) if values else None
 
-            per_rep.append({
-                "rep": rep,
-                "sync_blocking": worst("sync_seconds"),
-                "async_blocking": worst("async_blocking"),
-                "async_call": worst("async_call"),
-                "async_wait_staging": worst("async_wait_staging"),
-                "engine_blocking_seconds": ck.get("blocking_seconds"),
-                "overlapped_compute": worst("overlapped_compute"),
-                "staging_at_once": worst("staging_at_once"),
-                "default_async_blocking": worst("default_async_blocking"),
-                "sync_bytes": lead["sync_bytes"], "async_bytes": ck["bytes"],
-                "async_seconds": ck["seconds"], "raw_seconds": lead["raw_seconds"],
-                "idle_seconds": idle["seconds"], "idle_bytes": idle["bytes"],
-                "sync_bw": lead["sync_bytes"] / worst("sync_seconds"),  # type: ignore[operator]
-                "async_bw": ck["bytes"] / ck["seconds"],
-                "idle_bw": idle["bytes"] / idle["seconds"],
-                "raw_bw": lead["sync_bytes"] / lead["raw_seconds"],
-                "default_async_seconds": worst("default_async_seconds"),
-            })
+            per_rep.append(
+                {
+                    "rep": rep,
+                    "sync_blocking": worst("sync_seconds"),
+                    "async_blocking": worst("async_blocking"),
+                    "async_call": worst("async_call"),
+                    "async_wait_staging": worst("async_wait_staging"),
+                    "engine_blocking_seconds": ck.get("blocking_seconds"),
+                    "overlapped_compute": worst("overlapped_compute"),
+                    "staging_at_once": worst("staging_at_once"),
+                    "default_async_blocking": worst("default_async_blocking"),
+                    "sync_bytes": lead["sync_bytes"],
+                    "async_bytes": ck["bytes"],
+                    "async_seconds": ck["seconds"],
+                    "raw_seconds": lead["raw_seconds"],
+                    "idle_seconds": idle["seconds"],
+                    "idle_bytes": idle["bytes"],
+                    "sync_bw": lead["sync_bytes"] / worst("sync_seconds"),  # type: ignore[operator]
+                    "async_bw": ck["bytes"] / ck["seconds"],
+                    "idle_bw": idle["bytes"] / idle["seconds"],
+                    "raw_bw": lead["sync_bytes"] / lead["raw_seconds"],
+                    "default_async_seconds": worst("default_async_seconds"),
+                }
+            )
 
         def med(key: str) -> float | None:
             return median([r[key] for r in per_rep if r[key] is not None])
@@ -283,56 +326,121 @@ def main(argv: list[str] | None = None) -> int:
         sync_bw_ratio = m["sync_bw"] / m["raw_bw"]  # type: ignore[operator]
         mb = 1e6
         rows_ = [
-            ["sync dcp.save", m["sync_blocking"], m["sync_blocking"], m["sync_bytes"],
-             m["sync_bw"] / mb],  # type: ignore[operator]
-            ["async, engine saver, engine order", m["async_blocking"], m["async_seconds"],
-             m["async_bytes"], m["async_bw"] / mb],  # type: ignore[operator]
-            ["async, engine saver, nothing else *", m["staging_at_once"], m["idle_seconds"],
-             m["idle_bytes"],
-             m["idle_bw"] / mb],  # type: ignore[operator]
+            [
+                "sync dcp.save",
+                m["sync_blocking"],
+                m["sync_blocking"],
+                m["sync_bytes"],
+                m["sync_bw"] / mb,
+            ],  # type: ignore[operator]
+            [
+                "async, engine saver, engine order",
+                m["async_blocking"],
+                m["async_seconds"],
+                m["async_bytes"],
+                m["async_bw"] / mb,
+            ],  # type: ignore[operator]
+            [
+                "async, engine saver, nothing else *",
+                m["staging_at_once"],
+                m["idle_seconds"],
+                m["idle_bytes"],
+                m["idle_bw"] / mb,
+            ],  # type: ignore[operator]
         ]
         if args.default_async:
-            rows_.append(["async_save, default options", m["default_async_blocking"],
-                          m["default_async_seconds"], None,
-                          None])
-        rows_.append(["raw os.write + fsync", None, m["raw_seconds"], m["sync_bytes"],
-                      m["raw_bw"] / mb])  # type: ignore[operator]
+            rows_.append(
+                [
+                    "async_save, default options",
+                    m["default_async_blocking"],
+                    m["default_async_seconds"],
+                    None,
+                    None,
+                ]
+            )
+        rows_.append(
+            ["raw os.write + fsync", None, m["raw_seconds"], m["sync_bytes"], m["raw_bw"] / mb]
+        )  # type: ignore[operator]
         print()
-        print(table(f"medians over {args.reps} repetitions ({result['parameters']:,} "
-                    "parameters)", ["save", "blocking s", "writing s", "bytes", "MB/s"], rows_))
-        print("* blocking there = save() + wait_staging() called at once: the worst case, a "
-              "next step shorter than staging")
+        print(
+            table(
+                f"medians over {args.reps} repetitions ({result['parameters']:,} parameters)",
+                ["save", "blocking s", "writing s", "bytes", "MB/s"],
+                rows_,
+            )
+        )
+        print(
+            "* blocking there = save() + wait_staging() called at once: the worst case, a "
+            "next step shorter than staging"
+        )
         print()
-        print(table("per repetition", ["rep", "sync block s", "async block s", "save() s",
-                                       "wait_staging s", "overlapped fwd+bwd s",
-                                       "async MB/s (engine order)", "async MB/s (alone)",
-                                       "sync MB/s", "raw MB/s"],
-                    [[r["rep"], r["sync_blocking"], r["async_blocking"], r["async_call"],
-                      r["async_wait_staging"], r["overlapped_compute"], r["async_bw"] / mb,
-                      r["idle_bw"] / mb, r["sync_bw"] / mb, r["raw_bw"] / mb]
-                     for r in per_rep]))
+        print(
+            table(
+                "per repetition",
+                [
+                    "rep",
+                    "sync block s",
+                    "async block s",
+                    "save() s",
+                    "wait_staging s",
+                    "overlapped fwd+bwd s",
+                    "async MB/s (engine order)",
+                    "async MB/s (alone)",
+                    "sync MB/s",
+                    "raw MB/s",
+                ],
+                [
+                    [
+                        r["rep"],
+                        r["sync_blocking"],
+                        r["async_blocking"],
+                        r["async_call"],
+                        r["async_wait_staging"],
+                        r["overlapped_compute"],
+                        r["async_bw"] / mb,
+                        r["idle_bw"] / mb,
+                        r["sync_bw"] / mb,
+                        r["raw_bw"] / mb,
+                    ]
+                    for r in per_rep
+                ],
+            )
+        )
         print()
         block_ok = goal(blocking_ratio, 0.2, at_least=False)
         bw_ok = goal(bw_ratio, 0.5, at_least=True)
-        print(f"blocking async ÷ sync   {blocking_ratio:.4f}  (goal ≤ 0.2: "
-              f"{'met' if block_ok else 'NOT met'}); worst case (wait_staging at once) "
-              f"{worst_ratio:.4f}")
-        print(f"bandwidth async ÷ raw   {bw_ratio:.3f}  (goal ≥ 0.5: "
-              f"{'met' if bw_ok else 'NOT met'}); while a training step competes for the "
-              f"CPUs {contended_ratio:.3f}; sync dcp.save ÷ raw {sync_bw_ratio:.3f}")
+        print(
+            f"blocking async ÷ sync   {blocking_ratio:.4f}  (goal ≤ 0.2: "
+            f"{'met' if block_ok else 'NOT met'}); worst case (wait_staging at once) "
+            f"{worst_ratio:.4f}"
+        )
+        print(
+            f"bandwidth async ÷ raw   {bw_ratio:.3f}  (goal ≥ 0.5: "
+            f"{'met' if bw_ok else 'NOT met'}); while a training step competes for the "
+            f"CPUs {contended_ratio:.3f}; sync dcp.save ÷ raw {sync_bw_ratio:.3f}"
+        )
         summary = {
-            "bench": "checkpoint", "size": args.size, "parameters": result["parameters"],
-            "world": NPROC, "backend": "gloo", "sharding": "fsdp2", "reps": args.reps,
+            "bench": "checkpoint",
+            "size": args.size,
+            "parameters": result["parameters"],
+            "world": NPROC,
+            "backend": "gloo",
+            "sharding": "fsdp2",
+            "reps": args.reps,
             "medians": {k: rnd(v, 6) for k, v in m.items()},
             "ratio_blocking_async_vs_sync": rnd(blocking_ratio, 5),
-            "goal_blocking": 0.2, "goal_blocking_met": block_ok,
+            "goal_blocking": 0.2,
+            "goal_blocking_met": block_ok,
             "ratio_blocking_worst_case_vs_sync": rnd(worst_ratio, 5),
             "ratio_bandwidth_vs_raw": rnd(bw_ratio),
             "ratio_bandwidth_vs_raw_during_training_step": rnd(contended_ratio),
             "goal_bandwidth": 0.5,
-            "goal_bandwidth_met": bw_ok, "ratio_sync_bandwidth_vs_raw": rnd(sync_bw_ratio),
-            "per_rep": [{k: (rnd(v, 6) if isinstance(v, float) else v) for k, v in r.items()}
-                        for r in per_rep],
+            "goal_bandwidth_met": bw_ok,
+            "ratio_sync_bandwidth_vs_raw": rnd(sync_bw_ratio),
+            "per_rep": [
+                {k: (rnd(v, 6) if isinstance(v, float) else v) for k, v in r.items()}
+                for r in per_rep
+            ],
         }
         print(json.dumps(summary))
         return 0

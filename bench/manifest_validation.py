@@ -57,8 +57,10 @@ def _one_string(fill: str) -> bytes:
 
 def _strings(size: int) -> bytes:
     rng = random.Random(1)
-    words = ["".join(rng.choice(string.ascii_lowercase) for _ in range(size))
-             for _ in range(MIB // (size + 4))]
+    words = [
+        "".join(rng.choice(string.ascii_lowercase) for _ in range(size))
+        for _ in range(MIB // (size + 4))
+    ]
     return json.dumps({"k": words}).encode()
 
 
@@ -135,36 +137,52 @@ def main() -> int:
         else:
             scan_s = _cpu(lambda document=document: scan_document(document), args.reps)
         baseline = baseline or parse_s
-        rows.append({"input": name, "bytes": len(raw), "outcome": outcome,
-                     "parse_ms": round(parse_s * 1000, 2),
-                     "scan_ms": None if scan_s is None else round(scan_s * 1000, 2),
-                     "ratio_to_demo": round(parse_s / baseline, 1)})
+        rows.append(
+            {
+                "input": name,
+                "bytes": len(raw),
+                "outcome": outcome,
+                "parse_ms": round(parse_s * 1000, 2),
+                "scan_ms": None if scan_s is None else round(scan_s * 1000, 2),
+                "ratio_to_demo": round(parse_s / baseline, 1),
+            }
+        )
 
-    header = f"{'input':<22} {'bytes':>9} {'outcome':<26} {'parse ms':>9} {'scan ms':>8} " \
-             f"{'× demo':>8}"
+    header = (
+        f"{'input':<22} {'bytes':>9} {'outcome':<26} {'parse ms':>9} {'scan ms':>8} {'× demo':>8}"
+    )
     print("parse_manifest CPU time (median of --reps), ratio to the demo manifest")
     print(header)
     print("-" * len(header))
     for r in rows:
         scan = "-" if r["scan_ms"] is None else f"{r['scan_ms']:.2f}"
-        print(f"{r['input']:<22} {r['bytes']:>9,} {r['outcome']:<26} {r['parse_ms']:>9.2f} "
-              f"{scan:>8} {r['ratio_to_demo']:>8.1f}")
+        print(
+            f"{r['input']:<22} {r['bytes']:>9,} {r['outcome']:<26} {r['parse_ms']:>9.2f} "
+            f"{scan:>8} {r['ratio_to_demo']:>8.1f}"
+        )
     worst = max(rows[1:], key=lambda r: r["parse_ms"])
-    print(f"worst: {worst['input']} at {worst['parse_ms']} ms CPU "
-          f"({worst['ratio_to_demo']}× the demo manifest)")
+    print(
+        f"worst: {worst['input']} at {worst['parse_ms']} ms CPU "
+        f"({worst['ratio_to_demo']}× the demo manifest)"
+    )
 
     uri = json.loads(anchor_heavy_manifest())["data"][-1]["uri"]
     linear = []
     for size in (MIB // 4, MIB // 2, MIB):
         text = (uri * (size // len(uri) + 1))[:size]
-        linear.append({"bytes": size,
-                       "scan_text_ms": round(_cpu(lambda text=text: scan_text(text),
-                                                  args.reps) * 1000, 2)})
+        linear.append(
+            {
+                "bytes": size,
+                "scan_text_ms": round(_cpu(lambda text=text: scan_text(text), args.reps) * 1000, 2),
+            }
+        )
     print()
     print("scan_text (CLI/MCP arguments) on anchor-heavy text")
     for row in linear:
-        print(f"{row['bytes']:>9,} bytes {row['scan_text_ms']:>9.2f} ms "
-              f"{row['scan_text_ms'] / linear[0]['scan_text_ms']:>6.2f}× the ¼-bound figure")
+        print(
+            f"{row['bytes']:>9,} bytes {row['scan_text_ms']:>9.2f} ms "
+            f"{row['scan_text_ms'] / linear[0]['scan_text_ms']:>6.2f}× the ¼-bound figure"
+        )
     print(json.dumps({"bench": "manifest_validation", "rows": rows, "scan_text": linear}))
     return 0
 

@@ -92,8 +92,11 @@ def baseline_worker(spec_path: Path, out_path: Path) -> None:
     size = SIZES[spec.manifest.model.size]
     seed = seed_from(spec.run_id)
     refs = spec.manifest.data_by_id()
-    docs = [d for i in stage.data
-            for d in split_heldout(read_documents(refs[i], spec.workdir), refs[i].role)[0]]
+    docs = [
+        d
+        for i in stage.data
+        for d in split_heldout(read_documents(refs[i], spec.workdir), refs[i].role)[0]
+    ]
     tokenizer = load_tokenizer(spec.checkpoint_dir)
     data = PackedData(pack(tokenizer, docs, stage.seq_len), seed, stage_index)
     steps = max(1, stage.tokens // (MICRO_BATCH * world * stage.seq_len))
@@ -128,10 +131,20 @@ def baseline_worker(spec_path: Path, out_path: Path) -> None:
     dist.all_reduce(mean_losses)
     mean_losses /= world
     if rank == 0:
-        out_path.write_text(json.dumps({
-            "steps": steps, "step_tokens": step_tokens, "loop_start": loop_start,
-            "loop_end": loop_end, "step_seconds": step_seconds, "cpu_seconds": float(cpu[0]),
-            "losses": mean_losses.tolist()}), encoding="utf-8")
+        out_path.write_text(
+            json.dumps(
+                {
+                    "steps": steps,
+                    "step_tokens": step_tokens,
+                    "loop_start": loop_start,
+                    "loop_end": loop_end,
+                    "step_seconds": step_seconds,
+                    "cpu_seconds": float(cpu[0]),
+                    "losses": mean_losses.tolist(),
+                }
+            ),
+            encoding="utf-8",
+        )
     dist.destroy_process_group()
 
 
@@ -173,9 +186,11 @@ class CpuWatch(threading.Thread):
     def ranks(self) -> list[int]:
         from _common import cmdline, descendants
 
-        return [p for p in descendants(self.proc.pid)
-                if "ito.pipeline.run" in (argv := cmdline(p))
-                and not any("torchrun" in a for a in argv)]
+        return [
+            p
+            for p in descendants(self.proc.pid)
+            if "ito.pipeline.run" in (argv := cmdline(p)) and not any("torchrun" in a for a in argv)
+        ]
 
     def run(self) -> None:
         from _common import cpu_seconds
@@ -198,19 +213,25 @@ class CpuWatch(threading.Thread):
                     continue
                 if event["type"] == "stage" and event["status"] == "started":
                     self.start_cpu = sum(cpu_seconds(p) or 0.0 for p in ranks)
-                elif event["type"] == "metric" and event["step"] == self.steps \
-                        and self.start_cpu is not None:
+                elif (
+                    event["type"] == "metric"
+                    and event["step"] == self.steps
+                    and self.start_cpu is not None
+                ):
                     self.cpu = sum(cpu_seconds(p) or 0.0 for p in ranks) - self.start_cpu
             time.sleep(0.002)
 
 
-def figures(kind: str, step_tokens: int, loop_seconds: float,
-            step_seconds: list[float], cpu: float | None) -> dict[str, Any]:
+def figures(
+    kind: str, step_tokens: int, loop_seconds: float, step_seconds: list[float], cpu: float | None
+) -> dict[str, Any]:
     from _common import median
 
     n = len(step_seconds)
     return {
-        "kind": kind, "steps": n, "loop_seconds": loop_seconds,
+        "kind": kind,
+        "steps": n,
+        "loop_seconds": loop_seconds,
         "loop_tokens_per_s": n * step_tokens / loop_seconds,
         "tokens_per_cpu_s": n * step_tokens / cpu if cpu else None,
         "step_tokens_per_s": n * step_tokens / sum(step_seconds),
@@ -218,16 +239,27 @@ def figures(kind: str, step_tokens: int, loop_seconds: float,
     }
 
 
-def run_side(kind: str, rnd_dir: Path, spec: dict[str, Any], tokenizer: Path,
-             step_tokens: int, steps: int, procs: Any, env: dict[str, str]) -> dict[str, Any]:
+def run_side(
+    kind: str,
+    rnd_dir: Path,
+    spec: dict[str, Any],
+    tokenizer: Path,
+    step_tokens: int,
+    steps: int,
+    procs: Any,
+    env: dict[str, str],
+) -> dict[str, Any]:
     from _common import read_events, torchrun
 
     rnd_dir.mkdir(parents=True)
     ckpt = rnd_dir / "checkpoints"
     ckpt.mkdir()
     shutil.copy(tokenizer, ckpt / tokenizer.name)
-    spec = spec | {"workdir": str(rnd_dir / "work"), "checkpoint_dir": str(ckpt),
-                   "events_path": str(rnd_dir / "events.jsonl")}
+    spec = spec | {
+        "workdir": str(rnd_dir / "work"),
+        "checkpoint_dir": str(ckpt),
+        "events_path": str(rnd_dir / "events.jsonl"),
+    }
     (rnd_dir / "work").mkdir()
     spec_path = rnd_dir / "spec.json"
     spec_path.write_text(json.dumps(spec), encoding="utf-8")
@@ -235,8 +267,16 @@ def run_side(kind: str, rnd_dir: Path, spec: dict[str, Any], tokenizer: Path,
     if kind == "engine":
         argv = torchrun(NPROC, "-m", "ito.pipeline.run", "--spec", str(spec_path))
     else:
-        argv = torchrun(NPROC, str(Path(__file__).resolve()), "--role", "baseline",
-                        "--spec", str(spec_path), "--out", str(out))
+        argv = torchrun(
+            NPROC,
+            str(Path(__file__).resolve()),
+            "--role",
+            "baseline",
+            "--spec",
+            str(spec_path),
+            "--out",
+            str(out),
+        )
     log = (rnd_dir / "torchrun.log").open("wb")
     started = time.monotonic()
     proc = procs.start(argv, cwd=rnd_dir, env=env, stdout=log, stderr=log)
@@ -256,16 +296,27 @@ def run_side(kind: str, rnd_dir: Path, spec: dict[str, Any], tokenizer: Path,
     if kind == "engine":
         ev = summarise_engine(read_events(rnd_dir / "events.jsonl"))
         watch.join(timeout=10)
-        result = figures("engine", step_tokens, ev["loop_seconds"], ev["step_seconds"],
-                         watch.cpu)
-        result |= {k: ev[k] for k in ("checkpoints", "checkpoints_in_window",
-                                      "blocking_in_window", "final_blocking",
-                                      "checkpoint_bytes")}
+        result = figures("engine", step_tokens, ev["loop_seconds"], ev["step_seconds"], watch.cpu)
+        result |= {
+            k: ev[k]
+            for k in (
+                "checkpoints",
+                "checkpoints_in_window",
+                "blocking_in_window",
+                "final_blocking",
+                "checkpoint_bytes",
+            )
+        }
         result["losses"] = ev["losses"]
     else:
         doc = json.loads(out.read_text(encoding="utf-8"))
-        result = figures("baseline", doc["step_tokens"], doc["loop_end"] - doc["loop_start"],
-                         doc["step_seconds"], doc["cpu_seconds"])
+        result = figures(
+            "baseline",
+            doc["step_tokens"],
+            doc["loop_end"] - doc["loop_start"],
+            doc["step_seconds"],
+            doc["cpu_seconds"],
+        )
         result["losses"] = doc["losses"]
     result["process_seconds"] = process_seconds
     return result
@@ -273,17 +324,26 @@ def run_side(kind: str, rnd_dir: Path, spec: dict[str, Any], tokenizer: Path,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--role", choices=["driver", "baseline"], default="driver",
-                        help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--role", choices=["driver", "baseline"], default="driver", help=argparse.SUPPRESS
+    )
     parser.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--steps", type=int, default=300,
-                        help="training steps per side (the demo recipe's pretrain stage is 390 "
-                             "steps of 2×4×128 tokens)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=300,
+        help="training steps per side (the demo recipe's pretrain stage is 390 "
+        "steps of 2×4×128 tokens)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="rounds of engine + baseline")
     parser.add_argument("--size", default="tiny", help="model size from ito.core.model_sizes")
-    parser.add_argument("--every-steps", type=int, default=None,
-                        help="checkpoint interval (default: the demo manifest's)")
+    parser.add_argument(
+        "--every-steps",
+        type=int,
+        default=None,
+        help="checkpoint interval (default: the demo manifest's)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args(argv)
     if args.role == "baseline":
@@ -317,10 +377,17 @@ def main(argv: list[str] | None = None) -> int:
             manifest["checkpoint"]["every_steps"] = args.every_steps
         every = manifest["checkpoint"]["every_steps"]
         spec: dict[str, Any] = {
-            "run_id": RUN_ID, "attempt": 1, "manifest": manifest, "stages": ["pretrain"],
-            "max_steps_per_stage": None, "fail_at": None, "loss_spike_at": None,
-            "workdir": str(tmp / "work"), "checkpoint_dir": str(tmp / "tokenizer"),
-            "events_path": str(tmp / "unused.jsonl")}
+            "run_id": RUN_ID,
+            "attempt": 1,
+            "manifest": manifest,
+            "stages": ["pretrain"],
+            "max_steps_per_stage": None,
+            "fail_at": None,
+            "loss_spike_at": None,
+            "workdir": str(tmp / "work"),
+            "checkpoint_dir": str(tmp / "tokenizer"),
+            "events_path": str(tmp / "unused.jsonl"),
+        }
 
         # The tokenizer, trained once here exactly as the engine's rank 0 would (same texts,
         # same vocabulary), so neither side's timing holds it.
@@ -329,9 +396,11 @@ def main(argv: list[str] | None = None) -> int:
         parsed = load_spec(tmp / "spec.json")
         refs = parsed.manifest.data_by_id()
         ids = list(dict.fromkeys(d for s in parsed.manifest.curriculum for d in s.data))
-        texts = [t for i in ids
-                 for t in split_heldout(read_documents(refs[i], parsed.workdir),
-                                        refs[i].role)[0]]
+        texts = [
+            t
+            for i in ids
+            for t in split_heldout(read_documents(refs[i], parsed.workdir), refs[i].role)[0]
+        ]
         from ito.core.model_sizes import SIZES
 
         build_tokenizer(texts, SIZES[args.size].vocab, tmp / "tokenizer")
@@ -340,107 +409,189 @@ def main(argv: list[str] | None = None) -> int:
         env = child_env()
         results: list[dict[str, Any]] = []
         load_start = os.getloadavg()
-        print(f"model {args.size}, {NPROC} ranks (gloo, FSDP2), micro-batch {MICRO_BATCH} × "
-              f"seq {stage['seq_len']} per rank, {args.steps} steps, checkpoint every "
-              f"{every} steps; {args.repeats} round(s)", flush=True)
+        print(
+            f"model {args.size}, {NPROC} ranks (gloo, FSDP2), micro-batch {MICRO_BATCH} × "
+            f"seq {stage['seq_len']} per rank, {args.steps} steps, checkpoint every "
+            f"{every} steps; {args.repeats} round(s)",
+            flush=True,
+        )
         for r in range(args.repeats):
             order = ("baseline", "engine") if r % 2 == 0 else ("engine", "baseline")
             for kind in order:
-                res = run_side(kind, tmp / f"round{r}-{kind}", spec, tokenizer, step_tokens,
-                               args.steps, procs, env)
+                res = run_side(
+                    kind,
+                    tmp / f"round{r}-{kind}",
+                    spec,
+                    tokenizer,
+                    step_tokens,
+                    args.steps,
+                    procs,
+                    env,
+                )
                 res["round"] = r
                 results.append(res)
-                print(f"  round {r} {kind:8s}: loop {res['loop_seconds']:.2f} s, "
-                      f"{res['loop_tokens_per_s']:,.0f} tok/s (process "
-                      f"{res['process_seconds']:.1f} s)", flush=True)
+                print(
+                    f"  round {r} {kind:8s}: loop {res['loop_seconds']:.2f} s, "
+                    f"{res['loop_tokens_per_s']:,.0f} tok/s (process "
+                    f"{res['process_seconds']:.1f} s)",
+                    flush=True,
+                )
 
         def med(kind: str, key: str) -> float | None:
             return median([x[key] for x in results if x["kind"] == kind and x[key] is not None])
 
-        engine = {k: med("engine", k) for k in ("loop_seconds", "loop_tokens_per_s",
-                                                "step_tokens_per_s", "median_step_tokens_per_s",
-                                                "tokens_per_cpu_s")}
+        engine = {
+            k: med("engine", k)
+            for k in (
+                "loop_seconds",
+                "loop_tokens_per_s",
+                "step_tokens_per_s",
+                "median_step_tokens_per_s",
+                "tokens_per_cpu_s",
+            )
+        }
         base = {k: med("baseline", k) for k in engine}
         of_medians = engine["loop_tokens_per_s"] / base["loop_tokens_per_s"]  # type: ignore[operator]
         ratio_step = engine["step_tokens_per_s"] / base["step_tokens_per_s"]  # type: ignore[operator]
-        ratio_median = (engine["median_step_tokens_per_s"]  # type: ignore[operator]
-                        / base["median_step_tokens_per_s"])
+        ratio_median = (
+            engine["median_step_tokens_per_s"]  # type: ignore[operator]
+            / base["median_step_tokens_per_s"]
+        )
         eng_runs = [x for x in results if x["kind"] == "engine"]
         base_runs = [x for x in results if x["kind"] == "baseline"]
-        loss_diff = max(abs(a - b) for e in eng_runs for b_run in base_runs
-                        for a, b in zip(e["losses"], b_run["losses"], strict=True))
+        loss_diff = max(
+            abs(a - b)
+            for e in eng_runs
+            for b_run in base_runs
+            for a, b in zip(e["losses"], b_run["losses"], strict=True)
+        )
         rows = [
-            ["loop wall (s)", engine["loop_seconds"], base["loop_seconds"],
-             engine["loop_seconds"] / base["loop_seconds"]],  # type: ignore[operator]
-            ["tokens/s, loop wall", engine["loop_tokens_per_s"], base["loop_tokens_per_s"],
-             of_medians],
-            ["tokens/s, Σ step time", engine["step_tokens_per_s"], base["step_tokens_per_s"],
-             ratio_step],
-            ["tokens/s, median step", engine["median_step_tokens_per_s"],
-             base["median_step_tokens_per_s"], ratio_median],
-            ["tokens per CPU-second", engine["tokens_per_cpu_s"], base["tokens_per_cpu_s"],
-             (engine["tokens_per_cpu_s"] / base["tokens_per_cpu_s"])  # type: ignore[operator]
-             if engine["tokens_per_cpu_s"] and base["tokens_per_cpu_s"] else None],
+            [
+                "loop wall (s)",
+                engine["loop_seconds"],
+                base["loop_seconds"],
+                engine["loop_seconds"] / base["loop_seconds"],
+            ],  # type: ignore[operator]
+            [
+                "tokens/s, loop wall",
+                engine["loop_tokens_per_s"],
+                base["loop_tokens_per_s"],
+                of_medians,
+            ],
+            [
+                "tokens/s, Σ step time",
+                engine["step_tokens_per_s"],
+                base["step_tokens_per_s"],
+                ratio_step,
+            ],
+            [
+                "tokens/s, median step",
+                engine["median_step_tokens_per_s"],
+                base["median_step_tokens_per_s"],
+                ratio_median,
+            ],
+            [
+                "tokens per CPU-second",
+                engine["tokens_per_cpu_s"],
+                base["tokens_per_cpu_s"],
+                (engine["tokens_per_cpu_s"] / base["tokens_per_cpu_s"])  # type: ignore[operator]
+                if engine["tokens_per_cpu_s"] and base["tokens_per_cpu_s"]
+                else None,
+            ],
         ]
         print()
-        print(table("medians over rounds", ["figure", "engine", "baseline", "engine ÷ base"],
-                    rows))
+        print(table("medians over rounds", ["figure", "engine", "baseline", "engine ÷ base"], rows))
         print()
         paired = []
         for r in range(args.repeats):
             e = next(x for x in results if x["kind"] == "engine" and x["round"] == r)
             b = next(x for x in results if x["kind"] == "baseline" and x["round"] == r)
-            paired.append({"round": r, "first": "baseline" if r % 2 == 0 else "engine",
-                           "loop": e["loop_tokens_per_s"] / b["loop_tokens_per_s"],
-                           "step": e["step_tokens_per_s"] / b["step_tokens_per_s"],
-                           "median_step": e["median_step_tokens_per_s"]
-                           / b["median_step_tokens_per_s"],
-                           "cpu": e["tokens_per_cpu_s"] / b["tokens_per_cpu_s"]
-                           if e["tokens_per_cpu_s"] and b["tokens_per_cpu_s"] else None})
-        print(table("engine ÷ baseline per round (back-to-back pair)",
-                    ["round", "first", "loop wall", "Σ step time", "median step",
-                     "per CPU-second"],
-                    [[p["round"], p["first"], p["loop"], p["step"], p["median_step"], p["cpu"]]
-                     for p in paired]))
+            paired.append(
+                {
+                    "round": r,
+                    "first": "baseline" if r % 2 == 0 else "engine",
+                    "loop": e["loop_tokens_per_s"] / b["loop_tokens_per_s"],
+                    "step": e["step_tokens_per_s"] / b["step_tokens_per_s"],
+                    "median_step": e["median_step_tokens_per_s"] / b["median_step_tokens_per_s"],
+                    "cpu": e["tokens_per_cpu_s"] / b["tokens_per_cpu_s"]
+                    if e["tokens_per_cpu_s"] and b["tokens_per_cpu_s"]
+                    else None,
+                }
+            )
+        print(
+            table(
+                "engine ÷ baseline per round (back-to-back pair)",
+                ["round", "first", "loop wall", "Σ step time", "median step", "per CPU-second"],
+                [
+                    [p["round"], p["first"], p["loop"], p["step"], p["median_step"], p["cpu"]]
+                    for p in paired
+                ],
+            )
+        )
         ratio_loop = median([p["loop"] for p in paired])
         ratio_step = median([p["step"] for p in paired])
         ratio_median = median([p["median_step"] for p in paired])
         ratio_cpu = median([p["cpu"] for p in paired if p["cpu"] is not None])
         load = os.getloadavg()
-        print(f"load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} on "
-              f"{os.cpu_count()} CPUs (at the start {load_start[0]:.2f}): other work on the "
-              "machine shows up as spread between rounds")
+        print(
+            f"load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} on "
+            f"{os.cpu_count()} CPUs (at the start {load_start[0]:.2f}): other work on the "
+            "machine shows up as spread between rounds"
+        )
         print()
         ck = eng_runs[-1]
-        print(f"engine checkpoints per run: {ck['checkpoints']} ({ck['checkpoints_in_window']} "
-              f"inside the timed loop, blocking {ck['blocking_in_window']:.3f} s in all; final "
-              f"one blocked {ck['final_blocking']} s), {ck['checkpoint_bytes']:,} bytes each")
-        print(f"max |loss(engine) − loss(baseline)| over {args.steps} steps: {loss_diff:.2e} "
-              "(same model, data and order)")
+        print(
+            f"engine checkpoints per run: {ck['checkpoints']} ({ck['checkpoints_in_window']} "
+            f"inside the timed loop, blocking {ck['blocking_in_window']:.3f} s in all; final "
+            f"one blocked {ck['final_blocking']} s), {ck['checkpoint_bytes']:,} bytes each"
+        )
+        print(
+            f"max |loss(engine) − loss(baseline)| over {args.steps} steps: {loss_diff:.2e} "
+            "(same model, data and order)"
+        )
         met = ratio_loop >= 0.95  # type: ignore[operator]
-        print(f"ratio (loop wall, median of the rounds' pairs) {ratio_loop:.3f} — goal ≥ 0.95 "
-              f"{'met' if met else 'NOT met'}; per-step ratio {ratio_step:.3f} (engine's "
-              f"step_seconds events vs the loop's own); ratio of medians {of_medians:.3f}; "
-              f"tokens per CPU-second ratio {ratio_cpu:.3f} (least sensitive to other load)")
+        print(
+            f"ratio (loop wall, median of the rounds' pairs) {ratio_loop:.3f} — goal ≥ 0.95 "
+            f"{'met' if met else 'NOT met'}; per-step ratio {ratio_step:.3f} (engine's "
+            f"step_seconds events vs the loop's own); ratio of medians {of_medians:.3f}; "
+            f"tokens per CPU-second ratio {ratio_cpu:.3f} (least sensitive to other load)"
+        )
         summary = {
-            "bench": "train_overhead", "size": args.size, "world": NPROC, "backend": "gloo",
-            "sharding": "fsdp2", "micro_batch": MICRO_BATCH, "seq_len": stage["seq_len"],
-            "steps": args.steps, "checkpoint_every_steps": every, "repeats": args.repeats,
+            "bench": "train_overhead",
+            "size": args.size,
+            "world": NPROC,
+            "backend": "gloo",
+            "sharding": "fsdp2",
+            "micro_batch": MICRO_BATCH,
+            "seq_len": stage["seq_len"],
+            "steps": args.steps,
+            "checkpoint_every_steps": every,
+            "repeats": args.repeats,
             "engine": {k: rnd(v, 3) for k, v in engine.items()},
             "baseline": {k: rnd(v, 3) for k, v in base.items()},
-            "ratio_loop_wall": rnd(ratio_loop), "ratio_step_time": rnd(ratio_step),
-            "ratio_median_step": rnd(ratio_median), "ratio_of_medians_loop_wall":
-            rnd(of_medians), "ratio_tokens_per_cpu_s": rnd(ratio_cpu),
-            "goal": 0.95, "goal_met": met,
-            "per_round_ratios": [{k: rnd(v) if isinstance(v, float) else v
-                                  for k, v in p.items()} for p in paired],
+            "ratio_loop_wall": rnd(ratio_loop),
+            "ratio_step_time": rnd(ratio_step),
+            "ratio_median_step": rnd(ratio_median),
+            "ratio_of_medians_loop_wall": rnd(of_medians),
+            "ratio_tokens_per_cpu_s": rnd(ratio_cpu),
+            "goal": 0.95,
+            "goal_met": met,
+            "per_round_ratios": [
+                {k: rnd(v) if isinstance(v, float) else v for k, v in p.items()} for p in paired
+            ],
             "loadavg_start": [round(x, 2) for x in load_start],
             "loadavg_end": [round(x, 2) for x in load],
             "engine_checkpoints_in_window": ck["checkpoints_in_window"],
             "engine_blocking_seconds_in_window": rnd(ck["blocking_in_window"]),
             "max_loss_diff": loss_diff,
-            "rounds": [{k: (rnd(v, 3) if isinstance(v, float) else v) for k, v in x.items()
-                        if k != "losses"} for x in results],
+            "rounds": [
+                {
+                    k: (rnd(v, 3) if isinstance(v, float) else v)
+                    for k, v in x.items()
+                    if k != "losses"
+                }
+                for x in results
+            ],
         }
         print(json.dumps(summary))
         return 0

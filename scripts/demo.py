@@ -30,8 +30,13 @@ def step(title: str) -> None:
 def run(args: list[str], env: dict[str, str], *, show: bool = True) -> dict[str, Any]:
     shown = " ".join(a if not a.startswith("ito_") else "<key>" for a in args)
     print(f"$ {shown}", flush=True)
-    proc = subprocess.run([str(BIN / args[0]), *args[1:], "--json"], env=env,
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [str(BIN / args[0]), *args[1:], "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     envelope: dict[str, Any] = json.loads(proc.stdout)
     print(f"  → {envelope['notice']}", flush=True)
     if not envelope["ok"]:
@@ -51,20 +56,68 @@ def main() -> None:
 
     step("1. The desk: schema, an account, a requester and an approver key, a booking")
     run(["ito-server", "migrate"], server_env)
-    account = run(["ito-server", "account", "create", "--name", "demo-buyer"],
-                  server_env)["account_id"]
-    requester = run(["ito-server", "key", "create", "--account", account, "--role",
-                     "requester", "--name", "agent"], server_env)["api_key"]
-    approver = run(["ito-server", "key", "create", "--account", account, "--role",
-                    "approver", "--name", "human"], server_env)["api_key"]
+    account = run(["ito-server", "account", "create", "--name", "demo-buyer"], server_env)[
+        "account_id"
+    ]
+    requester = run(
+        [
+            "ito-server",
+            "key",
+            "create",
+            "--account",
+            account,
+            "--role",
+            "requester",
+            "--name",
+            "agent",
+        ],
+        server_env,
+    )["api_key"]
+    approver = run(
+        [
+            "ito-server",
+            "key",
+            "create",
+            "--account",
+            account,
+            "--role",
+            "approver",
+            "--name",
+            "human",
+        ],
+        server_env,
+    )["api_key"]
     now = datetime.now(UTC)
-    booking = run(["ito-server", "booking", "create", "--account", account, "--gpu", "cpu",
-                   "--nodes", "1", "--gpus-per-node", "2", "--region", "local",
-                   "--fabric", "ethernet", "--start", (now - timedelta(minutes=5)).isoformat(),
-                   "--end", (now + timedelta(days=1)).isoformat(),
-                   "--rate-usd-per-gpu-hour", "0.50",
-                   "--storage-uri", f"file://{HOME / 'storage'}", "--state", "completed"],
-                  server_env)["booking_id"]
+    booking = run(
+        [
+            "ito-server",
+            "booking",
+            "create",
+            "--account",
+            account,
+            "--gpu",
+            "cpu",
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "2",
+            "--region",
+            "local",
+            "--fabric",
+            "ethernet",
+            "--start",
+            (now - timedelta(minutes=5)).isoformat(),
+            "--end",
+            (now + timedelta(days=1)).isoformat(),
+            "--rate-usd-per-gpu-hour",
+            "0.50",
+            "--storage-uri",
+            f"file://{HOME / 'storage'}",
+            "--state",
+            "completed",
+        ],
+        server_env,
+    )["booking_id"]
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -72,9 +125,12 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     step(f"2. The canonical API on {url}")
     log = (HOME / "server.log").open("wb")
-    server = subprocess.Popen([str(BIN / "ito-server"), "serve", "--host", "127.0.0.1",
-                               "--port", str(port)], env=server_env | {"ITO_PUBLIC_URL": url},
-                              stdout=log, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(
+        [str(BIN / "ito-server"), "serve", "--host", "127.0.0.1", "--port", str(port)],
+        env=server_env | {"ITO_PUBLIC_URL": url},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         _wait_healthy(url, server)
         client = base | {"ITO_API_URL": url, "ITO_HOME": str(HOME / "client")}
@@ -83,61 +139,116 @@ def main() -> None:
         manifest = HOME / "manifests" / "demo" / "manifest.json"
 
         step("3. The agent: a reviewed manifest, eligibility, a plan (creates nothing)")
-        run(["ito", "manifest", "init", "--recipe", "demo", "--out", str(manifest.parent)],
-            client)
+        run(["ito", "manifest", "init", "--recipe", "demo", "--out", str(manifest.parent)], client)
         run(["ito", "bookings", "eligibility", booking], agent)
-        plan = run(["ito", "plan", "--booking", booking, "--manifest", str(manifest)], agent,
-                   show=False)
-        print(f"    ready={plan['ready']} cost=${plan['cost']['cost_usd']:.4f} "
-              f"(ceiling ${plan['cost']['ceiling_usd']}) "
-              f"stages={[s['stage'] for s in plan['stage_plan']]}")
+        plan = run(
+            ["ito", "plan", "--booking", booking, "--manifest", str(manifest)], agent, show=False
+        )
+        print(
+            f"    ready={plan['ready']} cost=${plan['cost']['cost_usd']:.4f} "
+            f"(ceiling ${plan['cost']['ceiling_usd']}) "
+            f"stages={[s['stage'] for s in plan['stage_plan']]}"
+        )
 
         step("4. The agent asks for a confirmation; a human approves it out of band")
-        confirmation = run(["ito", "confirm", "--action", "train", "--booking", booking,
-                            "--manifest", str(manifest)], agent, show=False)
+        confirmation = run(
+            [
+                "ito",
+                "confirm",
+                "--action",
+                "train",
+                "--booking",
+                booking,
+                "--manifest",
+                str(manifest),
+            ],
+            agent,
+            show=False,
+        )
         ref = confirmation["confirmation_ref"]
-        print(f"    {ref}: ${confirmation['cost_usd']} bound, expires "
-              f"{confirmation['expires_at']}")
+        print(f"    {ref}: ${confirmation['cost_usd']} bound, expires {confirmation['expires_at']}")
         run(["ito", "approve", ref], human, show=False)
 
         step("5. The agent creates the run behind the five gates (and retries safely)")
-        created = run(["ito", "train", "--booking", booking, "--manifest", str(manifest),
-                       "--confirmation-ref", ref, "--idempotency-key", "demo-run-1"], agent)
-        replay = run(["ito", "train", "--booking", booking, "--manifest", str(manifest),
-                      "--confirmation-ref", ref, "--idempotency-key", "demo-run-1"], agent,
-                     show=False)
+        created = run(
+            [
+                "ito",
+                "train",
+                "--booking",
+                booking,
+                "--manifest",
+                str(manifest),
+                "--confirmation-ref",
+                ref,
+                "--idempotency-key",
+                "demo-run-1",
+            ],
+            agent,
+        )
+        replay = run(
+            [
+                "ito",
+                "train",
+                "--booking",
+                booking,
+                "--manifest",
+                str(manifest),
+                "--confirmation-ref",
+                ref,
+                "--idempotency-key",
+                "demo-run-1",
+            ],
+            agent,
+            show=False,
+        )
         assert replay["run_id"] == created["run_id"]
 
         step("6. The in-process worker trains it: data prep, pretrain, long context, gates")
         print(f"$ ito runs watch {created['run_id']}", flush=True)
-        subprocess.run([str(BIN / "ito"), "runs", "watch", created["run_id"], "--interval",
-                        "1"], env=agent, check=False)
+        subprocess.run(
+            [str(BIN / "ito"), "runs", "watch", created["run_id"], "--interval", "1"],
+            env=agent,
+            check=False,
+        )
         status = run(["ito", "status", "--run", created["run_id"]], agent, show=False)
         for event in status["events"]:
             if event["kind"] in ("state", "stage", "gate"):
                 print(f"    {event['at'][11:19]} {event['kind']:<6} {event['message']}")
-        losses = run(["ito", "runs", "metrics", created["run_id"], "--name", "loss"], agent,
-                     show=False)["points"]
+        losses = run(
+            ["ito", "runs", "metrics", created["run_id"], "--name", "loss"], agent, show=False
+        )["points"]
         if losses:
-            print(f"    loss {losses[0]['value']:.3f} (step {losses[0]['step']}) → "
-                  f"{losses[-1]['value']:.3f} (step {losses[-1]['step']})")
+            print(
+                f"    loss {losses[0]['value']:.3f} (step {losses[0]['step']}) → "
+                f"{losses[-1]['value']:.3f} (step {losses[-1]['step']})"
+            )
 
         step("7. Checkpoints and telemetry")
-        checkpoints = run(["ito", "runs", "checkpoints", created["run_id"]], agent,
-                          show=False)["checkpoints"]
+        checkpoints = run(["ito", "runs", "checkpoints", created["run_id"]], agent, show=False)[
+            "checkpoints"
+        ]
         for c in checkpoints:
-            print(f"    {c['stage']:<13} step {c['step']:>5}  {c['bytes'] / 1e6:7.2f} MB  "
-                  f"{c['seconds']:.2f} s")
+            print(
+                f"    {c['stage']:<13} step {c['step']:>5}  {c['bytes'] / 1e6:7.2f} MB  "
+                f"{c['seconds']:.2f} s"
+            )
         telemetry = run(["ito", "telemetry", "--run", created["run_id"]], agent, show=False)
-        for name in ("goodput", "interruptions", "checkpoint_bandwidth_bytes_per_s",
-                     "tokens_per_s", "cost_usd", "wall_seconds_held"):
+        for name in (
+            "goodput",
+            "interruptions",
+            "checkpoint_bandwidth_bytes_per_s",
+            "tokens_per_s",
+            "cost_usd",
+            "wall_seconds_held",
+        ):
             print(f"    {name:<34} {telemetry[name]}")
         step("8. The desk's audit trail for this account, oldest first (no secrets)")
-        trail = run(["ito-server", "audit", "--account", account], server_env,
-                    show=False)["events"]
+        trail = run(["ito-server", "audit", "--account", account], server_env, show=False)["events"]
         for event in reversed(trail):
-            print(f"    {event['at'][11:19]} {event['actor']:<24} {event['action']:<18} "
-                  f"{event['target_id']} {event['outcome']}")
+            print(
+                f"    {event['at'][11:19]} {event['actor']:<24} {event['action']:<18} "
+                f"{event['target_id']} {event['outcome']}"
+            )
         if status["state"] != "succeeded":
             raise SystemExit(f"the run ended {status['state']}; see {HOME / 'server.log'}")
         print(f"\nDone: run {created['run_id']} succeeded.")

@@ -22,8 +22,18 @@ from jsonschema import Draft202012Validator
 
 __all__ = ["PROXIES", "ConformanceProxy"]
 
-_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host",
-        "content-encoding", "proxy-connection", "upgrade", "te", "trailer"}
+_HOP = {
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "content-length",
+    "host",
+    "content-encoding",
+    "proxy-connection",
+    "upgrade",
+    "te",
+    "trailer",
+}
 
 
 PROXIES: dict[str, ConformanceProxy] = {}
@@ -34,9 +44,13 @@ class _Operation:
     def __init__(self, method: str, template: str, spec: dict[str, Any]) -> None:
         self.method = method.upper()
         self.template = template
-        self.regex = re.compile("/".join(
-            "[^/]+" if part.startswith("{") and part.endswith("}") else re.escape(part)
-            for part in template.split("/")) + "$")
+        self.regex = re.compile(
+            "/".join(
+                "[^/]+" if part.startswith("{") and part.endswith("}") else re.escape(part)
+                for part in template.split("/")
+            )
+            + "$"
+        )
         self.responses: dict[str, Any] = spec.get("responses", {})
 
 
@@ -45,9 +59,11 @@ class ConformanceProxy:
         self.upstream = upstream.rstrip("/")
         self.client = httpx.Client(base_url=self.upstream, timeout=120, trust_env=False)
         self.document: dict[str, Any] = self.client.get("/openapi.json").json()
-        self.operations = [_Operation(method, path, spec)
-                           for path, item in self.document["paths"].items()
-                           for method, spec in item.items()]
+        self.operations = [
+            _Operation(method, path, spec)
+            for path, item in self.document["paths"].items()
+            for method, spec in item.items()
+        ]
         self.mismatches: list[str] = []
         self.checked = 0
         self._lock = threading.Lock()
@@ -77,22 +93,26 @@ class ConformanceProxy:
 
     # ---- checking ------------------------------------------------------------------------------
 
-    def check(self, method: str, path: str, status: int, content_type: str,
-              body: bytes) -> str | None:
+    def check(
+        self, method: str, path: str, status: int, content_type: str, body: bytes
+    ) -> str | None:
         """Why this answer does not match the document, or ``None``."""
         if method == "OPTIONS" or path == "/ui" or path.startswith("/ui/"):
             return None  # the allowed methods (not an operation), and the HTML pages
-        operation = next((o for o in self.operations
-                          if o.method == method and o.regex.match(path)), None)
+        operation = next(
+            (o for o in self.operations if o.method == method and o.regex.match(path)), None
+        )
         if operation is None:
             # No such operation: the answer must still be the documented error envelope.
             schema: dict[str, Any] | None = {"$ref": "#/components/schemas/ErrorEnvelope"}
             label = f"{method} {path} (no operation)"
         else:
             label = f"{method} {operation.template}"
-            documented = operation.responses.get(str(status)) \
-                or operation.responses.get(f"{str(status)[0]}XX") \
+            documented = (
+                operation.responses.get(str(status))
+                or operation.responses.get(f"{str(status)[0]}XX")
                 or operation.responses.get("default")
+            )
             if documented is None:
                 return f"{label}: status {status} is not documented"
             content = documented.get("content", {})
@@ -112,8 +132,10 @@ class ConformanceProxy:
         if errors:
             first = errors[0]
             where = "/".join(str(p) for p in first.absolute_path)
-            return f"{label}: {status} body does not match its schema at /{where}: " \
-                   f"{first.message[:300]}"
+            return (
+                f"{label}: {status} body does not match its schema at /{where}: "
+                f"{first.message[:300]}"
+            )
         return None
 
     def _validator(self, schema: dict[str, Any]) -> Draft202012Validator:
@@ -140,13 +162,18 @@ class ConformanceProxy:
                 length = int(self.headers.get("content-length") or 0)
                 body = self.rfile.read(length) if length else b""
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
-                answer = proxy.client.request(self.command, self.path, headers=headers,
-                                              content=body)
+                answer = proxy.client.request(
+                    self.command, self.path, headers=headers, content=body
+                )
                 path = self.path.split("?", 1)[0]
                 if self.command != "HEAD":
-                    problem = proxy.check(self.command, path, answer.status_code,
-                                          answer.headers.get("content-type", ""),
-                                          answer.content)
+                    problem = proxy.check(
+                        self.command,
+                        path,
+                        answer.status_code,
+                        answer.headers.get("content-type", ""),
+                        answer.content,
+                    )
                     with proxy._lock:
                         proxy.checked += 1
                         if problem is not None:

@@ -29,8 +29,9 @@ from sqlalchemy import MetaData, create_engine, select, text
 BIN = Path(sys.executable).parent
 ITO = str(BIN / "ito")
 ITO_SERVER = str(BIN / "ito-server")
-PG_ADMIN_URL = os.environ.get("ITO_TEST_PG_ADMIN_URL",
-                              "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+PG_ADMIN_URL = os.environ.get(
+    "ITO_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
 
 
 def free_port() -> int:
@@ -71,8 +72,9 @@ class Result:
 
 
 def run_cli(argv: list[str], env: dict[str, str], timeout: float = 60.0) -> Result:
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout,
-                          check=False)
+    proc = subprocess.run(
+        argv, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
     envelope = None
     if "--json" in argv and proc.stdout.strip():
         envelope = json.loads(proc.stdout)
@@ -93,8 +95,9 @@ def pg_database() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session", params=["sqlite", "postgres"])
-def backend_url(request: pytest.FixtureRequest,
-                tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def backend_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'ito.db'}"
     else:
@@ -117,8 +120,12 @@ class Server:
         return "sqlite" if self.database_url.startswith("sqlite") else "postgres"
 
     def desk(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        response = httpx.post(self.url + path, json=body, timeout=30,
-                              headers={"authorization": f"Bearer {self.desk_key}"})
+        response = httpx.post(
+            self.url + path,
+            json=body,
+            timeout=30,
+            headers={"authorization": f"Bearer {self.desk_key}"},
+        )
         envelope = response.json()
         assert envelope["ok"], envelope
         return dict(envelope["data"])
@@ -127,24 +134,33 @@ class Server:
         """Rows this account owns, and its confirmations by state: what a refusal must not
         change."""
         with self.engine.connect() as conn:
+
             def one(sql: str) -> int:
                 return int(conn.execute(text(sql), {"a": account_id}).scalar_one())
 
-            by_state = dict(conn.execute(text(
-                "SELECT state, count(*) FROM confirmations WHERE account_id = :a GROUP BY state"
-            ), {"a": account_id}).all())
+            by_state = dict(
+                conn.execute(
+                    text(
+                        "SELECT state, count(*) FROM confirmations"
+                        " WHERE account_id = :a GROUP BY state"
+                    ),
+                    {"a": account_id},
+                ).all()
+            )
             return {
                 "runs": one("SELECT count(*) FROM runs WHERE account_id = :a"),
                 "idempotency": one(
-                    "SELECT count(*) FROM idempotency_records WHERE account_id = :a"),
+                    "SELECT count(*) FROM idempotency_records WHERE account_id = :a"
+                ),
                 "manifests": one("SELECT count(*) FROM manifests WHERE account_id = :a"),
                 "events": one("SELECT count(*) FROM run_events WHERE account_id = :a"),
                 "confirmations": {k: int(v) for k, v in by_state.items()},
             }
 
     def get_text(self, path: str) -> str:
-        response = httpx.get(self.url + path, timeout=30,
-                             headers={"authorization": f"Bearer {self.desk_key}"})
+        response = httpx.get(
+            self.url + path, timeout=30, headers={"authorization": f"Bearer {self.desk_key}"}
+        )
         assert response.status_code == 200, response.text
         return response.text
 
@@ -153,19 +169,24 @@ class Server:
             conn.execute(text(statement), params)
 
 
-def start_server(database_url: str, home: Path, *, worker: bool = False,
-                 extra_env: dict[str, str] | None = None) -> Server:
+def start_server(
+    database_url: str, home: Path, *, worker: bool = False, extra_env: dict[str, str] | None = None
+) -> Server:
     """Migrate, create an operator (desk) key, serve on a free loopback port; wait until
     healthy."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ITO_")}
-    env |= {"ITO_HOME": str(home), "ITO_DATABASE_URL": database_url,
-            "ITO_PEPPER": "test-pepper-" + secrets.token_hex(16),
-            "ITO_DEVICE_POLL_INTERVAL_SECONDS": "1"}
+    env |= {
+        "ITO_HOME": str(home),
+        "ITO_DATABASE_URL": database_url,
+        "ITO_PEPPER": "test-pepper-" + secrets.token_hex(16),
+        "ITO_DEVICE_POLL_INTERVAL_SECONDS": "1",
+    }
     env |= extra_env or {}
     assert run_cli([ITO_SERVER, "migrate", "--json"], env).rc == 0
     # The desk is the platform's operator: its key belongs to no account.
-    desk_key = run_cli([ITO_SERVER, "key", "create", "--role", "desk", "--name", "test desk",
-                        "--json"], env).data["api_key"]
+    desk_key = run_cli(
+        [ITO_SERVER, "key", "create", "--role", "desk", "--name", "test desk", "--json"], env
+    ).data["api_key"]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = home / "server.log"
@@ -173,13 +194,26 @@ def start_server(database_url: str, home: Path, *, worker: bool = False,
     argv = [ITO_SERVER, "serve", "--host", "127.0.0.1", "--port", str(port)]
     if not worker:
         argv.append("--no-worker")
-    process = subprocess.Popen(argv, env=env | {"ITO_PUBLIC_URL": url}, stdout=log,
-                               stderr=subprocess.STDOUT, start_new_session=True)
+    process = subprocess.Popen(
+        argv,
+        env=env | {"ITO_PUBLIC_URL": url},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     log.close()
 
     wait_healthy(process, url, log_path)
-    return Server(url=url, database_url=database_url, home=home, log_path=log_path, env=env,
-                  desk_key=desk_key, process=process, engine=create_engine(database_url))
+    return Server(
+        url=url,
+        database_url=database_url,
+        home=home,
+        log_path=log_path,
+        env=env,
+        desk_key=desk_key,
+        process=process,
+        engine=create_engine(database_url),
+    )
 
 
 def wait_healthy(process: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
@@ -204,10 +238,12 @@ def extra_server(server: Server, tmp: Path, *args: str, **settings: str) -> Iter
     log_path = tmp / f"server-{port}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [ITO_SERVER, "serve", "--host", "127.0.0.1", "--port", str(port), "--no-worker",
-             *args],
-            env=server.env | {"ITO_PUBLIC_URL": url} | settings, stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True)
+            [ITO_SERVER, "serve", "--host", "127.0.0.1", "--port", str(port), "--no-worker", *args],
+            env=server.env | {"ITO_PUBLIC_URL": url} | settings,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         wait_healthy(process, url, log_path)
         yield url
@@ -258,24 +294,35 @@ class Tenant:
 
     def ito(self, *args: str, key: str | None = "requester") -> Result:
         chosen = {"requester": self.requester_key, "approver": self.approver_key}.get(
-            key or "", key)
+            key or "", key
+        )
         return run_cli([ITO, *args, "--json"], self.env(chosen))
 
     def api(self, method: str, path: str, key: str = "requester", **kwargs: Any) -> Any:
         token = {"requester": self.requester_key, "approver": self.approver_key}.get(key, key)
-        response = httpx.request(method, self.server.url + path, timeout=30,
-                                 headers={"authorization": f"Bearer {token}"}, **kwargs)
+        response = httpx.request(
+            method,
+            self.server.url + path,
+            timeout=30,
+            headers={"authorization": f"Bearer {token}"},
+            **kwargs,
+        )
         return response.json()
 
     def booking(self, **overrides: Any) -> str:
         now = datetime.now(UTC)
         body: dict[str, Any] = {
-            "account_id": self.account_id, "gpu": "cpu", "nodes": 1, "gpus_per_node": 2,
-            "region": "local", "fabric": "ethernet",
+            "account_id": self.account_id,
+            "gpu": "cpu",
+            "nodes": 1,
+            "gpus_per_node": 2,
+            "region": "local",
+            "fabric": "ethernet",
             "start": (now - timedelta(hours=1)).isoformat(),
             "end": (now + timedelta(days=2)).isoformat(),
             "rate_usd_per_gpu_hour": 0.5,
-            "storage_uri": f"file://{self.workdir}/storage", "storage_quota_gb": 10.0,
+            "storage_uri": f"file://{self.workdir}/storage",
+            "storage_quota_gb": 10.0,
             "state": "completed",
         }
         body |= overrides
@@ -288,8 +335,7 @@ class Tenant:
         """Write a recipe's manifest (0600, in a 0700 directory); ``edits`` replace top-level
         fields of the document."""
         directory = self.workdir / name
-        result = self.ito("manifest", "init", "--recipe", recipe, "--out", str(directory),
-                          key=None)
+        result = self.ito("manifest", "init", "--recipe", recipe, "--out", str(directory), key=None)
         assert result.rc == 0, result.stderr
         path = directory / "manifest.json"
         if edits:
@@ -301,10 +347,18 @@ class Tenant:
     def counts(self) -> dict[str, Any]:
         return self.server.counts(self.account_id)
 
-    def approved_confirmation(self, manifest: Path, booking_id: str | None = None,
-                              ttl_seconds: int | None = None) -> str:
-        args = ["confirm", "--action", "train", "--booking", booking_id or self.booking_id,
-                "--manifest", str(manifest)]
+    def approved_confirmation(
+        self, manifest: Path, booking_id: str | None = None, ttl_seconds: int | None = None
+    ) -> str:
+        args = [
+            "confirm",
+            "--action",
+            "train",
+            "--booking",
+            booking_id or self.booking_id,
+            "--manifest",
+            str(manifest),
+        ]
         if ttl_seconds is not None:
             args += ["--ttl-seconds", str(ttl_seconds)]
         ref = str(self.ito(*args).data["confirmation_ref"])
@@ -318,8 +372,14 @@ def make_tenant(server: Server, workdir: Path, name: str = "tenant") -> Tenant:
     requester = server.desk("/v1/desk/keys", {"account_id": account, "role": "requester"})
     approver = server.desk("/v1/desk/keys", {"account_id": account, "role": "approver"})
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tenant = Tenant(server=server, account_id=account, requester_key=requester["api_key"],
-                    approver_key=approver["api_key"], booking_id="", workdir=workdir)
+    tenant = Tenant(
+        server=server,
+        account_id=account,
+        requester_key=requester["api_key"],
+        approver_key=approver["api_key"],
+        booking_id="",
+        workdir=workdir,
+    )
     tenant.booking_id = tenant.booking()
     return tenant
 

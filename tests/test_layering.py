@@ -22,15 +22,66 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
-CORE_IO_DENY = frozenset({
-    "os", "subprocess", "socket", "socketserver", "ssl", "select", "selectors", "signal",
-    "sqlite3", "sqlalchemy", "alembic", "psycopg", "psycopg2", "httpx", "httpcore", "requests",
-    "urllib3", "aiohttp", "fastapi", "starlette", "uvicorn", "torch", "torchft", "transformers",
-    "tokenizers", "shutil", "io", "tempfile", "glob", "fcntl", "mmap", "asyncio", "anyio",
-    "threading", "multiprocessing", "concurrent", "urllib.request", "http.client", "http.server",
-    "keyring", "logging", "pickle", "shelve", "dbm", "webbrowser", "ctypes", "pty", "pathlib",
-    "platform", "getpass", "importlib", "sys", "time", "random", "secrets", "uuid",
-})
+CORE_IO_DENY = frozenset(
+    {
+        "os",
+        "subprocess",
+        "socket",
+        "socketserver",
+        "ssl",
+        "select",
+        "selectors",
+        "signal",
+        "sqlite3",
+        "sqlalchemy",
+        "alembic",
+        "psycopg",
+        "psycopg2",
+        "httpx",
+        "httpcore",
+        "requests",
+        "urllib3",
+        "aiohttp",
+        "fastapi",
+        "starlette",
+        "uvicorn",
+        "torch",
+        "torchft",
+        "transformers",
+        "tokenizers",
+        "shutil",
+        "io",
+        "tempfile",
+        "glob",
+        "fcntl",
+        "mmap",
+        "asyncio",
+        "anyio",
+        "threading",
+        "multiprocessing",
+        "concurrent",
+        "urllib.request",
+        "http.client",
+        "http.server",
+        "keyring",
+        "logging",
+        "pickle",
+        "shelve",
+        "dbm",
+        "webbrowser",
+        "ctypes",
+        "pty",
+        "pathlib",
+        "platform",
+        "getpass",
+        "importlib",
+        "sys",
+        "time",
+        "random",
+        "secrets",
+        "uuid",
+    }
+)
 """Modules whose use means I/O, a clock, randomness or process state. ``pathlib`` is denied
 whole (its pure half, ``PurePosixPath``, is not needed: core uses ``posixpath``), as are the clock
 (``time``) and randomness (``random``, ``secrets``, ``uuid``): core functions take ``now`` and ids
@@ -47,10 +98,21 @@ PIPELINE_DENY = ("ito.server", "ito.client", "ito.bridge", "ito.mcp")
 ROUTER_SQLALCHEMY_ALLOWED = frozenset({("sqlalchemy.orm", "Session")})
 """A router may name the ``Session`` type to annotate what it passes to a service."""
 
-ROUTER_QUERY_METHODS = frozenset({
-    "execute", "scalar", "scalars", "query", "flush", "add_all", "merge", "refresh",
-    "bulk_save_objects", "bulk_insert_mappings", "bulk_update_mappings",
-})
+ROUTER_QUERY_METHODS = frozenset(
+    {
+        "execute",
+        "scalar",
+        "scalars",
+        "query",
+        "flush",
+        "add_all",
+        "merge",
+        "refresh",
+        "bulk_save_objects",
+        "bulk_insert_mappings",
+        "bulk_update_mappings",
+    }
+)
 """Calls that run SQL on any receiver; ``add``, ``delete`` and ``get`` also count when called on
 something named like a session (they are common names on sets and dicts)."""
 ROUTER_SESSION_METHODS = frozenset({"add", "delete", "get"})
@@ -111,17 +173,21 @@ def core_violations(source: str, module: str, is_package: bool = False) -> list[
 
 
 def pipeline_violations(source: str, module: str, is_package: bool = False) -> list[str]:
-    return [f"{module}:{imp.line} imports {imp.module}"
-            for imp in imports(ast.parse(source), module, is_package)
-            if any(within(imp.module, d) for d in PIPELINE_DENY)]
+    return [
+        f"{module}:{imp.line} imports {imp.module}"
+        for imp in imports(ast.parse(source), module, is_package)
+        if any(within(imp.module, d) for d in PIPELINE_DENY)
+    ]
 
 
 def router_violations(source: str, module: str, is_package: bool = False) -> list[str]:
     tree = ast.parse(source)
     found = []
     for imp in imports(tree, module, is_package):
-        if within(imp.module, "sqlalchemy") and (imp.module, imp.name) not in \
-                ROUTER_SQLALCHEMY_ALLOWED:
+        if (
+            within(imp.module, "sqlalchemy")
+            and (imp.module, imp.name) not in ROUTER_SQLALCHEMY_ALLOWED
+        ):
             found.append(f"{module}:{imp.line} imports {imp.module}.{imp.name or ''}")
         if within(imp.module, "ito.server.store.tables") and (imp.name or "x")[:1].isupper():
             found.append(f"{module}:{imp.line} imports the table {imp.name}")
@@ -131,10 +197,16 @@ def router_violations(source: str, module: str, is_package: bool = False) -> lis
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
             continue
         method, receiver = node.func.attr, node.func.value
-        named = receiver.id if isinstance(receiver, ast.Name) else \
-            receiver.attr if isinstance(receiver, ast.Attribute) else ""
-        if method in ROUTER_QUERY_METHODS or (method in ROUTER_SESSION_METHODS
-                                              and "session" in named.lower()):
+        named = (
+            receiver.id
+            if isinstance(receiver, ast.Name)
+            else receiver.attr
+            if isinstance(receiver, ast.Attribute)
+            else ""
+        )
+        if method in ROUTER_QUERY_METHODS or (
+            method in ROUTER_SESSION_METHODS and "session" in named.lower()
+        ):
             found.append(f"{module}:{node.lineno} calls .{method}() (SQL belongs in a service)")
     return found
 
@@ -170,32 +242,41 @@ def test_routers_hold_no_sql() -> None:
     assert check("ito.server.routers", router_violations) == []
 
 
-@pytest.mark.parametrize(("rule", "source"), [
-    (core_violations, "import os\n"),
-    (core_violations, "from pathlib import Path\n"),
-    (core_violations, "def f():\n    import subprocess\n"),
-    (core_violations, "from ito.server.settings import ServerSettings\n"),
-    (core_violations, "from ..server import app\n"),
-    (core_violations, "from urllib.request import urlopen\n"),
-    (core_violations, "import numpy\n"),
-    (pipeline_violations, "from ito.client.transport import ApiClient\n"),
-    (pipeline_violations, "import ito.server.app\n"),
-    (router_violations, "from sqlalchemy import select\n"),
-    (router_violations, "from ito.server.store.tables import Run\n"),
-    (router_violations, "def f(session):\n    session.execute('DELETE FROM runs')\n"),
-    (router_violations, "def f(session):\n    session.add(object())\n"),
-])
+@pytest.mark.parametrize(
+    ("rule", "source"),
+    [
+        (core_violations, "import os\n"),
+        (core_violations, "from pathlib import Path\n"),
+        (core_violations, "def f():\n    import subprocess\n"),
+        (core_violations, "from ito.server.settings import ServerSettings\n"),
+        (core_violations, "from ..server import app\n"),
+        (core_violations, "from urllib.request import urlopen\n"),
+        (core_violations, "import numpy\n"),
+        (pipeline_violations, "from ito.client.transport import ApiClient\n"),
+        (pipeline_violations, "import ito.server.app\n"),
+        (router_violations, "from sqlalchemy import select\n"),
+        (router_violations, "from ito.server.store.tables import Run\n"),
+        (router_violations, "def f(session):\n    session.execute('DELETE FROM runs')\n"),
+        (router_violations, "def f(session):\n    session.add(object())\n"),
+    ],
+)
 def test_each_rule_catches_a_violation(rule: object, source: str) -> None:
     assert callable(rule)
     assert rule(source, "ito.core.example"), f"not caught: {source!r}"
 
 
-@pytest.mark.parametrize(("rule", "source"), [
-    (core_violations, "from ito.core.errors import ItoError\nfrom . import text\nimport re\n"),
-    (core_violations, "from pydantic import BaseModel\nfrom urllib.parse import urlsplit\n"),
-    (router_violations, "from sqlalchemy.orm import Session\n"
-                        "from ito.server.store.tables import utcnow\nseen = set()\nseen.add(1)\n"),
-])
+@pytest.mark.parametrize(
+    ("rule", "source"),
+    [
+        (core_violations, "from ito.core.errors import ItoError\nfrom . import text\nimport re\n"),
+        (core_violations, "from pydantic import BaseModel\nfrom urllib.parse import urlsplit\n"),
+        (
+            router_violations,
+            "from sqlalchemy.orm import Session\n"
+            "from ito.server.store.tables import utcnow\nseen = set()\nseen.add(1)\n",
+        ),
+    ],
+)
 def test_what_each_rule_allows(rule: object, source: str) -> None:
     assert callable(rule)
     assert rule(source, "ito.core.example") == []

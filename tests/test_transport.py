@@ -23,15 +23,24 @@ BOUND = 64 * 1024
 
 
 def _envelope_ok(data: Any) -> bytes:
-    return json.dumps({"ok": True, "live_api_contacted": True, "notice": "ok",
-                       "data": data}).encode()
+    return json.dumps(
+        {"ok": True, "live_api_contacted": True, "notice": "ok", "data": data}
+    ).encode()
 
 
 def _envelope_error(code: str) -> bytes:
-    return json.dumps({"ok": False, "live_api_contacted": True, "notice": "refused",
-                       "error": {"code": code, "message": "refused", "retryable":
-                                 REGISTRY[code].retryable if code in REGISTRY else False}}
-                      ).encode()
+    return json.dumps(
+        {
+            "ok": False,
+            "live_api_contacted": True,
+            "notice": "refused",
+            "error": {
+                "code": code,
+                "message": "refused",
+                "retryable": REGISTRY[code].retryable if code in REGISTRY else False,
+            },
+        }
+    ).encode()
 
 
 class Stub(ThreadingHTTPServer):
@@ -179,8 +188,7 @@ def test_connection_refused_is_unreachable_and_nothing_was_sent() -> None:
         _assert_no_secret(failed.value)
 
 
-def test_a_silent_server_is_a_timeout_for_a_read_and_ambiguous_for_a_mutation(
-        stub: Stub) -> None:
+def test_a_silent_server_is_a_timeout_for_a_read_and_ambiguous_for_a_mutation(stub: Stub) -> None:
     with pytest.raises(TransportFailure) as read:
         transport(stub.url, timeout=0.5).request("GET", "/silent")
     assert read.value.code == "transport_timeout" and read.value.live_api_contacted is True
@@ -227,8 +235,7 @@ def test_a_retryable_5xx_is_not_retried_for_a_non_idempotent_post(stub: Stub) ->
 
 
 def test_a_retryable_5xx_is_retried_for_a_post_with_an_idempotency_key(stub: Stub) -> None:
-    envelope = transport(stub.url).request("POST", "/busy-then-ok",
-                                           json={"idempotency_key": "k-2"})
+    envelope = transport(stub.url).request("POST", "/busy-then-ok", json={"idempotency_key": "k-2"})
     assert envelope["data"] == {"n": 2}
     assert stub.hits["POST /busy-then-ok"] == 2
 
@@ -273,7 +280,8 @@ def test_redirects_are_not_followed(stub: Stub) -> None:
 
 
 def test_proxy_settings_of_the_environment_are_ignored(
-        stub: Stub, monkeypatch: pytest.MonkeyPatch) -> None:
+    stub: Stub, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         dead = probe.getsockname()[1]

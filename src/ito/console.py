@@ -26,8 +26,9 @@ class Output:
     json_mode: bool = False
 
     @classmethod
-    def finish(cls, envelope: dict[str, Any],
-               render: Callable[[dict[str, Any]], None] | None = None) -> NoReturn:
+    def finish(
+        cls, envelope: dict[str, Any], render: Callable[[dict[str, Any]], None] | None = None
+    ) -> NoReturn:
         if cls.json_mode:
             sys.stdout.write(json.dumps(envelope, indent=2, sort_keys=False) + "\n")
         elif envelope["ok"]:
@@ -37,8 +38,9 @@ class Output:
         raise typer.Exit(0 if envelope["ok"] else 1)
 
     @classmethod
-    def fail(cls, error: ItoError, *, live_api_contacted: bool,
-             notice: str | None = None) -> NoReturn:
+    def fail(
+        cls, error: ItoError, *, live_api_contacted: bool, notice: str | None = None
+    ) -> NoReturn:
         cls.finish(error_envelope(error, notice, live_api_contacted=live_api_contacted))
 
 
@@ -58,16 +60,20 @@ def _render_error(envelope: dict[str, Any]) -> None:
 
     console = Console(stderr=True)
     error = envelope["error"]
-    console.print(f"[red]Error[/red] [bold]{error['code']}[/bold]: {error['message']}",
-                  highlight=False, markup=True)
+    console.print(
+        f"[red]Error[/red] [bold]{error['code']}[/bold]: {error['message']}",
+        highlight=False,
+        markup=True,
+    )
     details = error.get("details")
     if details:
         console.print(json.dumps(details, indent=2), highlight=False, markup=False)
     console.print(envelope["notice"], style="dim", highlight=False, markup=False)
 
 
-def run_app(app: typer.Typer, argv: Sequence[str], prog_name: str,
-            refusal_notice: str = "nothing was sent") -> NoReturn:
+def run_app(
+    app: typer.Typer, argv: Sequence[str], prog_name: str, refusal_notice: str = "nothing was sent"
+) -> NoReturn:
     args = list(argv)
     json_count = args.count("--json")
     Output.json_mode = json_count > 0
@@ -92,8 +98,9 @@ def run_app(app: typer.Typer, argv: Sequence[str], prog_name: str,
 
 
 def _usage_error(message: str) -> NoReturn:
-    envelope = error_envelope(ItoError("invalid_arguments", message), "nothing was sent",
-                              live_api_contacted=False)
+    envelope = error_envelope(
+        ItoError("invalid_arguments", message), "nothing was sent", live_api_contacted=False
+    )
     if Output.json_mode:
         sys.stdout.write(json.dumps(envelope, indent=2) + "\n")
     if message:

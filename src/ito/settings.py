@@ -30,8 +30,7 @@ def default_home() -> Path:
 
 
 class ItoSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore",
-                                      env_ignore_empty=True)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", env_ignore_empty=True)
 
     home: Path = Field(default_factory=default_home)
     """State directory (``ITO_HOME``, default ``~/.ito``): the embedded server's database,
@@ -67,8 +66,11 @@ class ItoSettings(BaseSettings):
                 value = str(value)
             elif name in self.url_fields and isinstance(value, str):
                 value = mask_url(value)
-            shown[name] = {"variable": env_name(name), "value": value,
-                           "source": self.source_of(name)}
+            shown[name] = {
+                "variable": env_name(name),
+                "value": value,
+                "source": self.source_of(name),
+            }
         return shown
 
 

@@ -72,8 +72,7 @@ class TransportFailure(ItoError):
     """No usable answer came back. ``live_api_contacted`` says whether a byte may have reached
     the API (true after any ambiguous failure)."""
 
-    def __init__(self, code: str, message: str | None = None, *,
-                 live_api_contacted: bool) -> None:
+    def __init__(self, code: str, message: str | None = None, *, live_api_contacted: bool) -> None:
         super().__init__(code, message)
         self.live_api_contacted = live_api_contacted
 
@@ -85,8 +84,10 @@ class ApiRefusal(ItoError):
         error = envelope["error"]
         code = error["code"]
         message = error.get("message")
-        super().__init__(code if code in REGISTRY else "internal_error",
-                         message if isinstance(message, str) and message else None)
+        super().__init__(
+            code if code in REGISTRY else "internal_error",
+            message if isinstance(message, str) and message else None,
+        )
         self.envelope = envelope
         self.http_status = status
         self.retryable_answer = bool(error.get("retryable")) and status in _RETRYABLE_STATUSES
@@ -106,11 +107,16 @@ class _Retry(Exception):
 class Transport:
     """Requests to one API base URL with one credential (or none)."""
 
-    def __init__(self, api_url: str, token: str | None = None, *,
-                 connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-                 timeout: float = DEFAULT_TIMEOUT,
-                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
-                 retries: int = DEFAULT_RETRIES) -> None:
+    def __init__(
+        self,
+        api_url: str,
+        token: str | None = None,
+        *,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        retries: int = DEFAULT_RETRIES,
+    ) -> None:
         if not api_url.startswith(("http://", "https://")):
             raise ItoError("client_not_configured", "the API URL must be an http(s) URL")
         self.api_url = api_url.rstrip("/")
@@ -126,9 +132,16 @@ class Transport:
     def close(self) -> None:
         """Nothing is held between calls; kept so owners can release a transport uniformly."""
 
-    def request(self, method: str, path: str, *, json: Any = None, content: bytes | None = None,
-                params: dict[str, Any] | None = None,
-                mutation: bool | None = None) -> dict[str, Any]:
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        content: bytes | None = None,
+        params: dict[str, Any] | None = None,
+        mutation: bool | None = None,
+    ) -> dict[str, Any]:
         """The API's ok envelope, or raise :class:`ApiRefusal` / :class:`TransportFailure`.
 
         ``mutation`` defaults to "not a safe method"; it picks ``transport_ambiguous`` over
@@ -139,8 +152,17 @@ class Transport:
         headers = dict(self._headers)
         if content is not None:
             headers["content-type"] = "application/octet-stream"
-        call = _Call(method, path, json, content, params, headers, is_mutation,
-                     safe=not is_mutation, keyed=keyed)
+        call = _Call(
+            method,
+            path,
+            json,
+            content,
+            params,
+            headers,
+            is_mutation,
+            safe=not is_mutation,
+            keyed=keyed,
+        )
         return asyncio.run(self._call(call))
 
     async def _call(self, call: _Call) -> dict[str, Any]:
@@ -150,10 +172,13 @@ class Transport:
         contacted = False
         pause = BACKOFF_S
         failure: ItoError = TransportFailure("transport_timeout", live_api_contacted=False)
-        async with httpx.AsyncClient(base_url=self.api_url, verify=self._tls_context(),
-                                     timeout=httpx.Timeout(self.timeout,
-                                                           connect=self.connect_timeout),
-                                     follow_redirects=False, trust_env=False) as client:
+        async with httpx.AsyncClient(
+            base_url=self.api_url,
+            verify=self._tls_context(),
+            timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout),
+            follow_redirects=False,
+            trust_env=False,
+        ) as client:
             for attempt in range(self.retries + 1):
                 remaining = deadline - time.monotonic()
                 try:
@@ -185,21 +210,34 @@ class Transport:
         import httpx
 
         try:
-            async with client.stream(call.method, call.path, json=call.json,
-                                     content=call.content, params=call.params,
-                                     headers=call.headers) as response:
+            async with client.stream(
+                call.method,
+                call.path,
+                json=call.json,
+                content=call.content,
+                params=call.params,
+                headers=call.headers,
+            ) as response:
                 status = response.status_code
                 body = await self._read_bounded(response, call)
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout,
-                httpx.UnsupportedProtocol, httpx.InvalidURL):
-            raise _Retry(TransportFailure("transport_unreachable", live_api_contacted=False),
-                         answered=False) from None
+        except (
+            httpx.ConnectError,
+            httpx.ConnectTimeout,
+            httpx.PoolTimeout,
+            httpx.UnsupportedProtocol,
+            httpx.InvalidURL,
+        ):
+            raise _Retry(
+                TransportFailure("transport_unreachable", live_api_contacted=False), answered=False
+            ) from None
         except httpx.TimeoutException:
-            raise _Retry(call.no_answer("the API did not answer within the deadline"),
-                         answered=False) from None
+            raise _Retry(
+                call.no_answer("the API did not answer within the deadline"), answered=False
+            ) from None
         except httpx.HTTPError:
-            raise _Retry(call.no_answer("the connection broke after the request was sent"),
-                         answered=False) from None
+            raise _Retry(
+                call.no_answer("the connection broke after the request was sent"), answered=False
+            ) from None
         envelope = _envelope(body)
         if envelope is None:
             failure = call.bad_answer("the API's answer was not an envelope")
@@ -236,9 +274,19 @@ class Transport:
 class _Call:
     """One request as the attempts see it."""
 
-    def __init__(self, method: str, path: str, json: Any, content: bytes | None,
-                 params: dict[str, Any] | None, headers: dict[str, str], mutation: bool, *,
-                 safe: bool, keyed: bool) -> None:
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        json: Any,
+        content: bytes | None,
+        params: dict[str, Any] | None,
+        headers: dict[str, str],
+        mutation: bool,
+        *,
+        safe: bool,
+        keyed: bool,
+    ) -> None:
         self.method, self.path, self.json, self.content = method, path, json, content
         self.params, self.headers, self.mutation = params, headers, mutation
         self.safe, self.keyed = safe, keyed
@@ -246,8 +294,7 @@ class _Call:
     def no_answer(self, message: str) -> TransportFailure:
         """The request may have left and no answer came back."""
         code = "transport_ambiguous" if self.mutation else "transport_timeout"
-        return TransportFailure(code, None if self.mutation else message,
-                                live_api_contacted=True)
+        return TransportFailure(code, None if self.mutation else message, live_api_contacted=True)
 
     def bad_answer(self, message: str) -> TransportFailure:
         """Something answered, but not with an envelope this side can read."""

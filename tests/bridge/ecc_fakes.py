@@ -57,8 +57,12 @@ def envelope(commands: list[dict[str, str]], **data: Any) -> dict[str, Any]:
     body = capabilities()
     body["commands"] = commands
     body |= data
-    return {"ok": True, "live_api_contacted": False,
-            "notice": "capabilities of this client; nothing was sent", "data": body}
+    return {
+        "ok": True,
+        "live_api_contacted": False,
+        "notice": "capabilities of this client; nothing was sent",
+        "data": body,
+    }
 
 
 def all_supported() -> list[dict[str, str]]:
@@ -96,11 +100,22 @@ def _records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def make_fake(directory: Path, *, probe: dict[str, Any] | str | None = None,
-              probe_exit: int = 0, probe_hang: bool = False, exit_code: int = 0,
-              stdout: str = "fake-client:{argv}\n", stderr: str = "fake-client-stderr\n",
-              flood: int = 0, hang: bool = False, wait_stdin: bool = False,
-              kill_self: bool = False, name: str = "ito", mode: int = 0o755) -> FakeClient:
+def make_fake(
+    directory: Path,
+    *,
+    probe: dict[str, Any] | str | None = None,
+    probe_exit: int = 0,
+    probe_hang: bool = False,
+    exit_code: int = 0,
+    stdout: str = "fake-client:{argv}\n",
+    stderr: str = "fake-client-stderr\n",
+    flood: int = 0,
+    hang: bool = False,
+    wait_stdin: bool = False,
+    kill_self: bool = False,
+    name: str = "ito",
+    mode: int = 0o755,
+) -> FakeClient:
     """Write a fake client at ``directory/name``. ``probe``: the capability output (an
     envelope dict, raw text, or None for every command supported)."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -108,11 +123,18 @@ def make_fake(directory: Path, *, probe: dict[str, Any] | str | None = None,
     if probe is None:
         probe = envelope(all_supported())
     config = {
-        "log": str(log), "probe_log": str(probe_log),
+        "log": str(log),
+        "probe_log": str(probe_log),
         "probe_stdout": probe if isinstance(probe, str) else json.dumps(probe) + "\n",
-        "probe_exit": probe_exit, "probe_hang": probe_hang, "exit": exit_code,
-        "stdout": stdout, "stderr": stderr, "flood": flood, "hang": hang,
-        "wait_stdin": wait_stdin, "kill_self": kill_self,
+        "probe_exit": probe_exit,
+        "probe_hang": probe_hang,
+        "exit": exit_code,
+        "stdout": stdout,
+        "stderr": stderr,
+        "flood": flood,
+        "hang": hang,
+        "wait_stdin": wait_stdin,
+        "kill_self": kill_self,
     }
     path = directory / name
     path.write_text(_SCRIPT.format(python=sys.executable, config=json.dumps(config)))
@@ -133,20 +155,26 @@ def make_decoy(directory: Path, name: str = "ito", shebang: str = "#!/bin/sh") -
 
 def base_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     """A plain user environment for the bridge: nothing of ours unless given."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
-           "LANG": "C.UTF-8"}
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path),
+        "LANG": "C.UTF-8",
+    }
     env |= extra
     return env
 
 
-def ecc(args: list[str], env: dict[str, str], cwd: Path | None = None,
-        timeout: float = 60.0) -> Result:
+def ecc(
+    args: list[str], env: dict[str, str], cwd: Path | None = None, timeout: float = 60.0
+) -> Result:
     """Run ``ecc`` as a subprocess; the envelope is parsed when stdout is one JSON document."""
-    proc = subprocess.run([ECC, *args], env=env, cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    proc = subprocess.run(
+        [ECC, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+    )
     try:
         parsed = json.loads(proc.stdout)
     except ValueError:
         parsed = None
-    return Result(proc.returncode, parsed if isinstance(parsed, dict) else None, proc.stdout,
-                  proc.stderr)
+    return Result(
+        proc.returncode, parsed if isinstance(parsed, dict) else None, proc.stdout, proc.stderr
+    )

@@ -22,22 +22,40 @@ from tests.bridge.ecc_fakes import (
 )
 from tests.support import ITO, Tenant, run_cli
 
-SECRETS = {"ITO_API_KEY": "ito_requester_key", "ITO_API_URL": "https://ito.example.test",
-           "ITO_HOME": "/tmp/ito-home", "ITO_ALLOW_FILE_TOKEN": "1", "ITO_TIMEOUT": "9",
-           "PYTHON_KEYRING_BACKEND": "keyring.backends.null.Keyring",
-           "AWS_SECRET_ACCESS_KEY": "must-not-cross"}
-TRAINING = [["plan", "--booking", "b", "--manifest", "/m.json"],
-            ["confirm", "--action", "train", "--booking", "b", "--manifest", "/m.json"],
-            ["train", "--booking", "b", "--manifest", "/m.json", "--confirmation-ref", "cfr_1",
-             "--idempotency-key", "k-1"],
-            ["runs", "list"], ["runs", "logs", "run_1", "--follow"],
-            ["runs", "cancel", "run_1", "--confirmation-ref", "cfr_2"],
-            ["runs", "cleanup", "run_1"]]
+SECRETS = {
+    "ITO_API_KEY": "ito_requester_key",
+    "ITO_API_URL": "https://ito.example.test",
+    "ITO_HOME": "/tmp/ito-home",
+    "ITO_ALLOW_FILE_TOKEN": "1",
+    "ITO_TIMEOUT": "9",
+    "PYTHON_KEYRING_BACKEND": "keyring.backends.null.Keyring",
+    "AWS_SECRET_ACCESS_KEY": "must-not-cross",
+}
+TRAINING = [
+    ["plan", "--booking", "b", "--manifest", "/m.json"],
+    ["confirm", "--action", "train", "--booking", "b", "--manifest", "/m.json"],
+    [
+        "train",
+        "--booking",
+        "b",
+        "--manifest",
+        "/m.json",
+        "--confirmation-ref",
+        "cfr_1",
+        "--idempotency-key",
+        "k-1",
+    ],
+    ["runs", "list"],
+    ["runs", "logs", "run_1", "--follow"],
+    ["runs", "cancel", "run_1", "--confirmation-ref", "cfr_2"],
+    ["runs", "cleanup", "run_1"],
+]
 
 
 @pytest.mark.parametrize("args", TRAINING, ids=lambda a: " ".join(a[:2]))
 def test_a_training_verb_is_forwarded_after_a_credential_free_probe(
-        tmp_path: Path, args: list[str]) -> None:
+    tmp_path: Path, args: list[str]
+) -> None:
     fake = make_fake(tmp_path / "client")
     env = base_env(tmp_path, ECC_ITO_CLI_EXECUTABLE=str(fake.path), **SECRETS)
     result = ecc(["ito", *args, "--json"], env)
@@ -55,9 +73,11 @@ def test_a_training_verb_is_forwarded_after_a_credential_free_probe(
 
 @pytest.mark.parametrize("operation", REQUIRED_TRAINING_OPERATIONS)
 def test_one_unsupported_operation_refuses_every_training_verb_and_spawns_nothing_more(
-        tmp_path: Path, operation: str) -> None:
-    fake = make_fake(tmp_path / "client",
-                     probe=envelope(with_change(operation, availability="unsupported")))
+    tmp_path: Path, operation: str
+) -> None:
+    fake = make_fake(
+        tmp_path / "client", probe=envelope(with_change(operation, availability="unsupported"))
+    )
     env = base_env(tmp_path, ECC_ITO_CLI_EXECUTABLE=str(fake.path), **SECRETS)
     for args in (["train", "--booking", "b"], ["plan"], ["runs", "show", "run_1"]):
         result = ecc(["ito", *args, "--json"], env)
@@ -69,18 +89,27 @@ def test_one_unsupported_operation_refuses_every_training_verb_and_spawns_nothin
 
 
 def test_train_is_refused_while_the_real_contract_lacks_lifecycle_operations(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """The contract as the client shipped it when the bridge was written: logs, metrics,
     checkpoints, watch, cancel and cleanup still unsupported."""
-    lacking = ["runs logs", "runs metrics", "runs checkpoints", "runs watch", "runs cancel",
-               "runs cleanup"]
+    lacking = [
+        "runs logs",
+        "runs metrics",
+        "runs checkpoints",
+        "runs watch",
+        "runs cancel",
+        "runs cleanup",
+    ]
     commands = all_supported()
     for command in commands:
         if command["name"] in [*lacking, "telemetry", "find", "evals", "login", "logout"]:
             command["availability"] = "unsupported"
     fake = make_fake(tmp_path / "client", probe=envelope(commands))
-    result = ecc(["ito", "train", "--booking", "b", "--manifest", "/m.json", "--json"],
-                 base_env(tmp_path, ECC_ITO_CLI_EXECUTABLE=str(fake.path), **SECRETS))
+    result = ecc(
+        ["ito", "train", "--booking", "b", "--manifest", "/m.json", "--json"],
+        base_env(tmp_path, ECC_ITO_CLI_EXECUTABLE=str(fake.path), **SECRETS),
+    )
     assert (result.rc, result.code) == (1, "capability_unavailable")
     assert result.envelope is not None
     assert result.envelope["error"]["details"]["unsupported"] == lacking
@@ -89,8 +118,10 @@ def test_train_is_refused_while_the_real_contract_lacks_lifecycle_operations(
 
 def test_an_unadvertised_subcommand_is_refused(tmp_path: Path) -> None:
     fake = make_fake(tmp_path / "client")
-    result = ecc(["ito", "runs", "rewind", "run_1", "--json"],
-                 base_env(tmp_path, ECC_ITO_CLI_EXECUTABLE=str(fake.path)))
+    result = ecc(
+        ["ito", "runs", "rewind", "run_1", "--json"],
+        base_env(tmp_path, ECC_ITO_CLI_EXECUTABLE=str(fake.path)),
+    )
     assert (result.rc, result.code) == (1, "capability_unavailable")
     assert result.envelope is not None
     assert result.envelope["error"]["details"]["unsupported"] == ["runs rewind"]
@@ -99,8 +130,9 @@ def test_an_unadvertised_subcommand_is_refused(tmp_path: Path) -> None:
 
 def test_runs_without_a_subcommand_is_refused_before_anything_is_spawned(tmp_path: Path) -> None:
     fake = make_fake(tmp_path / "client")
-    result = ecc(["ito", "runs", "--json"],
-                 base_env(tmp_path, ECC_ITO_CLI_EXECUTABLE=str(fake.path)))
+    result = ecc(
+        ["ito", "runs", "--json"], base_env(tmp_path, ECC_ITO_CLI_EXECUTABLE=str(fake.path))
+    )
     assert (result.rc, result.code) == (1, "invalid_arguments")
     assert fake.probes() == [] and fake.calls() == []
 
@@ -121,8 +153,9 @@ BAD_PROBES: dict[str, dict[str, Any]] = {
     "garbage": {"probe": "this is not json\n"},
     "empty": {"probe": ""},
     "json-array": {"probe": "[]\n"},
-    "wrong-contract-version": {"probe": envelope(all_supported(),
-                                                 contract_version="ito.cli.capabilities.v2")},
+    "wrong-contract-version": {
+        "probe": envelope(all_supported(), contract_version="ito.cli.capabilities.v2")
+    },
     "not-ok": {"probe": {**envelope(all_supported()), "ok": False}},
     "contacted-the-api": {"probe": {**envelope(all_supported()), "live_api_contacted": True}},
     "another-cli": {"probe": envelope(all_supported(), cli={"name": "evil", "version": "1"})},
@@ -130,22 +163,26 @@ BAD_PROBES: dict[str, dict[str, Any]] = {
     "duplicate-command": {"probe": _duplicate()},
     "unknown-field": {"probe": _unknown_field()},
     "unknown-availability": {"probe": envelope(with_change("train", availability="maybe"))},
-    "train-without-side-effect": {"probe": envelope(with_change("train", side_effect="none",
-                                                                authority="none"))},
-    "plan-starts-a-workload": {"probe": envelope(with_change("plan",
-                                                             side_effect="workload_start"))},
-    "cancel-without-entitlement": {"probe": envelope(with_change("runs cancel",
-                                                                 authority="none"))},
+    "train-without-side-effect": {
+        "probe": envelope(with_change("train", side_effect="none", authority="none"))
+    },
+    "plan-starts-a-workload": {
+        "probe": envelope(with_change("plan", side_effect="workload_start"))
+    },
+    "cancel-without-entitlement": {"probe": envelope(with_change("runs cancel", authority="none"))},
     "status-as-approver": {"probe": envelope(with_change("status", authority="approver"))},
 }
 
 
 @pytest.mark.parametrize("case", list(BAD_PROBES))
 def test_a_failed_or_untrustworthy_probe_refuses_and_never_spawns_the_call(
-        tmp_path: Path, case: str) -> None:
+    tmp_path: Path, case: str
+) -> None:
     fake = make_fake(tmp_path / "client", **BAD_PROBES[case])
-    result = ecc(["ito", "train", "--booking", "b", "--idempotency-key", "k", "--json"],
-                 base_env(tmp_path, ECC_ITO_CLI_EXECUTABLE=str(fake.path), **SECRETS))
+    result = ecc(
+        ["ito", "train", "--booking", "b", "--idempotency-key", "k", "--json"],
+        base_env(tmp_path, ECC_ITO_CLI_EXECUTABLE=str(fake.path), **SECRETS),
+    )
     assert (result.rc, result.code) == (1, "capability_unavailable")
     assert result.envelope is not None and result.envelope["live_api_contacted"] is False
     assert len(fake.probes()) == 1
@@ -154,18 +191,24 @@ def test_a_failed_or_untrustworthy_probe_refuses_and_never_spawns_the_call(
 
 def test_a_probe_that_hangs_is_stopped_and_refused(tmp_path: Path) -> None:
     fake = make_fake(tmp_path / "client", probe_hang=True)
-    result = ecc(["ito", "plan", "--json"],
-                 base_env(tmp_path, ECC_ITO_CLI_EXECUTABLE=str(fake.path),
-                          ECC_ITO_TIMEOUT="0.5", **SECRETS))
+    result = ecc(
+        ["ito", "plan", "--json"],
+        base_env(tmp_path, ECC_ITO_CLI_EXECUTABLE=str(fake.path), ECC_ITO_TIMEOUT="0.5", **SECRETS),
+    )
     assert (result.rc, result.code) == (1, "capability_unavailable")
     assert len(fake.probes()) == 1 and fake.calls() == []
 
 
 # --- the real client, against a real server (SQLite and PostgreSQL) ---------------------------
 
+
 def _real_env(tenant: Tenant, key: str | None) -> dict[str, str]:
-    env = base_env(tenant.workdir, ECC_ITO_CLI_EXECUTABLE=ITO, ITO_API_URL=tenant.server.url,
-                   ITO_HOME=str(tenant.workdir / "client-home"))
+    env = base_env(
+        tenant.workdir,
+        ECC_ITO_CLI_EXECUTABLE=ITO,
+        ITO_API_URL=tenant.server.url,
+        ITO_HOME=str(tenant.workdir / "client-home"),
+    )
     if key:
         env["ITO_API_KEY"] = key
     return env
@@ -193,9 +236,22 @@ def test_train_through_the_real_client_is_gated_on_its_real_contract(tenant: Ten
     contract = run_cli([ITO, "capabilities", "--json"], tenant.env(None)).data
     supported = {c["name"] for c in contract["commands"] if c["availability"] == "supported"}
     lacking = [op for op in REQUIRED_TRAINING_OPERATIONS if op not in supported]
-    result = ecc(["ito", "train", "--booking", tenant.booking_id, "--manifest", str(manifest),
-                  "--confirmation-ref", ref, "--idempotency-key", "bridge-k1", "--json"],
-                 _real_env(tenant, tenant.requester_key))
+    result = ecc(
+        [
+            "ito",
+            "train",
+            "--booking",
+            tenant.booking_id,
+            "--manifest",
+            str(manifest),
+            "--confirmation-ref",
+            ref,
+            "--idempotency-key",
+            "bridge-k1",
+            "--json",
+        ],
+        _real_env(tenant, tenant.requester_key),
+    )
     if lacking:  # today: the lifecycle is incomplete, so nothing may start
         assert (result.rc, result.code) == (1, "capability_unavailable")
         assert result.envelope is not None
@@ -206,7 +262,9 @@ def test_train_through_the_real_client_is_gated_on_its_real_contract(tenant: Ten
         assert result.rc == 0, result.stderr
         assert result.data["idempotency_key"] == "bridge-k1"
         assert tenant.counts()["runs"] == 1
-        shown = ecc(["ito", "runs", "show", result.data["run_id"], "--json"],
-                    _real_env(tenant, tenant.requester_key))
+        shown = ecc(
+            ["ito", "runs", "show", result.data["run_id"], "--json"],
+            _real_env(tenant, tenant.requester_key),
+        )
         assert shown.rc == 0, shown.stderr
         assert shown.data["run_id"] == result.data["run_id"]

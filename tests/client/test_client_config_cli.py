@@ -21,8 +21,8 @@ def test_defaults_are_shown_as_defaults(tmp_path: Path) -> None:
     assert shown.rc == 0
     settings = shown.data["settings"]
     assert {name: s["source"] for name, s in settings.items()} == dict.fromkeys(
-        ["home", "api_url", "connect_timeout", "timeout", "api_key", "allow_file_token"],
-        "default")
+        ["home", "api_url", "connect_timeout", "timeout", "api_key", "allow_file_token"], "default"
+    )
     assert settings["home"]["value"] == str(tmp_path / ".ito")
     assert settings["api_url"]["value"] == "http://127.0.0.1:8000"
     assert settings["api_key"]["value"] == "not set"
@@ -30,17 +30,25 @@ def test_defaults_are_shown_as_defaults(tmp_path: Path) -> None:
 
 
 def test_every_variable_is_honoured_and_no_secret_is_printed(tmp_path: Path) -> None:
-    env = _env(ITO_HOME=str(tmp_path / "home"), ITO_API_URL="https://alice:pa55word@api.test/",
-               ITO_CONNECT_TIMEOUT="2.5", ITO_TIMEOUT="40", ITO_API_KEY=KEY,
-               ITO_ALLOW_FILE_TOKEN="1")
+    env = _env(
+        ITO_HOME=str(tmp_path / "home"),
+        ITO_API_URL="https://alice:pa55word@api.test/",
+        ITO_CONNECT_TIMEOUT="2.5",
+        ITO_TIMEOUT="40",
+        ITO_API_KEY=KEY,
+        ITO_ALLOW_FILE_TOKEN="1",
+    )
     shown = run_cli([ITO, "config", "--json"], env)
     assert shown.rc == 0, shown.stdout + shown.stderr
     settings = shown.data["settings"]
     assert {name: (s["variable"], s["source"]) for name, s in settings.items()} == {
-        "home": ("ITO_HOME", "environment"), "api_url": ("ITO_API_URL", "environment"),
+        "home": ("ITO_HOME", "environment"),
+        "api_url": ("ITO_API_URL", "environment"),
         "connect_timeout": ("ITO_CONNECT_TIMEOUT", "environment"),
-        "timeout": ("ITO_TIMEOUT", "environment"), "api_key": ("ITO_API_KEY", "environment"),
-        "allow_file_token": ("ITO_ALLOW_FILE_TOKEN", "environment")}
+        "timeout": ("ITO_TIMEOUT", "environment"),
+        "api_key": ("ITO_API_KEY", "environment"),
+        "allow_file_token": ("ITO_ALLOW_FILE_TOKEN", "environment"),
+    }
     assert settings["home"]["value"] == str(tmp_path / "home")
     assert settings["api_url"]["value"] == "https://alice:***@api.test"
     assert settings["connect_timeout"]["value"] == 2.5
@@ -64,9 +72,12 @@ def test_the_deadline_is_never_below_the_connect_timeout() -> None:
 
 
 def test_invalid_settings_are_refused_without_echoing_them() -> None:
-    for name, value in (("ITO_API_URL", "ftp://s3cr3t@example"),
-                        ("ITO_CONNECT_TIMEOUT", "0"), ("ITO_TIMEOUT", "99999"),
-                        ("ITO_ALLOW_FILE_TOKEN", "perhaps")):
+    for name, value in (
+        ("ITO_API_URL", "ftp://s3cr3t@example"),
+        ("ITO_CONNECT_TIMEOUT", "0"),
+        ("ITO_TIMEOUT", "99999"),
+        ("ITO_ALLOW_FILE_TOKEN", "perhaps"),
+    ):
         refused = run_cli([ITO, "config", "--json"], _env(**{name: value}))
         assert refused.rc == 1 and refused.code == "client_not_configured", name
         assert value not in refused.stdout + refused.stderr

@@ -26,8 +26,13 @@ def _client_env(tenant: Tenant, home: Path, **extra: str) -> dict[str, str]:
 
 
 def _login(tenant: Tenant, env: dict[str, str], decision: str = "approve"):  # type: ignore[no-untyped-def]
-    proc = subprocess.Popen([ITO, "login", "--no-browser", "--json"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [ITO, "login", "--no-browser", "--json"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stderr is not None
     announced = ""
     while not USER_CODE.search(announced):
@@ -45,8 +50,7 @@ def _login(tenant: Tenant, env: dict[str, str], decision: str = "approve"):  # t
     return proc.returncode, json.loads(stdout)
 
 
-def test_login_stores_a_private_token_and_logout_revokes_it(tenant: Tenant,
-                                                            tmp_path: Path) -> None:
+def test_login_stores_a_private_token_and_logout_revokes_it(tenant: Tenant, tmp_path: Path) -> None:
     env = _client_env(tenant, tmp_path / "home", ITO_ALLOW_FILE_TOKEN="1")
     rc, envelope = _login(tenant, env)
     assert rc == 0 and envelope["ok"], envelope
@@ -78,16 +82,18 @@ def test_denied_login_stores_nothing(tenant: Tenant, tmp_path: Path) -> None:
     assert not list((tmp_path / "home").rglob("*.token"))
 
 
-def test_logout_keeps_the_token_when_remote_revocation_fails(tenant: Tenant,
-                                                            tmp_path: Path) -> None:
+def test_logout_keeps_the_token_when_remote_revocation_fails(
+    tenant: Tenant, tmp_path: Path
+) -> None:
     env = _client_env(tenant, tmp_path / "home", ITO_ALLOW_FILE_TOKEN="1")
     rc, _ = _login(tenant, env)
     assert rc == 0
     stored = next((tmp_path / "home" / "credentials").glob("*.token"))
     tenant.server.process.send_signal(signal.SIGSTOP)  # the API stops answering
     try:
-        out = run_cli([ITO, "logout", "--json"], env | {"ITO_TIMEOUT": "2",
-                                                        "ITO_CONNECT_TIMEOUT": "1"})
+        out = run_cli(
+            [ITO, "logout", "--json"], env | {"ITO_TIMEOUT": "2", "ITO_CONNECT_TIMEOUT": "1"}
+        )
     finally:
         tenant.server.process.send_signal(signal.SIGCONT)
     assert out.rc == 1 and out.code in ("transport_ambiguous", "transport_unreachable")
@@ -98,8 +104,10 @@ def test_auth_rejects_no_browser_and_never_logs_in(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ITO_")}
     result = run_cli([ITO, "auth", "--no-browser", "--json"], env | {"ITO_HOME": str(tmp_path)})
     assert result.rc == 2 and result.code == "invalid_arguments"
-    plain = run_cli([ITO, "auth", "--json"], env | {"ITO_HOME": str(tmp_path),
-                                                     "ITO_API_URL": "http://127.0.0.1:9"})
+    plain = run_cli(
+        [ITO, "auth", "--json"],
+        env | {"ITO_HOME": str(tmp_path), "ITO_API_URL": "http://127.0.0.1:9"},
+    )
     assert plain.rc == 1 and plain.code == "not_authenticated"
     assert plain.envelope is not None and plain.envelope["live_api_contacted"] is False
 
@@ -112,8 +120,9 @@ def test_revoked_login_token_stops_status_at_once(tenant: Tenant, tmp_path: Path
     with tenant.server.engine.connect() as conn:
         from sqlalchemy import text
 
-        key_id = conn.execute(text("SELECT id FROM api_keys WHERE prefix = :p"),
-                              {"p": prefix}).scalar_one()
+        key_id = conn.execute(
+            text("SELECT id FROM api_keys WHERE prefix = :p"), {"p": prefix}
+        ).scalar_one()
     tenant.server.desk(f"/v1/desk/keys/{key_id}/revoke", {})
     for args in (["status"], ["runs", "list"], ["runs", "watch", "run_" + "a" * 24]):
         result = run_cli([ITO, *args, "--json"], env, timeout=30)

@@ -92,8 +92,22 @@ def proxy(tenant: Tenant) -> Iterator[DroppingProxy]:
 
 def _train(tenant: Tenant, url: str, manifest: str, ref: str, key: str):  # type: ignore[no-untyped-def]
     env = tenant.env(tenant.requester_key) | {"ITO_API_URL": url}
-    return run_cli([ITO, "train", "--booking", tenant.booking_id, "--manifest", manifest,
-                    "--confirmation-ref", ref, "--idempotency-key", key, "--json"], env)
+    return run_cli(
+        [
+            ITO,
+            "train",
+            "--booking",
+            tenant.booking_id,
+            "--manifest",
+            manifest,
+            "--confirmation-ref",
+            ref,
+            "--idempotency-key",
+            key,
+            "--json",
+        ],
+        env,
+    )
 
 
 def test_lost_create_response_is_recovered_by_idempotency_key(

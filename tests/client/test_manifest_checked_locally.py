@@ -48,8 +48,12 @@ def _connections(sock: socket.socket) -> int:
 
 def _env_for(sock: socket.socket) -> dict[str, str]:
     port = sock.getsockname()[1]
-    return _env(ITO_API_URL=f"http://127.0.0.1:{port}", ITO_API_KEY="ito_req_" + "x" * 30,
-                ITO_CONNECT_TIMEOUT="2", ITO_TIMEOUT="3")
+    return _env(
+        ITO_API_URL=f"http://127.0.0.1:{port}",
+        ITO_API_KEY="ito_req_" + "x" * 30,
+        ITO_CONNECT_TIMEOUT="2",
+        ITO_TIMEOUT="3",
+    )
 
 
 def _private(path: Path, content: str) -> Path:
@@ -61,38 +65,62 @@ def _private(path: Path, content: str) -> Path:
 def _credentials_file(tmp_path: Path) -> Path:
     aws = tmp_path / ".aws"
     aws.mkdir(mode=0o700)
-    return _private(aws / "credentials", "[default]\naws_access_key_id = " + _AWS_ID
-                    + "\naws_secret_access_key = " + _AWS_SECRET + "\n")
+    return _private(
+        aws / "credentials",
+        "[default]\naws_access_key_id = "
+        + _AWS_ID
+        + "\naws_secret_access_key = "
+        + _AWS_SECRET
+        + "\n",
+    )
 
 
 def _secret_manifest(tmp_path: Path) -> Path:
-    init = run_cli([ITO, "manifest", "init", "--out", str(tmp_path / "m"), "--recipe", "test",
-                    "--json"], _env())
+    init = run_cli(
+        [ITO, "manifest", "init", "--out", str(tmp_path / "m"), "--recipe", "test", "--json"],
+        _env(),
+    )
     path = Path(init.data["manifest"])
     document: dict[str, Any] = json.loads(path.read_text())
-    document["data"][0]["uri"] = "https://data.example.com/web.jsonl?X-Amz-Credential=" + \
-        _AWS_ID + "&X-Amz-" + "Signature=" + "0f" * 32
+    document["data"][0]["uri"] = (
+        "https://data.example.com/web.jsonl?X-Amz-Credential="
+        + _AWS_ID
+        + "&X-Amz-"
+        + "Signature="
+        + "0f" * 32
+    )
     return _private(path, json.dumps(document))
 
 
-CASES = {"credentials_file": (_credentials_file, "manifest_invalid"),
-         "secret_manifest": (_secret_manifest, "manifest_contains_secret")}
+CASES = {
+    "credentials_file": (_credentials_file, "manifest_invalid"),
+    "secret_manifest": (_secret_manifest, "manifest_contains_secret"),
+}
 
 
 def _verbs(path: Path) -> dict[str, list[str]]:
     return {
         "plan": ["plan", "--booking", BOOKING, "--manifest", str(path)],
-        "confirm": ["confirm", "--action", "train", "--booking", BOOKING, "--manifest",
-                    str(path)],
-        "train": ["train", "--booking", BOOKING, "--manifest", str(path), "--confirmation-ref",
-                  CONFIRMATION, "--idempotency-key", "k-1"],
+        "confirm": ["confirm", "--action", "train", "--booking", BOOKING, "--manifest", str(path)],
+        "train": [
+            "train",
+            "--booking",
+            BOOKING,
+            "--manifest",
+            str(path),
+            "--confirmation-ref",
+            CONFIRMATION,
+            "--idempotency-key",
+            "k-1",
+        ],
         "manifest_validate": ["manifest", "validate", str(path)],
     }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_cli_refuses_a_bad_manifest_before_connecting(
-        tmp_path: Path, listener: socket.socket, case: str) -> None:
+    tmp_path: Path, listener: socket.socket, case: str
+) -> None:
     make, code = CASES[case]
     path = make(tmp_path)
     for verb, argv in _verbs(path).items():
@@ -107,7 +135,8 @@ def test_the_cli_refuses_a_bad_manifest_before_connecting(
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_mcp_tools_refuse_a_bad_manifest_before_connecting(
-        tmp_path: Path, listener: socket.socket, case: str) -> None:
+    tmp_path: Path, listener: socket.socket, case: str
+) -> None:
     make, code = CASES[case]
     path = str(make(tmp_path))
 
@@ -115,8 +144,13 @@ def test_the_mcp_tools_refuse_a_bad_manifest_before_connecting(
         return [
             await mcp.call("ito_plan", booking=BOOKING, manifest=path),
             await mcp.call("ito_confirm", action="train", booking=BOOKING, manifest=path),
-            await mcp.call("ito_train", booking=BOOKING, manifest=path,
-                           confirmation_ref=CONFIRMATION, idempotency_key="k-1"),
+            await mcp.call(
+                "ito_train",
+                booking=BOOKING,
+                manifest=path,
+                confirmation_ref=CONFIRMATION,
+                idempotency_key="k-1",
+            ),
         ]
 
     for call in with_mcp(_env_for(listener), script):
@@ -129,11 +163,13 @@ def test_the_mcp_tools_refuse_a_bad_manifest_before_connecting(
 def test_a_valid_manifest_does_reach_the_api(tmp_path: Path, listener: socket.socket) -> None:
     # The control: the same command with a good manifest does connect (the listener never
     # answers, so the client gives up at its deadline).
-    init = run_cli([ITO, "manifest", "init", "--out", str(tmp_path / "m"), "--recipe", "test",
-                    "--json"], _env())
-    result = run_cli([ITO, "plan", "--booking", BOOKING, "--manifest", init.data["manifest"],
-                      "--json"], _env_for(listener))
+    init = run_cli(
+        [ITO, "manifest", "init", "--out", str(tmp_path / "m"), "--recipe", "test", "--json"],
+        _env(),
+    )
+    result = run_cli(
+        [ITO, "plan", "--booking", BOOKING, "--manifest", init.data["manifest"], "--json"],
+        _env_for(listener),
+    )
     assert result.rc == 1 and result.envelope is not None
     assert _connections(listener) >= 1
-
-

@@ -264,7 +264,8 @@ def test_a_manifest_in_a_group_writable_directory_is_unsafe(tmp_path: Path, mode
 
 @pytest.mark.parametrize("mode", [0o777, 0o775, 0o757, 0o770])
 def test_a_private_directory_inside_one_others_can_write_is_unsafe(
-        tmp_path: Path, mode: int) -> None:
+    tmp_path: Path, mode: int
+) -> None:
     assert _code(_nested(tmp_path, mode)) == "manifest_unsafe_permissions"
 
 
@@ -276,16 +277,14 @@ def test_a_private_directory_deep_below_an_open_one_is_unsafe(tmp_path: Path) ->
     assert _code(_write(deep / "m.json")) == "manifest_unsafe_permissions"
 
 
-def test_a_root_owned_sticky_world_writable_ancestor_like_tmp_is_accepted(
-        tmp_path: Path) -> None:
+def test_a_root_owned_sticky_world_writable_ancestor_like_tmp_is_accepted(tmp_path: Path) -> None:
     path = _nested(tmp_path, 0o1777)
     assert os.stat(tmp_path / "outer").st_uid in (0, os.getuid())
     assert read_manifest_securely(str(path)).raw == CONTENT
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="changing a directory's owner needs root")
-def test_a_sticky_world_writable_ancestor_owned_by_another_user_is_refused(
-        tmp_path: Path) -> None:
+def test_a_sticky_world_writable_ancestor_owned_by_another_user_is_refused(tmp_path: Path) -> None:
     path = _nested(tmp_path, 0o1777)
     os.chown(tmp_path / "outer", OTHER_UID, -1)
     assert _code(path) == "manifest_wrong_owner"

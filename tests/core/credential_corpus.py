@@ -41,9 +41,13 @@ def _pem(label: str) -> str:
 
 _PK = "PRIVATE" + " KEY"
 _PASSWORD = r(ALNUM, 14) + "!9"
-_JWT = ".".join([b64url(json.dumps({"alg": "HS256", "typ": "JWT"}).encode()),
-                 b64url(json.dumps({"sub": "1234567890", "name": "svc"}).encode()),
-                 b64url(_rng.randbytes(32))])
+_JWT = ".".join(
+    [
+        b64url(json.dumps({"alg": "HS256", "typ": "JWT"}).encode()),
+        b64url(json.dumps({"sub": "1234567890", "name": "svc"}).encode()),
+        b64url(_rng.randbytes(32)),
+    ]
+)
 
 CREDENTIALS: list[tuple[str, str]] = [
     ("aws_access_key_id", "AK" + "IA" + r(UPPER_DIGITS, 16)),
@@ -53,13 +57,22 @@ CREDENTIALS: list[tuple[str, str]] = [
     ("github_classic_pat", "gh" + "p_" + r(ALNUM, 36)),
     ("github_oauth_token", "gh" + "o_" + r(ALNUM, 36)),
     ("github_app_token", "gh" + "s_" + r(ALNUM, 36)),
-    ("github_fine_grained_pat", "github" + "_pat_11" + r(UPPER_DIGITS, 20) + "_"
-     + r(ALNUM, 59)),
+    ("github_fine_grained_pat", "github" + "_pat_11" + r(UPPER_DIGITS, 20) + "_" + r(ALNUM, 59)),
     ("gitlab_pat", "gl" + "pat-" + r(ALNUM, 20)),
-    ("slack_bot_token", "xo" + "xb-" + r(string.digits, 12) + "-" + r(string.digits, 13) + "-"
-     + r(ALNUM, 24)),
-    ("slack_webhook_url", "https://hooks." + "slack.com/services/T" + r(UPPER_DIGITS, 8)
-     + "/B" + r(UPPER_DIGITS, 8) + "/" + r(ALNUM, 24)),
+    (
+        "slack_bot_token",
+        "xo" + "xb-" + r(string.digits, 12) + "-" + r(string.digits, 13) + "-" + r(ALNUM, 24),
+    ),
+    (
+        "slack_webhook_url",
+        "https://hooks."
+        + "slack.com/services/T"
+        + r(UPPER_DIGITS, 8)
+        + "/B"
+        + r(UPPER_DIGITS, 8)
+        + "/"
+        + r(ALNUM, 24),
+    ),
     ("stripe_live_secret_key", "sk" + "_live_" + r(ALNUM, 24)),
     ("stripe_restricted_key", "rk" + "_live_" + r(ALNUM, 24)),
     ("stripe_webhook_secret", "wh" + "sec_" + r(ALNUM, 32)),
@@ -69,37 +82,70 @@ CREDENTIALS: list[tuple[str, str]] = [
     ("google_api_key", "AI" + "za" + r(ALNUM + "-_", 35)),
     ("google_oauth_client_secret", "GOC" + "SPX-" + r(ALNUM + "-_", 28)),
     ("rsa_private_key", _pem("RSA " + _PK)),
-    ("pkcs8_private_key_in_service_account_json", json.dumps(
-        {"type": "service_account", "private_key_id": r(HEX, 40),
-         "private_key": _pem(_PK)})),
+    (
+        "pkcs8_private_key_in_service_account_json",
+        json.dumps(
+            {"type": "service_account", "private_key_id": r(HEX, 40), "private_key": _pem(_PK)}
+        ),
+    ),
     ("openssh_private_key", _pem("OPENSSH " + _PK)),
     ("ec_private_key", _pem("EC " + _PK)),
     ("pgp_private_key_block", _pem("PGP " + _PK + " BLOCK")),
     ("putty_private_key", "PuTTY-User-" + "Key-File-2: ssh-rsa\nEncryption: none\n"),
     ("jwt", _JWT),
     ("authorization_bearer_header", "Authorization: " + "Bearer " + r(ALNUM, 32)),
-    ("authorization_basic_header", "Authorization: " + "Basic "
-     + base64.b64encode(("svc:" + _PASSWORD).encode()).decode()),
-    ("basic_credentials_alone", "Basic " + base64.b64encode(("ci-bot:" + _PASSWORD).encode())
-     .decode()),
+    (
+        "authorization_basic_header",
+        "Authorization: " + "Basic " + base64.b64encode(("svc:" + _PASSWORD).encode()).decode(),
+    ),
+    (
+        "basic_credentials_alone",
+        "Basic " + base64.b64encode(("ci-bot:" + _PASSWORD).encode()).decode(),
+    ),
     ("https_uri_with_password", "https://svc:" + _PASSWORD + "@data.example.com/web.jsonl"),
-    ("postgres_url_with_password", "postgresql://app:" + _PASSWORD
-     + "@db.internal:5432/prod"),
-    ("azure_storage_connection_string", "DefaultEndpointsProtocol=https;AccountName=acct;"
-     + "Account" + "Key=" + b64(64) + ";EndpointSuffix=core.windows.net"),
-    ("azure_sas_url", "https://acct.blob.core.windows.net/data/web.jsonl?sv=2022-11-02&ss=b"
-     "&srt=o&sp=r&se=2026-12-31T00:00:00Z&spr=https&s" + "ig=" + quote(b64(32), safe="")),
-    ("aws_presigned_url", "https://bucket.s3.us-east-1.amazonaws.com/web.jsonl"
-     "?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Date=20261203T000000Z&X-Amz-Expires=3600"
-     "&X-Amz-SignedHeaders=host&X-Amz-" + "Signature=" + r(HEX, 64)),
-    ("gcs_signed_url", "https://storage.googleapis.com/bucket/web.jsonl"
-     "?X-Goog-Algorithm=GOOG4-RSA-SHA256&X-Goog-Date=20261203T000000Z&X-Goog-Expires=900"
-     "&X-Goog-SignedHeaders=host&X-Goog-" + "Signature=" + r(HEX, 512)),
+    ("postgres_url_with_password", "postgresql://app:" + _PASSWORD + "@db.internal:5432/prod"),
+    (
+        "azure_storage_connection_string",
+        "DefaultEndpointsProtocol=https;AccountName=acct;"
+        + "Account"
+        + "Key="
+        + b64(64)
+        + ";EndpointSuffix=core.windows.net",
+    ),
+    (
+        "azure_sas_url",
+        "https://acct.blob.core.windows.net/data/web.jsonl?sv=2022-11-02&ss=b"
+        "&srt=o&sp=r&se=2026-12-31T00:00:00Z&spr=https&s" + "ig=" + quote(b64(32), safe=""),
+    ),
+    (
+        "aws_presigned_url",
+        "https://bucket.s3.us-east-1.amazonaws.com/web.jsonl"
+        "?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Date=20261203T000000Z&X-Amz-Expires=3600"
+        "&X-Amz-SignedHeaders=host&X-Amz-" + "Signature=" + r(HEX, 64),
+    ),
+    (
+        "gcs_signed_url",
+        "https://storage.googleapis.com/bucket/web.jsonl"
+        "?X-Goog-Algorithm=GOOG4-RSA-SHA256&X-Goog-Date=20261203T000000Z&X-Goog-Expires=900"
+        "&X-Goog-SignedHeaders=host&X-Goog-" + "Signature=" + r(HEX, 512),
+    ),
     ("sendgrid_key", "S" + "G." + r(ALNUM + "-_", 22) + "." + r(ALNUM + "-_", 43)),
     ("twilio_api_key", "S" + "K" + r(HEX, 32)),
     ("npm_token", "np" + "m_" + r(ALNUM, 36)),
-    ("npmrc_auth_line", "//registry.npmjs.org/:_auth" + "Token=" + r(HEX, 8) + "-"
-     + r(HEX, 4) + "-" + r(HEX, 4) + "-" + r(HEX, 4) + "-" + r(HEX, 12)),
+    (
+        "npmrc_auth_line",
+        "//registry.npmjs.org/:_auth"
+        + "Token="
+        + r(HEX, 8)
+        + "-"
+        + r(HEX, 4)
+        + "-"
+        + r(HEX, 4)
+        + "-"
+        + r(HEX, 4)
+        + "-"
+        + r(HEX, 12),
+    ),
     ("pypi_token", "py" + "pi-AgEIcHlwaS5vcmc" + r(ALNUM + "-_", 80)),
     ("discord_bot_token", "M" + r(ALNUM, 23) + "." + r(ALNUM, 6) + "." + r(ALNUM, 27)),
     ("telegram_bot_token", r("123456789", 10) + ":AA" + r(ALNUM + "-_", 33)),
@@ -113,8 +159,10 @@ CREDENTIALS: list[tuple[str, str]] = [
     ("base64_secret_bare", b64(32)),
     ("password_assignment", "pass" + "word=" + _PASSWORD),
     ("x_api_key_header", "X-Api-" + "Key: " + r(ALNUM, 32)),
-    ("uri_with_token_query", "https://data.example.com/web.jsonl?access_" + "token="
-     + r(ALNUM, 40)),
+    (
+        "uri_with_token_query",
+        "https://data.example.com/web.jsonl?access_" + "token=" + r(ALNUM, 40),
+    ),
 ]
 assert len({name for name, _ in CREDENTIALS}) == len(CREDENTIALS)
 
@@ -129,8 +177,11 @@ BENIGN: list[tuple[str, str]] = [
     ("file_uri_with_digest", f"file:///srv/data/{_DIGEST}/web.jsonl"),
     ("s3_uri", "s3://ito-datasets/arith/v3/part-00017-of-00128.jsonl"),
     ("gs_uri", "gs://ito-datasets/FineWeb-Edu/CC-MAIN-2024-10/000_00000.parquet"),
-    ("https_uri_with_query", "https://huggingface.co/datasets/HuggingFaceFW/fineweb-edu/resolve/"
-     f"{hashlib.sha1(b'r').hexdigest()}/sample/10BT/000_00000.parquet?download=true"),  # noqa: S324
+    (
+        "https_uri_with_query",
+        "https://huggingface.co/datasets/HuggingFaceFW/fineweb-edu/resolve/"
+        f"{hashlib.sha1(b'r').hexdigest()}/sample/10BT/000_00000.parquet?download=true",  # noqa: S324
+    ),
     ("https_uri_at_in_path", "https://example.com/pkg@1.0/file"),
     ("model_name", "meta-llama/Llama-3.1-8B-Instruct"),
     ("model_name_2", "Qwen/Qwen2.5-Math-1.5B-Instruct-GPTQ-Int4"),

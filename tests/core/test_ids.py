@@ -17,10 +17,24 @@ def test_every_minted_id_has_the_public_format(prefix: str) -> None:
         assert not is_public_id(value, "xyz")
 
 
-@pytest.mark.parametrize("value", ["", "run", "run_", "run_" + "a" * 23, "run_" + "a" * 25,
-                                   "run_" + "A" * 24, "run_" + "a" * 23 + "0",
-                                   "run_" + "a" * 23 + "=", "run_" + "a" * 24 + "\n",
-                                   " run_" + "a" * 24, "run__" + "a" * 23, "../run_" + "a" * 24,
-                                   "run_" + "a" * 22 + "/.", "run_" + "a" * 23 + "#"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "",
+        "run",
+        "run_",
+        "run_" + "a" * 23,
+        "run_" + "a" * 25,
+        "run_" + "A" * 24,
+        "run_" + "a" * 23 + "0",
+        "run_" + "a" * 23 + "=",
+        "run_" + "a" * 24 + "\n",
+        " run_" + "a" * 24,
+        "run__" + "a" * 23,
+        "../run_" + "a" * 24,
+        "run_" + "a" * 22 + "/.",
+        "run_" + "a" * 23 + "#",
+    ],
+)
 def test_anything_else_is_not_a_run_id(value: str) -> None:
     assert not is_public_id(value, "run")

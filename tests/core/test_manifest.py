@@ -167,8 +167,9 @@ def test_a_json_document_that_is_not_an_object_is_refused(document: Any) -> None
 
 # --- secrets --------------------------------------------------------------------------------
 
-PEM = ("-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAzQ8mYpl3xPq7Uv\n"
-       "-----END RSA PRIVATE KEY-----")
+PEM = (
+    "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAzQ8mYpl3xPq7Uv\n-----END RSA PRIVATE KEY-----"
+)
 
 
 def _set(path: tuple[Any, ...], value: Any) -> Callable[[Doc], None]:
@@ -177,27 +178,55 @@ def _set(path: tuple[Any, ...], value: Any) -> Callable[[Doc], None]:
         for part in path[:-1]:
             target = target[part]
         target[path[-1]] = value
+
     return apply
 
 
 SECRET_CASES = [
     ("pem", _set(("name",), PEM), "MIIEowIBAAKCAQEAzQ8mYpl3xPq7Uv", "$.name", "private_key"),
-    ("bearer", _set(("checkpoint", "storage"), "Bearer abcDEF123456ghiJKL789"),
-     "abcDEF123456ghiJKL789", "$.checkpoint.storage", "bearer_token"),
-    ("aws", _set(("data", 0, "license"), "AKIAQWERTYUIOPASDFGH"),
-     "AKIAQWERTYUIOPASDFGH", "$.data[0].license", "cloud_key"),
-    ("password-known-place", _set(("model", "password"), "CorrectHorse42"),
-     "CorrectHorse42", "$.model.password", "password_field"),
-    ("password-unknown-field", _set(("extra",), {"nested": {"password": "CorrectHorse42"}}),
-     "CorrectHorse42", "$.extra.nested.password", "password_field"),
-    ("uri-userinfo", _set(("data", 1, "uri"), "s3://alice:Sup3rS3cretPw@bucket.example/x"),
-     "Sup3rS3cretPw", "$.data[1].uri", "uri_userinfo"),
+    (
+        "bearer",
+        _set(("checkpoint", "storage"), "Bearer abcDEF123456ghiJKL789"),
+        "abcDEF123456ghiJKL789",
+        "$.checkpoint.storage",
+        "bearer_token",
+    ),
+    (
+        "aws",
+        _set(("data", 0, "license"), "AKIAQWERTYUIOPASDFGH"),
+        "AKIAQWERTYUIOPASDFGH",
+        "$.data[0].license",
+        "cloud_key",
+    ),
+    (
+        "password-known-place",
+        _set(("model", "password"), "CorrectHorse42"),
+        "CorrectHorse42",
+        "$.model.password",
+        "password_field",
+    ),
+    (
+        "password-unknown-field",
+        _set(("extra",), {"nested": {"password": "CorrectHorse42"}}),
+        "CorrectHorse42",
+        "$.extra.nested.password",
+        "password_field",
+    ),
+    (
+        "uri-userinfo",
+        _set(("data", 1, "uri"), "s3://alice:Sup3rS3cretPw@bucket.example/x"),
+        "Sup3rS3cretPw",
+        "$.data[1].uri",
+        "uri_userinfo",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("mutate", "secret", "path", "kind"),
-                         [case[1:] for case in SECRET_CASES],
-                         ids=[case[0] for case in SECRET_CASES])
+@pytest.mark.parametrize(
+    ("mutate", "secret", "path", "kind"),
+    [case[1:] for case in SECRET_CASES],
+    ids=[case[0] for case in SECRET_CASES],
+)
 def test_a_credential_anywhere_is_refused_naming_where_but_never_echoing_it(
     doc: Doc, mutate: Callable[[Doc], None], secret: str, path: str, kind: str
 ) -> None:
@@ -205,8 +234,13 @@ def test_a_credential_anywhere_is_refused_naming_where_but_never_echoing_it(
     exc = _refusal(_raw(doc))
     assert exc.code == "manifest_contains_secret"
     assert {"path": path, "kind": kind} in exc.details["findings"]
-    for rendered in (str(exc), repr(exc), exc.message, repr(exc.details),
-                     json.dumps(exc.to_error_body())):
+    for rendered in (
+        str(exc),
+        repr(exc),
+        exc.message,
+        repr(exc.details),
+        json.dumps(exc.to_error_body()),
+    ):
         assert secret not in rendered
 
 
@@ -225,8 +259,10 @@ def test_a_credential_used_as_a_key_is_refused_without_echoing_it(
     doc["extra"] = {secret: 1}
     raw = _raw(doc)
     if duplicated:
-        raw = raw.replace(b'{"' + secret.encode() + b'": 1}',
-                          b'{"' + secret.encode() + b'": 1, "' + secret.encode() + b'": 2}')
+        raw = raw.replace(
+            b'{"' + secret.encode() + b'": 1}',
+            b'{"' + secret.encode() + b'": 1, "' + secret.encode() + b'": 2}',
+        )
     exc = _refusal(raw)
     assert exc.code in {"manifest_contains_secret", "manifest_invalid"}
     assert secret not in json.dumps(exc.to_error_body())
@@ -241,8 +277,7 @@ def _swap_stages(doc: Doc) -> None:
 
 
 def _exact_match_with_max(doc: Doc) -> None:
-    doc["eval_batteries"]["arith"][0] = {"eval": "exact_match", "data": "arith-heldout",
-                                         "max": 0.5}
+    doc["eval_batteries"]["arith"][0] = {"eval": "exact_match", "data": "arith-heldout", "max": 0.5}
 
 
 def _clip_inverted(doc: Doc) -> None:
@@ -255,41 +290,54 @@ def _nvlink_two_nodes(doc: Doc) -> None:
 
 def _replicas_across_nodes(doc: Doc) -> None:
     # 3 nodes × 2 = 6 accelerators in 2 groups would split a node between groups.
-    doc["resources"].update(nodes=3, gpus_per_node=2, replica_groups=2,
-                            fabrics=["infiniband"])
+    doc["resources"].update(nodes=3, gpus_per_node=2, replica_groups=2, fabrics=["infiniband"])
 
 
 CROSS_FIELD_CASES = [
     ("unknown-data-id", _set(("curriculum", 0, "data"), ["nope"]), "$.curriculum[0].data[0]"),
     ("stage-order", _swap_stages, "$.curriculum[1].stage"),
-    ("battery-missing", _set(("curriculum", 0, "battery"), "absent"),
-     "$.curriculum[0].battery"),
+    ("battery-missing", _set(("curriculum", 0, "battery"), "absent"), "$.curriculum[0].battery"),
     ("exact-match-with-max", _exact_match_with_max, "$.eval_batteries.arith[0]"),
     ("custom-without-ladder", _set(("data", 0, "custom"), True), "$.ladder.enabled"),
     ("clip-low-above-high", _clip_inverted, "$.post_training.rlvr.dapo.clip_high"),
-    ("incremental-above-ceiling", _set(("budget", "max_incremental_cost_usd"), 6.0),
-     "$.budget.max_incremental_cost_usd"),
-    ("wrong-role", _set(("post_training", "sft", "data"), ["web"]),
-     "$.post_training.sft.data[0]"),
+    (
+        "incremental-above-ceiling",
+        _set(("budget", "max_incremental_cost_usd"), 6.0),
+        "$.budget.max_incremental_cost_usd",
+    ),
+    ("wrong-role", _set(("post_training", "sft", "data"), ["web"]), "$.post_training.sft.data[0]"),
     ("nvlink-between-nodes", _nvlink_two_nodes, "$.resources.fabrics"),
     ("duplicate-data-id", _set(("data", 1, "id"), "web"), "$.data[1].id"),
-    ("decontaminated-against-non-eval", _set(("data", 0, "decontamination", "eval_suites"),
-                                             ["arith-sft"]),
-     "$.data[0].decontamination.eval_suites[0]"),
-    ("exact-match-min-above-one", _set(("eval_batteries", "arith", 0, "min"), 1.5),
-     "$.eval_batteries.arith[0].min"),
-    ("soft-tokens-not-below-max", _set(("post_training", "rlvr", "dapo", "overlong",
-                                        "soft_tokens"), 32),
-     "$.post_training.rlvr.dapo.overlong.soft_tokens"),
+    (
+        "decontaminated-against-non-eval",
+        _set(("data", 0, "decontamination", "eval_suites"), ["arith-sft"]),
+        "$.data[0].decontamination.eval_suites[0]",
+    ),
+    (
+        "exact-match-min-above-one",
+        _set(("eval_batteries", "arith", 0, "min"), 1.5),
+        "$.eval_batteries.arith[0].min",
+    ),
+    (
+        "soft-tokens-not-below-max",
+        _set(("post_training", "rlvr", "dapo", "overlong", "soft_tokens"), 32),
+        "$.post_training.rlvr.dapo.overlong.soft_tokens",
+    ),
     ("seq-len-over-model", _set(("curriculum", 1, "seq_len"), 4096), "$.curriculum[1].seq_len"),
-    ("replica-groups-not-dividing", _set(("resources", "replica_groups"), 3),
-     "$.resources.replica_groups"),
+    (
+        "replica-groups-not-dividing",
+        _set(("resources", "replica_groups"), 3),
+        "$.resources.replica_groups",
+    ),
     ("replica-groups-splitting-nodes", _replicas_across_nodes, "$.resources.replica_groups"),
 ]
 
 
-@pytest.mark.parametrize(("mutate", "path"), [case[1:] for case in CROSS_FIELD_CASES],
-                         ids=[case[0] for case in CROSS_FIELD_CASES])
+@pytest.mark.parametrize(
+    ("mutate", "path"),
+    [case[1:] for case in CROSS_FIELD_CASES],
+    ids=[case[0] for case in CROSS_FIELD_CASES],
+)
 def test_a_cross_field_inconsistency_is_refused_with_its_path(
     doc: Doc, mutate: Callable[[Doc], None], path: str
 ) -> None:
@@ -299,8 +347,7 @@ def test_a_cross_field_inconsistency_is_refused_with_its_path(
     assert path in _paths(exc)
 
 
-def test_replica_groups_default_to_one_and_may_split_a_node_or_take_whole_nodes(
-        doc: Doc) -> None:
+def test_replica_groups_default_to_one_and_may_split_a_node_or_take_whole_nodes(doc: Doc) -> None:
     assert parse_manifest(_raw(doc)).resources.replica_groups == 1
     doc["resources"]["replica_groups"] = 2  # one node, 2 processes: one each
     assert parse_manifest(_raw(doc)).resources.replica_groups == 2

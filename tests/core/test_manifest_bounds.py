@@ -134,8 +134,7 @@ def test_schema_errors_are_bounded_in_number(doc: Doc) -> None:
     assert 0 < len(info.value.details["errors"]) <= 50
 
 
-def test_an_object_with_more_keys_than_any_valid_one_is_refused_once_at_its_path(
-        doc: Doc) -> None:
+def test_an_object_with_more_keys_than_any_valid_one_is_refused_once_at_its_path(doc: Doc) -> None:
     doc["model"] |= {f"k{i}": 0 for i in range(MAX_BATTERIES + 1)}
     with pytest.raises(ItoError) as info:
         parse_manifest(json.dumps(doc).encode())

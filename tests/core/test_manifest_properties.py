@@ -20,15 +20,24 @@ from tests.core.credential_corpus import CREDENTIALS
 REFUSALS = {"manifest_invalid", "manifest_contains_secret", "manifest_too_large"}
 assert set(REGISTRY) >= REFUSALS
 
-_SETTINGS = settings(max_examples=150, deadline=None,
-                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+_SETTINGS = settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
-_scalars = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
-            | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=80))
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=80)
+)
 json_trees = st.recursive(
     _scalars,
-    lambda children: st.lists(children, max_size=6)
-    | st.dictionaries(st.text(max_size=20), children, max_size=6),
+    lambda children: (
+        st.lists(children, max_size=6) | st.dictionaries(st.text(max_size=20), children, max_size=6)
+    ),
     max_leaves=40,
 )
 
@@ -92,7 +101,8 @@ def mutated_manifests(draw: st.DrawFn) -> Any:
 @_SETTINGS
 @given(mutated_manifests())
 def test_a_mutated_valid_manifest_parses_or_is_refused_with_a_registered_code(
-        document: Any) -> None:
+    document: Any,
+) -> None:
     _parse_or_refuse(json.dumps(document).encode())
 
 
@@ -107,7 +117,8 @@ def test_the_scanner_never_raises_and_reports_a_bounded_list(tree: Any) -> None:
 @_SETTINGS
 @given(st.one_of(mutated_manifests(), json_trees), st.sampled_from(CREDENTIALS), st.data())
 def test_a_credential_inserted_anywhere_is_refused_and_not_echoed(
-        document: Any, credential: tuple[str, str], data: st.DataObject) -> None:
+    document: Any, credential: tuple[str, str], data: st.DataObject
+) -> None:
     _, secret = credential
     containers = [p for p in _paths(document) if isinstance(_at(document, p), dict | list)]
     if not containers:

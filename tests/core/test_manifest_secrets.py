@@ -70,7 +70,8 @@ def test_the_corpus_covers_at_least_35_credential_shapes() -> None:
 @pytest.mark.parametrize("placement", sorted(PLACEMENTS))
 @pytest.mark.parametrize(("shape", "secret"), CREDENTIALS, ids=[c[0] for c in CREDENTIALS])
 def test_a_credential_is_refused_wherever_it_sits_and_never_echoed(
-        doc: Doc, shape: str, secret: str, placement: str) -> None:
+    doc: Doc, shape: str, secret: str, placement: str
+) -> None:
     path = PLACEMENTS[placement](doc, secret)
     with pytest.raises(ItoError) as info:
         parse_manifest(json.dumps(doc).encode())
@@ -109,13 +110,15 @@ def test_the_recipes_manifests_parse_without_a_finding(recipe: str, tmp_path: An
 
 @pytest.mark.parametrize(("name", "text"), BENIGN, ids=[b[0] for b in BENIGN])
 def test_ordinary_manifest_strings_are_not_credentials_as_values_or_keys(
-        name: str, text: str) -> None:
+    name: str, text: str
+) -> None:
     assert scan_document({"value": text, "list": [text], text: 1}) == []
 
 
 def test_a_valid_manifest_full_of_digests_and_uris_parses(doc: Doc) -> None:
-    for index, (_, text) in enumerate(b for b in BENIGN if b[1].startswith(("file:", "s3:",
-                                                                             "gs:", "https:"))):
+    for index, (_, text) in enumerate(
+        b for b in BENIGN if b[1].startswith(("file:", "s3:", "gs:", "https:"))
+    ):
         template = dict(doc["data"][0])
         doc["data"].append(template | {"id": f"extra-{index}", "uri": text})
     parse_manifest(json.dumps(doc).encode())

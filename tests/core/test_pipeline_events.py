@@ -29,29 +29,88 @@ from ito.pipeline.events import EventWriter
 WRITTEN: list[tuple[str, dict[str, Any], type]] = [
     ("log", {"level": "error", "message": "Traceback …"}, LogEvent),
     ("stage", {"stage": "pretrain", "status": "started"}, StageEvent),
-    ("metric", {"stage": "pretrain", "step": 3, "values": {
-        "loss": 2.5, "lr": 1e-3, "grad_norm": 0.7, "tokens_per_s": 1e4, "mfu": None,
-        "step_seconds": 0.2, "replicas": 2}}, MetricEvent),
-    ("checkpoint", {"stage": "pretrain", "step": 4, "path": "/s/runs/r/pretrain/step_4",
-                    "bytes": 12345, "seconds": 0.5, "blocking_seconds": 0.01},
-     CheckpointEvent),
-    ("gate", {"stage": "pretrain", "battery": "b", "passed": False, "results": [
-        {"eval": "heldout_loss", "data": "web", "value": 3.1, "threshold": 3.0,
-         "passed": False},
-        {"eval": "exact_match", "data": "arith", "value": None, "threshold": 0.5,
-         "passed": False}]}, GateEvent),
+    (
+        "metric",
+        {
+            "stage": "pretrain",
+            "step": 3,
+            "values": {
+                "loss": 2.5,
+                "lr": 1e-3,
+                "grad_norm": 0.7,
+                "tokens_per_s": 1e4,
+                "mfu": None,
+                "step_seconds": 0.2,
+                "replicas": 2,
+            },
+        },
+        MetricEvent,
+    ),
+    (
+        "checkpoint",
+        {
+            "stage": "pretrain",
+            "step": 4,
+            "path": "/s/runs/r/pretrain/step_4",
+            "bytes": 12345,
+            "seconds": 0.5,
+            "blocking_seconds": 0.01,
+        },
+        CheckpointEvent,
+    ),
+    (
+        "gate",
+        {
+            "stage": "pretrain",
+            "battery": "b",
+            "passed": False,
+            "results": [
+                {
+                    "eval": "heldout_loss",
+                    "data": "web",
+                    "value": 3.1,
+                    "threshold": 3.0,
+                    "passed": False,
+                },
+                {
+                    "eval": "exact_match",
+                    "data": "arith",
+                    "value": None,
+                    "threshold": 0.5,
+                    "passed": False,
+                },
+            ],
+        },
+        GateEvent,
+    ),
     ("restart", {"restarts": 1}, RestartEvent),
-    ("spike", {"stage": "pretrain", "step": 9, "loss": 12.0, "z": None, "checkpoint_step": 8,
-               "skip_steps": 1}, SpikeEvent),
+    (
+        "spike",
+        {
+            "stage": "pretrain",
+            "step": 9,
+            "loss": 12.0,
+            "z": None,
+            "checkpoint_step": 8,
+            "skip_steps": 1,
+        },
+        SpikeEvent,
+    ),
     ("done", {"status": "stopped", "stage": "pretrain", "step": 8}, DoneEvent),
-    ("done", {"status": "failed", "code": "checkpoint_storage_invalid", "reason": "link"},
-     DoneEvent),
+    (
+        "done",
+        {"status": "failed", "code": "checkpoint_storage_invalid", "reason": "link"},
+        DoneEvent,
+    ),
 ]
 
 
 @pytest.mark.parametrize(("kind", "fields", "model"), WRITTEN)
 def test_every_event_the_engine_writes_is_read_back_as_its_model(
-    tmp_path: Path, kind: str, fields: dict[str, Any], model: type,
+    tmp_path: Path,
+    kind: str,
+    fields: dict[str, Any],
+    model: type,
 ) -> None:
     path = tmp_path / "events.jsonl"
     writer = EventWriter(path, enabled=True)
@@ -67,26 +126,33 @@ def test_every_event_the_engine_writes_is_read_back_as_its_model(
         assert reported_event(json.loads(path.read_bytes())) == event
 
 
-@pytest.mark.parametrize("bad", [
-    {"type": "metric", "stage": "pretrain", "step": 1, "values": {"loss": float("nan")}},
-    {"type": "metric", "stage": "pretrain", "step": 1, "values": {"loss": float("inf")}},
-    {"type": "metric", "stage": "pretrain", "step": -1, "values": {}},
-    {"type": "metric", "stage": "pretrain", "step": 2**31, "values": {}},
-    {"type": "metric", "stage": "pretrain", "step": True, "values": {}},
-    {"type": "metric", "stage": "pretrain", "step": 1, "values": {"bad name": 1.0}},
-    {"type": "metric", "stage": "pretrain", "step": 1,
-     "values": {f"m{i}": 1.0 for i in range(65)}},
-    {"type": "stage", "stage": "x" * 31, "status": "started"},
-    {"type": "log", "message": "x" * (6 * LOG_MESSAGE_MAX_CHARS + 1)},
-    {"type": "log", "message": 5},
-    {"type": "checkpoint", "stage": "p", "step": 1, "path": "", "bytes": 1, "seconds": 1.0},
-    {"type": "checkpoint", "stage": "p", "step": 1, "path": "/p", "bytes": -1, "seconds": 1.0},
-    {"type": "gate", "stage": "p", "battery": "b", "passed": True, "results": [{}]},
-    {"type": "done", "status": "failed", "code": "Not A Code"},
-    {"type": "spike", "stage": "p", "step": 1, "loss": 1.0, "z": 1.0, "checkpoint_step": 0},
-    {"type": "restart", "restarts": 0},
-    {"type": "log", "message": "hi", "ts": -1.0},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"type": "metric", "stage": "pretrain", "step": 1, "values": {"loss": float("nan")}},
+        {"type": "metric", "stage": "pretrain", "step": 1, "values": {"loss": float("inf")}},
+        {"type": "metric", "stage": "pretrain", "step": -1, "values": {}},
+        {"type": "metric", "stage": "pretrain", "step": 2**31, "values": {}},
+        {"type": "metric", "stage": "pretrain", "step": True, "values": {}},
+        {"type": "metric", "stage": "pretrain", "step": 1, "values": {"bad name": 1.0}},
+        {
+            "type": "metric",
+            "stage": "pretrain",
+            "step": 1,
+            "values": {f"m{i}": 1.0 for i in range(65)},
+        },
+        {"type": "stage", "stage": "x" * 31, "status": "started"},
+        {"type": "log", "message": "x" * (6 * LOG_MESSAGE_MAX_CHARS + 1)},
+        {"type": "log", "message": 5},
+        {"type": "checkpoint", "stage": "p", "step": 1, "path": "", "bytes": 1, "seconds": 1.0},
+        {"type": "checkpoint", "stage": "p", "step": 1, "path": "/p", "bytes": -1, "seconds": 1.0},
+        {"type": "gate", "stage": "p", "battery": "b", "passed": True, "results": [{}]},
+        {"type": "done", "status": "failed", "code": "Not A Code"},
+        {"type": "spike", "stage": "p", "step": 1, "loss": 1.0, "z": 1.0, "checkpoint_step": 0},
+        {"type": "restart", "restarts": 0},
+        {"type": "log", "message": "hi", "ts": -1.0},
+    ],
+)
 def test_a_malformed_event_is_refused_naming_where_not_what(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError) as refused:
         pipeline_event(bad)

@@ -44,10 +44,20 @@ def _manifest(doc: Doc, mutate: Callable[[Doc], None] | None = None) -> Manifest
 
 def _booking(**changes: Any) -> BookingView:
     base = BookingView(
-        id="bkg_1", account_id="acc_1", state="completed", gpu="cpu", nodes=1, gpus_per_node=2,
-        gpu_memory_gb=8, region="local", fabric="ethernet",
-        term_start=NOW - timedelta(hours=1), term_end=NOW + timedelta(days=1),
-        storage_uri=STORAGE, storage_quota_gb=10.0, rate_usd_per_gpu_hour=1.0,
+        id="bkg_1",
+        account_id="acc_1",
+        state="completed",
+        gpu="cpu",
+        nodes=1,
+        gpus_per_node=2,
+        gpu_memory_gb=8,
+        region="local",
+        fabric="ethernet",
+        term_start=NOW - timedelta(hours=1),
+        term_end=NOW + timedelta(days=1),
+        storage_uri=STORAGE,
+        storage_quota_gb=10.0,
+        rate_usd_per_gpu_hour=1.0,
     )
     return dataclasses.replace(base, **changes)
 
@@ -62,8 +72,13 @@ def _code(fn: Callable[[], object]) -> str:
 
 
 def _estimate(manifest: Manifest, gpus_per_node: int = 2, rate: float = 2.5) -> CostEstimate:
-    return estimate_cost(manifest, accelerator="cpu", nodes=1, gpus_per_node=gpus_per_node,
-                         rate_usd_per_gpu_hour=rate)
+    return estimate_cost(
+        manifest,
+        accelerator="cpu",
+        nodes=1,
+        gpus_per_node=gpus_per_node,
+        rate_usd_per_gpu_hour=rate,
+    )
 
 
 def _compute_seconds(estimate: CostEstimate) -> float:
@@ -112,17 +127,28 @@ def test_a_completed_booking_inside_its_term_is_eligible() -> None:
     check_eligibility(_booking(), NOW)
 
 
-@pytest.mark.parametrize(("state", "code"), [
-    ("pending", "booking_not_completed"), ("expired", "booking_expired"),
-    ("revoked", "booking_revoked"), ("released", "booking_released"),
-])
+@pytest.mark.parametrize(
+    ("state", "code"),
+    [
+        ("pending", "booking_not_completed"),
+        ("expired", "booking_expired"),
+        ("revoked", "booking_revoked"),
+        ("released", "booking_released"),
+    ],
+)
 def test_a_booking_in_a_non_completed_state_is_not_eligible(state: str, code: str) -> None:
     assert _code(lambda: check_eligibility(_booking(state=state), NOW)) == code
 
 
-@pytest.mark.parametrize("now", [
-    NOW - timedelta(hours=2), NOW + timedelta(days=1), NOW + timedelta(days=2),
-], ids=["before-start", "at-end", "after-end"])
+@pytest.mark.parametrize(
+    "now",
+    [
+        NOW - timedelta(hours=2),
+        NOW + timedelta(days=1),
+        NOW + timedelta(days=2),
+    ],
+    ids=["before-start", "at-end", "after-end"],
+)
 def test_a_completed_booking_outside_its_term_is_expired(now: datetime) -> None:
     assert _code(lambda: check_eligibility(_booking(), now)) == "booking_expired"
 
@@ -146,11 +172,15 @@ def _two_nodes(d: Doc) -> None:
     d["resources"]["nodes"] = 2
 
 
-@pytest.mark.parametrize(("mutate", "booking"), [
-    (_two_nodes, _booking(nodes=1)),
-    (None, _booking(gpus_per_node=1)),
-    (None, _booking(gpu_memory_gb=0)),
-], ids=["fewer-nodes", "fewer-gpus-per-node", "memory-too-small"])
+@pytest.mark.parametrize(
+    ("mutate", "booking"),
+    [
+        (_two_nodes, _booking(nodes=1)),
+        (None, _booking(gpus_per_node=1)),
+        (None, _booking(gpu_memory_gb=0)),
+    ],
+    ids=["fewer-nodes", "fewer-gpus-per-node", "memory-too-small"],
+)
 def test_a_booking_smaller_than_the_manifest_needs_is_insufficient(
     doc: Doc, mutate: Callable[[Doc], None] | None, booking: BookingView
 ) -> None:
@@ -161,12 +191,18 @@ def test_a_booking_smaller_than_the_manifest_needs_is_insufficient(
 def _fabrics(*names: str) -> Callable[[Doc], None]:
     def apply(d: Doc) -> None:
         d["resources"]["fabrics"] = list(names)
+
     return apply
 
 
-@pytest.mark.parametrize(("accepted", "booked"), [
-    (("infiniband",), "ethernet"), (("nvlink", "ethernet"), "nvlink"),
-], ids=["fabric-not-accepted", "nvlink-between-nodes"])
+@pytest.mark.parametrize(
+    ("accepted", "booked"),
+    [
+        (("infiniband",), "ethernet"),
+        (("nvlink", "ethernet"), "nvlink"),
+    ],
+    ids=["fabric-not-accepted", "nvlink-between-nodes"],
+)
 def test_a_multi_node_booking_on_an_unaccepted_fabric_is_incompatible(
     doc: Doc, accepted: tuple[str, ...], booked: str
 ) -> None:
@@ -196,11 +232,15 @@ def _second_eval_suite(d: Doc) -> None:
             ref["decontamination"]["eval_suites"] = ["arith-heldout", "extra-heldout"]
 
 
-@pytest.mark.parametrize(("mutate", "path"), [
-    (_licence, "$.data[0].license"),
-    (_no_decontamination, "$.data[0].decontamination"),
-    (_second_eval_suite, "$.data[0].decontamination.eval_suites"),
-], ids=["licence-not-allowed", "no-decontamination", "eval-not-covered"])
+@pytest.mark.parametrize(
+    ("mutate", "path"),
+    [
+        (_licence, "$.data[0].license"),
+        (_no_decontamination, "$.data[0].decontamination"),
+        (_second_eval_suite, "$.data[0].decontamination.eval_suites"),
+    ],
+    ids=["licence-not-allowed", "no-decontamination", "eval-not-covered"],
+)
 def test_data_outside_the_data_policy_is_refused(
     doc: Doc, mutate: Callable[[Doc], None], path: str
 ) -> None:
@@ -214,6 +254,7 @@ def test_data_outside_the_data_policy_is_refused(
 def _storage(uri: str) -> Callable[[Doc], None]:
     def apply(d: Doc) -> None:
         d["checkpoint"]["storage"] = uri
+
     return apply
 
 
@@ -223,15 +264,25 @@ def test_checkpoint_storage_inside_the_booking_storage_is_used(doc: Doc) -> None
     assert result.checkpoint_uri == f"{STORAGE}/mine/run_9"
 
 
-@pytest.mark.parametrize(("mutate", "booking"), [
-    (None, _booking(storage_uri=None)),
-    (_storage("file:///srv/other/x"), _booking()),
-    (_storage(f"{STORAGE}0/x"), _booking()),
-    (_storage(f"{STORAGE}/../bkg_2"), _booking()),
-    (_storage(f"{STORAGE}/a/../../bkg_2"), _booking()),
-    (None, _booking(storage_quota_gb=0.001)),
-], ids=["no-storage", "outside", "sibling-with-same-prefix", "dotdot", "nested-dotdot",
-        "quota-too-small"])
+@pytest.mark.parametrize(
+    ("mutate", "booking"),
+    [
+        (None, _booking(storage_uri=None)),
+        (_storage("file:///srv/other/x"), _booking()),
+        (_storage(f"{STORAGE}0/x"), _booking()),
+        (_storage(f"{STORAGE}/../bkg_2"), _booking()),
+        (_storage(f"{STORAGE}/a/../../bkg_2"), _booking()),
+        (None, _booking(storage_quota_gb=0.001)),
+    ],
+    ids=[
+        "no-storage",
+        "outside",
+        "sibling-with-same-prefix",
+        "dotdot",
+        "nested-dotdot",
+        "quota-too-small",
+    ],
+)
 def test_unusable_checkpoint_storage_is_refused(
     doc: Doc, mutate: Callable[[Doc], None] | None, booking: BookingView
 ) -> None:
@@ -241,19 +292,26 @@ def test_unusable_checkpoint_storage_is_refused(
 
 def test_a_run_that_outlasts_the_booking_term_is_refused(doc: Doc) -> None:
     booking = _booking(term_end=NOW + timedelta(seconds=1))
-    assert _code(lambda: check_resources(_manifest(doc), booking, NOW)) == \
-        "booking_term_insufficient"
+    assert (
+        _code(lambda: check_resources(_manifest(doc), booking, NOW)) == "booking_term_insufficient"
+    )
 
 
 def _budget(ceiling: float, incremental: float) -> Callable[[Doc], None]:
     def apply(d: Doc) -> None:
         d["budget"] = {"ceiling_usd": ceiling, "max_incremental_cost_usd": incremental}
+
     return apply
 
 
-@pytest.mark.parametrize(("ceiling", "incremental", "key"), [
-    (0.001, 0.001, "ceiling_usd"), (5.0, 0.001, "max_incremental_cost_usd"),
-], ids=["ceiling", "incremental"])
+@pytest.mark.parametrize(
+    ("ceiling", "incremental", "key"),
+    [
+        (0.001, 0.001, "ceiling_usd"),
+        (5.0, 0.001, "max_incremental_cost_usd"),
+    ],
+    ids=["ceiling", "incremental"],
+)
 def test_an_estimate_over_the_budget_is_refused(
     doc: Doc, ceiling: float, incremental: float, key: str
 ) -> None:
@@ -267,8 +325,11 @@ def test_an_estimate_over_the_budget_is_refused(
 # --- idempotency ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("key", ["", "k" * 256, "line\nbreak", "tab\there", "del\x7f", "nul\x00"],
-                         ids=["empty", "256-chars", "newline", "tab", "del", "nul"])
+@pytest.mark.parametrize(
+    "key",
+    ["", "k" * 256, "line\nbreak", "tab\there", "del\x7f", "nul\x00"],
+    ids=["empty", "256-chars", "newline", "tab", "del", "nul"],
+)
 def test_an_idempotency_key_outside_1_to_255_printable_characters_is_invalid(key: str) -> None:
     assert _code(lambda: validate_idempotency_key(key)) == "idempotency_key_invalid"
 
@@ -292,5 +353,6 @@ def test_the_fingerprint_changes_with_each_input(index: int) -> None:
 
 
 def test_the_fingerprint_does_not_confuse_moved_boundaries_between_inputs() -> None:
-    assert idempotency_fingerprint("ab", "c", None, "d") != \
-        idempotency_fingerprint("a", "bc", None, "d")
+    assert idempotency_fingerprint("ab", "c", None, "d") != idempotency_fingerprint(
+        "a", "bc", None, "d"
+    )

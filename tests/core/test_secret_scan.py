@@ -13,8 +13,11 @@ from ito.core.secret_scan import scan_json_value, scan_text
 from ito.recipes import build_recipe
 
 POSITIVES = [
-    ("pem-rsa", "-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----",
-     "private_key"),
+    (
+        "pem-rsa",
+        "-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----",
+        "private_key",
+    ),
     ("pem-openssh", "-----BEGIN OPENSSH PRIVATE KEY-----", "private_key"),
     ("pem-pkcs8", "-----BEGIN PRIVATE KEY-----", "private_key"),
     ("bearer", "Authorization: Bearer abcDEF123456ghiJKL789", "bearer_token"),
@@ -36,8 +39,9 @@ POSITIVES = [
 ]
 
 
-@pytest.mark.parametrize(("text", "kind"), [p[1:] for p in POSITIVES],
-                         ids=[p[0] for p in POSITIVES])
+@pytest.mark.parametrize(
+    ("text", "kind"), [p[1:] for p in POSITIVES], ids=[p[0] for p in POSITIVES]
+)
 def test_a_credential_shaped_text_is_found_with_its_kind(text: str, kind: str) -> None:
     findings = scan_text(text, path="argv[3]")
     assert kind in {f.kind for f in findings}
@@ -80,8 +84,20 @@ def test_a_secret_named_field_is_found_whatever_its_value_looks_like() -> None:
     assert [(f.kind, f.path) for f in findings] == [("password_field", "$.model.password")]
 
 
-@pytest.mark.parametrize("field", ["password", "PASSWORD", "passwd", "secret", "api_key",
-                                   "access_token", "token", "client_secret", "credentials"])
+@pytest.mark.parametrize(
+    "field",
+    [
+        "password",
+        "PASSWORD",
+        "passwd",
+        "secret",
+        "api_key",
+        "access_token",
+        "token",
+        "client_secret",
+        "credentials",
+    ],
+)
 def test_every_secret_field_name_is_recognised(field: str) -> None:
     findings = scan_json_value({field: "value"})
     assert ("password_field", f"$.{field}") in {(f.kind, f.path) for f in findings}
@@ -93,8 +109,10 @@ def test_an_empty_secret_field_is_not_a_finding(empty: Any) -> None:
 
 
 def test_paths_follow_lists_and_quote_unusual_keys() -> None:
-    document = {"data": [{"uri": "file:///ok"}, {"uri": "s3://u:p4ss@h/x"}],
-                "odd key": {"password": "x"}}
+    document = {
+        "data": [{"uri": "file:///ok"}, {"uri": "s3://u:p4ss@h/x"}],
+        "odd key": {"password": "x"},
+    }
     paths = {(f.kind, f.path) for f in scan_json_value(document)}
     assert ("uri_userinfo", "$.data[1].uri") in paths
     assert ("password_field", '$["odd key"].password') in paths
@@ -113,8 +131,10 @@ def test_a_credential_used_as_a_key_does_not_appear_in_any_finding_path() -> Non
 
 
 def test_numbers_and_booleans_are_never_credentials() -> None:
-    assert scan_json_value({"tokens": 2000, "max_tokens": 32, "custom": False,
-                            "beta": 0.1, "n": None}) == []
+    assert (
+        scan_json_value({"tokens": 2000, "max_tokens": 32, "custom": False, "beta": 0.1, "n": None})
+        == []
+    )
 
 
 def test_the_test_recipe_manifest_has_no_findings(tmp_path: Any) -> None:
@@ -125,7 +145,17 @@ def test_the_test_recipe_manifest_has_no_findings(tmp_path: Any) -> None:
 def test_secret_field_names_among_many_keys_are_each_found() -> None:
     from ito.core.secret_scan import _SECRET_FIELD, _secret_fields
 
-    keys = {f"k{i}" for i in range(1000)} | {"Password", "TOKEN\n", "x\npassword", "api_key2",
-                                              "client_secret", "credential", "passwordx"}
-    assert _secret_fields(keys) == {k for k in keys if _SECRET_FIELD.match(k)} == {
-        "Password", "TOKEN\n", "client_secret", "credential"}
+    keys = {f"k{i}" for i in range(1000)} | {
+        "Password",
+        "TOKEN\n",
+        "x\npassword",
+        "api_key2",
+        "client_secret",
+        "credential",
+        "passwordx",
+    }
+    assert (
+        _secret_fields(keys)
+        == {k for k in keys if _SECRET_FIELD.match(k)}
+        == {"Password", "TOKEN\n", "client_secret", "credential"}
+    )

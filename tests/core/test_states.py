@@ -10,8 +10,7 @@ from ito.core.errors import ItoError
 from ito.core.states import ALLOWED_TRANSITIONS, RunState, check_transition
 
 TERMINAL = {RunState.succeeded, RunState.failed, RunState.gate_failed, RunState.cancelled}
-CANCELLABLE = {RunState.queued, RunState.running, RunState.recovering,
-               RunState.awaiting_approval}
+CANCELLABLE = {RunState.queued, RunState.running, RunState.recovering, RunState.awaiting_approval}
 PAIRS = list(itertools.product(RunState, RunState))
 
 

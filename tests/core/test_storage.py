@@ -135,48 +135,99 @@ REFUSED_BUCKET = {
 
 @pytest.mark.parametrize("uri", list(REFUSED_BUCKET.values()), ids=list(REFUSED_BUCKET))
 def test_bucket_storage_has_the_same_rules_and_the_same_bucket(uri: str) -> None:
-    assert _code(lambda: contained_storage_uri(uri, "s3://bucket/bkg")) == \
-        "checkpoint_storage_invalid"
+    assert (
+        _code(lambda: contained_storage_uri(uri, "s3://bucket/bkg")) == "checkpoint_storage_invalid"
+    )
 
 
-@pytest.mark.parametrize("root", [
-    "file:///data/%2e%2e/bkg", "file:///data/bkg#", "file:///data/bkg?x", "file://host/data",
-    "file://u:p@/data", "/data/bkg", "file:///data//bkg", "s3://", "",
-], ids=["encoded-dotdot", "fragment", "query", "host", "credentials", "no-scheme",
-        "empty-segment", "no-bucket", "empty"])
+@pytest.mark.parametrize(
+    "root",
+    [
+        "file:///data/%2e%2e/bkg",
+        "file:///data/bkg#",
+        "file:///data/bkg?x",
+        "file://host/data",
+        "file://u:p@/data",
+        "/data/bkg",
+        "file:///data//bkg",
+        "s3://",
+        "",
+    ],
+    ids=[
+        "encoded-dotdot",
+        "fragment",
+        "query",
+        "host",
+        "credentials",
+        "no-scheme",
+        "empty-segment",
+        "no-bucket",
+        "empty",
+    ],
+)
 def test_an_unusable_booking_root_refuses_everything(root: str) -> None:
-    assert _code(lambda: run_checkpoint_uri("booking", root, RUN)) == \
-        "checkpoint_storage_invalid"
-    assert _code(lambda: contained_storage_uri("file:///data/bkg/x", root)) == \
-        "checkpoint_storage_invalid"
+    assert _code(lambda: run_checkpoint_uri("booking", root, RUN)) == "checkpoint_storage_invalid"
+    assert (
+        _code(lambda: contained_storage_uri("file:///data/bkg/x", root))
+        == "checkpoint_storage_invalid"
+    )
 
 
-@pytest.mark.parametrize("storage", [
-    f"{ROOT}/runs/{OTHER_RUN}", f"{ROOT}/runs/{OTHER_RUN}/",
-    f"{ROOT}/runs/{OTHER_RUN}/pretrain", f"{ROOT}/mine/{OTHER_RUN}",
-    f"{ROOT}/{OTHER_RUN.upper()}", f"{ROOT}/run_%61bcdefghijklmnopqrstuvwx",
-], ids=["run-dir", "run-dir-slash", "inside-run-dir", "custom-run-dir", "upper-case",
-        "encoded-letter"])
+@pytest.mark.parametrize(
+    "storage",
+    [
+        f"{ROOT}/runs/{OTHER_RUN}",
+        f"{ROOT}/runs/{OTHER_RUN}/",
+        f"{ROOT}/runs/{OTHER_RUN}/pretrain",
+        f"{ROOT}/mine/{OTHER_RUN}",
+        f"{ROOT}/{OTHER_RUN.upper()}",
+        f"{ROOT}/run_%61bcdefghijklmnopqrstuvwx",
+    ],
+    ids=[
+        "run-dir",
+        "run-dir-slash",
+        "inside-run-dir",
+        "custom-run-dir",
+        "upper-case",
+        "encoded-letter",
+    ],
+)
 def test_storage_inside_another_runs_directory_is_refused(storage: str) -> None:
     assert _code(lambda: run_checkpoint_uri(storage, ROOT, RUN)) == "checkpoint_storage_invalid"
 
 
 # --- accepted shapes (the former semantics for valid input) ----------------------------------
 
-@pytest.mark.parametrize(("storage", "expected"), [
-    ("booking", f"{ROOT}/runs/{RUN}"),
-    (f"{ROOT}/mine", f"{ROOT}/mine/{RUN}"),
-    (f"{ROOT}/mine/", f"{ROOT}/mine/{RUN}"),
-    (f"{ROOT}/a/b-c_d.e/f", f"{ROOT}/a/b-c_d.e/f/{RUN}"),
-    (f"{ROOT}/", f"{ROOT}/{RUN}"),
-    (ROOT, f"{ROOT}/{RUN}"),
-    (f"{ROOT}/runs", f"{ROOT}/runs/{RUN}"),
-    (f"{ROOT}/..x/x..", f"{ROOT}/..x/x../{RUN}"),
-    (f"{ROOT}/my%20dir", f"{ROOT}/my%20dir/{RUN}"),
-    ("file://localhost/data/bkg/mine", f"{ROOT}/mine/{RUN}"),
-    ("FILE:///data/bkg/mine", f"{ROOT}/mine/{RUN}"),
-], ids=["booking", "subdirectory", "subdirectory-slash", "deep", "root-slash", "root",
-        "runs", "dots-inside-names", "encoded-space", "localhost", "upper-scheme"])
+
+@pytest.mark.parametrize(
+    ("storage", "expected"),
+    [
+        ("booking", f"{ROOT}/runs/{RUN}"),
+        (f"{ROOT}/mine", f"{ROOT}/mine/{RUN}"),
+        (f"{ROOT}/mine/", f"{ROOT}/mine/{RUN}"),
+        (f"{ROOT}/a/b-c_d.e/f", f"{ROOT}/a/b-c_d.e/f/{RUN}"),
+        (f"{ROOT}/", f"{ROOT}/{RUN}"),
+        (ROOT, f"{ROOT}/{RUN}"),
+        (f"{ROOT}/runs", f"{ROOT}/runs/{RUN}"),
+        (f"{ROOT}/..x/x..", f"{ROOT}/..x/x../{RUN}"),
+        (f"{ROOT}/my%20dir", f"{ROOT}/my%20dir/{RUN}"),
+        ("file://localhost/data/bkg/mine", f"{ROOT}/mine/{RUN}"),
+        ("FILE:///data/bkg/mine", f"{ROOT}/mine/{RUN}"),
+    ],
+    ids=[
+        "booking",
+        "subdirectory",
+        "subdirectory-slash",
+        "deep",
+        "root-slash",
+        "root",
+        "runs",
+        "dots-inside-names",
+        "encoded-space",
+        "localhost",
+        "upper-scheme",
+    ],
+)
 def test_storage_inside_the_root_is_normalised(storage: str, expected: str) -> None:
     assert run_checkpoint_uri(storage, ROOT, RUN) == expected
     assert run_checkpoint_uri(storage, ROOT + "/", RUN) == expected
@@ -193,44 +244,64 @@ def test_filesystem_root_as_booking_storage() -> None:
     assert contained_storage_uri("file:///", "file:///") == "file:///"
 
 
-@pytest.mark.parametrize(("root", "storage", "expected"), [
-    ("s3://bucket/bkg", "booking", f"s3://bucket/bkg/runs/{RUN}"),
-    ("s3://bucket/bkg", "s3://bucket/bkg/mine/", f"s3://bucket/bkg/mine/{RUN}"),
-    ("s3://bucket", "s3://bucket/mine", f"s3://bucket/mine/{RUN}"),
-    ("gs://bucket/bkg/", "gs://bucket/bkg", f"gs://bucket/bkg/{RUN}"),
-])
+@pytest.mark.parametrize(
+    ("root", "storage", "expected"),
+    [
+        ("s3://bucket/bkg", "booking", f"s3://bucket/bkg/runs/{RUN}"),
+        ("s3://bucket/bkg", "s3://bucket/bkg/mine/", f"s3://bucket/bkg/mine/{RUN}"),
+        ("s3://bucket", "s3://bucket/mine", f"s3://bucket/mine/{RUN}"),
+        ("gs://bucket/bkg/", "gs://bucket/bkg", f"gs://bucket/bkg/{RUN}"),
+    ],
+)
 def test_bucket_storage_inside_the_root(root: str, storage: str, expected: str) -> None:
     assert run_checkpoint_uri(storage, root, RUN) == expected
 
 
 # --- the worker's re-check -------------------------------------------------------------------
 
+
 def test_worker_recheck_answers_the_decoded_local_path() -> None:
     assert checkpoint_local_path(f"{ROOT}/runs/{RUN}", ROOT, RUN) == f"/data/bkg/runs/{RUN}"
-    assert checkpoint_local_path(f"{ROOT}/my%20dir/{RUN}", ROOT + "/", RUN) == \
-        f"/data/bkg/my dir/{RUN}"
+    assert (
+        checkpoint_local_path(f"{ROOT}/my%20dir/{RUN}", ROOT + "/", RUN)
+        == f"/data/bkg/my dir/{RUN}"
+    )
     stored = run_checkpoint_uri(f"{ROOT}/mine", ROOT, RUN)
     assert checkpoint_local_path(stored, ROOT, RUN) == _worker_path(stored)
 
 
-@pytest.mark.parametrize(("uri", "root"), [
-    (f"{ROOT}/%2e%2e/%2e%2e/home/worker#/{RUN}", ROOT),
-    (f"{ROOT}/runs/{OTHER_RUN}#/{RUN}", ROOT),
-    (f"{ROOT}/runs/{OTHER_RUN}", ROOT),
-    (f"{ROOT}/runs", ROOT),
-    (ROOT, ROOT),
-    (f"{ROOT}/", ROOT),
-    (f"file:///data/other/{RUN}", ROOT),
-    (f"s3://bucket/bkg/{RUN}", "s3://bucket/bkg"),
-], ids=["escape", "sibling-with-fragment", "another-run", "all-runs", "root", "root-slash",
-        "outside", "not-file"])
+@pytest.mark.parametrize(
+    ("uri", "root"),
+    [
+        (f"{ROOT}/%2e%2e/%2e%2e/home/worker#/{RUN}", ROOT),
+        (f"{ROOT}/runs/{OTHER_RUN}#/{RUN}", ROOT),
+        (f"{ROOT}/runs/{OTHER_RUN}", ROOT),
+        (f"{ROOT}/runs", ROOT),
+        (ROOT, ROOT),
+        (f"{ROOT}/", ROOT),
+        (f"file:///data/other/{RUN}", ROOT),
+        (f"s3://bucket/bkg/{RUN}", "s3://bucket/bkg"),
+    ],
+    ids=[
+        "escape",
+        "sibling-with-fragment",
+        "another-run",
+        "all-runs",
+        "root",
+        "root-slash",
+        "outside",
+        "not-file",
+    ],
+)
 def test_worker_recheck_refuses(uri: str, root: str) -> None:
     assert _code(lambda: checkpoint_local_path(uri, root, RUN)) == "checkpoint_storage_invalid"
 
 
 def test_worker_recheck_splits_at_the_booking_root() -> None:
-    assert checkpoint_local_parts(f"{ROOT}/my%20dir/{RUN}", ROOT + "/", RUN) == \
-        ("/data/bkg", ("my dir", RUN))
+    assert checkpoint_local_parts(f"{ROOT}/my%20dir/{RUN}", ROOT + "/", RUN) == (
+        "/data/bkg",
+        ("my dir", RUN),
+    )
     assert checkpoint_local_parts(f"file:///runs/{RUN}", "file:///", RUN) == ("/", ("runs", RUN))
 
 
@@ -270,26 +341,40 @@ def test_booking_storage_that_no_worker_may_write_is_refused(uri: str) -> None:
     assert _code(lambda: booking_storage_uri(uri)) == "checkpoint_storage_invalid"
 
 
-@pytest.mark.parametrize(("uri", "expected"), [
-    (ROOT, ROOT),
-    (ROOT + "/", ROOT),
-    ("file://localhost/srv/ito/bkg", "file://localhost/srv/ito/bkg"),
-    ("file:///var/lib/ito/storage", "file:///var/lib/ito/storage"),
-    ("file:///tmp/pytest-of-x/storage", "file:///tmp/pytest-of-x/storage"),
-    ("file:///home/alice/ito", "file:///home/alice/ito"),
-])
+@pytest.mark.parametrize(
+    ("uri", "expected"),
+    [
+        (ROOT, ROOT),
+        (ROOT + "/", ROOT),
+        ("file://localhost/srv/ito/bkg", "file://localhost/srv/ito/bkg"),
+        ("file:///var/lib/ito/storage", "file:///var/lib/ito/storage"),
+        ("file:///tmp/pytest-of-x/storage", "file:///tmp/pytest-of-x/storage"),
+        ("file:///home/alice/ito", "file:///home/alice/ito"),
+    ],
+)
 def test_booking_storage_in_an_ordinary_directory_is_accepted(uri: str, expected: str) -> None:
     assert booking_storage_uri(uri) == expected
 
 
 # --- through the gate ------------------------------------------------------------------------
 
+
 def _booking() -> BookingView:
     return BookingView(
-        id="bkg_1", account_id="acc_1", state="completed", gpu="cpu", nodes=1, gpus_per_node=2,
-        gpu_memory_gb=8, region="local", fabric="ethernet",
-        term_start=NOW - timedelta(hours=1), term_end=NOW + timedelta(days=1),
-        storage_uri=ROOT, storage_quota_gb=10.0, rate_usd_per_gpu_hour=1.0,
+        id="bkg_1",
+        account_id="acc_1",
+        state="completed",
+        gpu="cpu",
+        nodes=1,
+        gpus_per_node=2,
+        gpu_memory_gb=8,
+        region="local",
+        fabric="ethernet",
+        term_start=NOW - timedelta(hours=1),
+        term_end=NOW + timedelta(days=1),
+        storage_uri=ROOT,
+        storage_quota_gb=10.0,
+        rate_usd_per_gpu_hour=1.0,
     )
 
 
@@ -299,12 +384,25 @@ def _manifest_with(tmp_path: Path, storage: str) -> Manifest:
     return parse_manifest(json.dumps(document).encode())
 
 
-@pytest.mark.parametrize("storage", [
-    REFUSED_FILE["encoded-dotdot-with-fragment"], REFUSED_FILE["sibling-run-with-fragment"],
-    REFUSED_FILE["encoded-slash"], REFUSED_FILE["empty-segment"], REFUSED_FILE["query"],
-    f"{ROOT}/runs/{OTHER_RUN}",
-], ids=["encoded-dotdot-with-fragment", "sibling-run-with-fragment", "encoded-slash",
-        "empty-segment", "query", "another-run"])
+@pytest.mark.parametrize(
+    "storage",
+    [
+        REFUSED_FILE["encoded-dotdot-with-fragment"],
+        REFUSED_FILE["sibling-run-with-fragment"],
+        REFUSED_FILE["encoded-slash"],
+        REFUSED_FILE["empty-segment"],
+        REFUSED_FILE["query"],
+        f"{ROOT}/runs/{OTHER_RUN}",
+    ],
+    ids=[
+        "encoded-dotdot-with-fragment",
+        "sibling-run-with-fragment",
+        "encoded-slash",
+        "empty-segment",
+        "query",
+        "another-run",
+    ],
+)
 def test_the_gate_refuses_escaping_storage(tmp_path: Path, storage: str) -> None:
     manifest = _manifest_with(tmp_path, storage)
     for hint in ("{run_id}", RUN):

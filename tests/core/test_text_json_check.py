@@ -9,8 +9,28 @@ from hypothesis import strategies as st
 
 from ito.core.text import json_text_may_be_unsafe, unsafe_json_paths
 
-_CHARS = st.sampled_from(["a", "u", "0", "\\", '"', "/", "\x00", "\t", "\n", "\b", "\x0c",
-                          "\x1f", "\x7f", "\x85", "\u202e", "\u2066", "\ud800", "\u00e9"])
+_CHARS = st.sampled_from(
+    [
+        "a",
+        "u",
+        "0",
+        "\\",
+        '"',
+        "/",
+        "\x00",
+        "\t",
+        "\n",
+        "\b",
+        "\x0c",
+        "\x1f",
+        "\x7f",
+        "\x85",
+        "\u202e",
+        "\u2066",
+        "\ud800",
+        "\u00e9",
+    ]
+)
 _TEXT = st.lists(_CHARS, max_size=10).map("".join)
 
 

@@ -14,8 +14,18 @@ pytestmark = pytest.mark.slow
 
 
 def train(t: Tenant, manifest: Path, ref: str, key: str, who: str) -> Result:
-    return t.ito("train", "--booking", t.booking_id, "--manifest", str(manifest),
-                 "--confirmation-ref", ref, "--idempotency-key", key, key=who)
+    return t.ito(
+        "train",
+        "--booking",
+        t.booking_id,
+        "--manifest",
+        str(manifest),
+        "--confirmation-ref",
+        ref,
+        "--idempotency-key",
+        key,
+        key=who,
+    )
 
 
 def second_requester(t: Tenant) -> str:
@@ -44,19 +54,29 @@ def test_another_requesters_train_confirmation_is_a_mismatch(tenant: Tenant) -> 
 def test_another_requesters_cancel_confirmation_is_a_mismatch(tenant: Tenant) -> None:
     other = second_requester(tenant)
     manifest = tenant.manifest()
-    run_id = train(tenant, manifest, tenant.approved_confirmation(manifest), "a-1",
-                   "requester").data["run_id"]
+    run_id = train(
+        tenant, manifest, tenant.approved_confirmation(manifest), "a-1", "requester"
+    ).data["run_id"]
     ref = tenant.ito("confirm", "--action", "cancel", "--run", run_id).data["confirmation_ref"]
     assert tenant.ito("approve", ref, key="approver").rc == 0
     before = tenant.counts()
 
-    stolen = tenant.ito("runs", "cancel", run_id, "--confirmation-ref", ref,
-                        "--idempotency-key", "b-cancel", key=other)
+    stolen = tenant.ito(
+        "runs",
+        "cancel",
+        run_id,
+        "--confirmation-ref",
+        ref,
+        "--idempotency-key",
+        "b-cancel",
+        key=other,
+    )
     assert (stolen.rc, stolen.code) == (1, "confirmation_mismatch"), stolen.stdout
     assert tenant.counts() == before
     assert tenant.ito("status", "--run", run_id).data["state"] == "queued"
 
-    own = tenant.ito("runs", "cancel", run_id, "--confirmation-ref", ref,
-                     "--idempotency-key", "a-cancel")
+    own = tenant.ito(
+        "runs", "cancel", run_id, "--confirmation-ref", ref, "--idempotency-key", "a-cancel"
+    )
     assert own.rc == 0, own.stdout
     assert own.data["state"] in ("cancelled", "cancelling")

@@ -22,8 +22,17 @@ pytestmark = pytest.mark.slow
 
 
 def train(t: Tenant, manifest: Path, ref: str, key: str, booking: str | None = None):  # type: ignore[no-untyped-def]
-    return t.ito("train", "--booking", booking or t.booking_id, "--manifest", str(manifest),
-                 "--confirmation-ref", ref, "--idempotency-key", key)
+    return t.ito(
+        "train",
+        "--booking",
+        booking or t.booking_id,
+        "--manifest",
+        str(manifest),
+        "--confirmation-ref",
+        ref,
+        "--idempotency-key",
+        key,
+    )
 
 
 def assert_refused(result, code: str, *, live: bool = True) -> None:  # type: ignore[no-untyped-def]
@@ -40,8 +49,9 @@ def test_happy_path_creates_exactly_one_queued_run_and_replays_it(tenant: Tenant
     # Not run by this version: said, not hidden.
     assert [w["code"] for w in plan.data["warnings"]] == ["post_training_not_run"]
 
-    confirm = tenant.ito("confirm", "--action", "train", "--booking", tenant.booking_id,
-                         "--manifest", str(manifest))
+    confirm = tenant.ito(
+        "confirm", "--action", "train", "--booking", tenant.booking_id, "--manifest", str(manifest)
+    )
     assert confirm.rc == 0
     ref = confirm.data["confirmation_ref"]
     assert ref.startswith("cfr_") and confirm.data["state"] == "pending"
@@ -80,15 +90,24 @@ def test_plan_creates_nothing(tenant: Tenant) -> None:
         result = tenant.ito("plan", "--booking", tenant.booking_id, "--manifest", str(manifest))
         assert result.rc == 0 and result.data["ready"] is True
         assert result.envelope["live_api_contacted"] is True
-    assert tenant.counts() == before == {"runs": 0, "idempotency": 0, "manifests": 0,
-                                         "events": 0, "confirmations": {}}
+    assert (
+        tenant.counts()
+        == before
+        == {"runs": 0, "idempotency": 0, "manifests": 0, "events": 0, "confirmations": {}}
+    )
 
 
 # --- bookings --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("state", "code"), [("expired", "booking_expired"),
-                                             ("revoked", "booking_revoked"),
-                                             ("released", "booking_released")])
+
+@pytest.mark.parametrize(
+    ("state", "code"),
+    [
+        ("expired", "booking_expired"),
+        ("revoked", "booking_revoked"),
+        ("released", "booking_released"),
+    ],
+)
 def test_booking_that_changed_after_approval_refuses_the_run(
     tenant: Tenant, state: str, code: str
 ) -> None:
@@ -101,24 +120,33 @@ def test_booking_that_changed_after_approval_refuses_the_run(
     assert before["confirmations"] == {"approved": 1}
 
 
-@pytest.mark.parametrize(("overrides", "code"), [
-    ({"state": "pending"}, "booking_not_completed"),
-    ({"start": "2020-01-01T00:00:00+00:00", "end": "2020-02-01T00:00:00+00:00"},
-     "booking_expired"),
-    ({"gpus_per_node": 1}, "capacity_insufficient"),
-    ({"gpu": "h100"}, "booking_mismatch"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "code"),
+    [
+        ({"state": "pending"}, "booking_not_completed"),
+        (
+            {"start": "2020-01-01T00:00:00+00:00", "end": "2020-02-01T00:00:00+00:00"},
+            "booking_expired",
+        ),
+        ({"gpus_per_node": 1}, "capacity_insufficient"),
+        ({"gpu": "h100"}, "booking_mismatch"),
+    ],
+)
 def test_unusable_booking_gets_no_confirmation(
     tenant: Tenant, overrides: dict[str, object], code: str
 ) -> None:
     booking = tenant.booking(**overrides)
     manifest = tenant.manifest()
     before = tenant.counts()
-    result = tenant.ito("confirm", "--action", "train", "--booking", booking,
-                        "--manifest", str(manifest))
+    result = tenant.ito(
+        "confirm", "--action", "train", "--booking", booking, "--manifest", str(manifest)
+    )
     assert_refused(result, code)
-    assert tenant.counts() == before == {"runs": 0, "idempotency": 0, "manifests": 0,
-                                         "events": 0, "confirmations": {}}
+    assert (
+        tenant.counts()
+        == before
+        == {"runs": 0, "idempotency": 0, "manifests": 0, "events": 0, "confirmations": {}}
+    )
     plan = tenant.ito("plan", "--booking", booking, "--manifest", str(manifest))
     assert plan.data["ready"] is False
     assert code in [r["code"] for r in plan.data["refusals"]]
@@ -128,26 +156,49 @@ def test_another_accounts_booking_looks_missing(tenant: Tenant, other_tenant: Te
     manifest = tenant.manifest()
     ref = tenant.approved_confirmation(manifest)
     before = tenant.counts()
-    assert_refused(train(tenant, manifest, ref, "k", booking=other_tenant.booking_id),
-                   "booking_not_found")
-    assert_refused(tenant.ito("confirm", "--action", "train", "--booking",
-                              other_tenant.booking_id, "--manifest", str(manifest)),
-                   "booking_not_found")
-    assert_refused(tenant.ito("plan", "--booking", other_tenant.booking_id, "--manifest",
-                              str(manifest)), "booking_not_found")
+    assert_refused(
+        train(tenant, manifest, ref, "k", booking=other_tenant.booking_id), "booking_not_found"
+    )
+    assert_refused(
+        tenant.ito(
+            "confirm",
+            "--action",
+            "train",
+            "--booking",
+            other_tenant.booking_id,
+            "--manifest",
+            str(manifest),
+        ),
+        "booking_not_found",
+    )
+    assert_refused(
+        tenant.ito("plan", "--booking", other_tenant.booking_id, "--manifest", str(manifest)),
+        "booking_not_found",
+    )
     assert tenant.counts() == before
     assert other_tenant.counts()["confirmations"] == {}
 
 
 # --- manifests -------------------------------------------------------------------------------
 
+
 def test_invalid_manifest_is_refused_with_json_paths(tenant: Tenant) -> None:
-    manifest = tenant.manifest(budget={"ceiling_usd": "5", "max_incremental_cost_usd": 2},
-                               surprise=True)
-    for args in (["manifest", "validate", str(manifest)],
-                 ["plan", "--booking", tenant.booking_id, "--manifest", str(manifest)],
-                 ["confirm", "--action", "train", "--booking", tenant.booking_id,
-                  "--manifest", str(manifest)]):
+    manifest = tenant.manifest(
+        budget={"ceiling_usd": "5", "max_incremental_cost_usd": 2}, surprise=True
+    )
+    for args in (
+        ["manifest", "validate", str(manifest)],
+        ["plan", "--booking", tenant.booking_id, "--manifest", str(manifest)],
+        [
+            "confirm",
+            "--action",
+            "train",
+            "--booking",
+            tenant.booking_id,
+            "--manifest",
+            str(manifest),
+        ],
+    ):
         result = tenant.ito(*args)
         assert result.code == "manifest_invalid", result.stdout
         paths = {e["path"] for e in result.envelope["error"]["details"]["errors"]}
@@ -161,8 +212,9 @@ def test_secret_bearing_manifest_is_refused_without_echoing_the_secret(tenant: T
     document = json.loads(manifest.read_text())
     document["data"][0]["uri"] = f"s3://{secret}:hunter2hunter2@bucket/web.jsonl"
     manifest.write_text(json.dumps(document))
-    result = tenant.ito("confirm", "--action", "train", "--booking", tenant.booking_id,
-                        "--manifest", str(manifest))
+    result = tenant.ito(
+        "confirm", "--action", "train", "--booking", tenant.booking_id, "--manifest", str(manifest)
+    )
     # Refused by the client before anything is sent (DESIGN §6.1), with the server's code.
     assert_refused(result, "manifest_contains_secret", live=False)
     assert secret not in result.stdout + result.stderr
@@ -186,12 +238,15 @@ def _world_writable(path: Path) -> None:
     os.chmod(path, 0o666)
 
 
-@pytest.mark.parametrize(("mutate", "code"), [
-    (_oversize, "manifest_too_large"),
-    (_symlink, "manifest_symlink"),
-    (_world_writable, "manifest_unsafe_permissions"),
-    (lambda p: Path(os.path.relpath(p)), "manifest_path_not_absolute"),
-])
+@pytest.mark.parametrize(
+    ("mutate", "code"),
+    [
+        (_oversize, "manifest_too_large"),
+        (_symlink, "manifest_symlink"),
+        (_world_writable, "manifest_unsafe_permissions"),
+        (lambda p: Path(os.path.relpath(p)), "manifest_path_not_absolute"),
+    ],
+)
 def test_unsafe_manifest_file_is_refused_before_anything_is_sent(
     tenant: Tenant, mutate: Callable[[Path], Path | None], code: str
 ) -> None:
@@ -199,11 +254,21 @@ def test_unsafe_manifest_file_is_refused_before_anything_is_sent(
     ref = tenant.approved_confirmation(manifest)
     target = mutate(manifest) or manifest
     before = tenant.counts()
-    for args in (["train", "--booking", tenant.booking_id, "--manifest", str(target),
-                  "--confirmation-ref", ref, "--idempotency-key", "k"],
-                 ["confirm", "--action", "train", "--booking", tenant.booking_id,
-                  "--manifest", str(target)],
-                 ["plan", "--booking", tenant.booking_id, "--manifest", str(target)]):
+    for args in (
+        [
+            "train",
+            "--booking",
+            tenant.booking_id,
+            "--manifest",
+            str(target),
+            "--confirmation-ref",
+            ref,
+            "--idempotency-key",
+            "k",
+        ],
+        ["confirm", "--action", "train", "--booking", tenant.booking_id, "--manifest", str(target)],
+        ["plan", "--booking", tenant.booking_id, "--manifest", str(target)],
+    ):
         assert_refused(tenant.ito(*args), code, live=False)
     assert tenant.counts() == before
 
@@ -221,13 +286,15 @@ def test_manifest_changed_after_confirmation_is_a_digest_mismatch(tenant: Tenant
 
 # --- confirmations ---------------------------------------------------------------------------
 
+
 def test_missing_pending_and_rejected_confirmations_are_refused(tenant: Tenant) -> None:
     manifest = tenant.manifest()
     before = tenant.counts()
     assert_refused(train(tenant, manifest, "cfr_doesnotexist", "k1"), "confirmation_not_found")
 
-    pending = tenant.ito("confirm", "--action", "train", "--booking", tenant.booking_id,
-                         "--manifest", str(manifest)).data["confirmation_ref"]
+    pending = tenant.ito(
+        "confirm", "--action", "train", "--booking", tenant.booking_id, "--manifest", str(manifest)
+    ).data["confirmation_ref"]
     assert_refused(train(tenant, manifest, pending, "k2"), "confirmation_pending")
 
     assert tenant.ito("reject", pending, key="approver").rc == 0
@@ -265,13 +332,15 @@ def test_confirmation_bound_to_another_booking_digest_or_action_is_refused(
     tenant: Tenant,
 ) -> None:
     manifest = tenant.manifest("one")
-    other_manifest = tenant.manifest("two", budget={"ceiling_usd": 4.0,
-                                                    "max_incremental_cost_usd": 2.0})
+    other_manifest = tenant.manifest(
+        "two", budget={"ceiling_usd": 4.0, "max_incremental_cost_usd": 2.0}
+    )
     second_booking = tenant.booking()
     ref = tenant.approved_confirmation(manifest)
     before = tenant.counts()
-    assert_refused(train(tenant, manifest, ref, "k1", booking=second_booking),
-                   "confirmation_mismatch")
+    assert_refused(
+        train(tenant, manifest, ref, "k1", booking=second_booking), "confirmation_mismatch"
+    )
     assert_refused(train(tenant, other_manifest, ref, "k2"), "manifest_digest_mismatch")
     assert tenant.counts() == before
 
@@ -285,8 +354,9 @@ def test_confirmation_bound_to_another_booking_digest_or_action_is_refused(
     assert tenant.counts() == before
 
 
-def test_confirmation_of_another_account_looks_missing(tenant: Tenant,
-                                                       other_tenant: Tenant) -> None:
+def test_confirmation_of_another_account_looks_missing(
+    tenant: Tenant, other_tenant: Tenant
+) -> None:
     manifest = other_tenant.manifest()
     foreign_ref = other_tenant.approved_confirmation(manifest)
     mine = tenant.manifest()
@@ -298,8 +368,9 @@ def test_confirmation_of_another_account_looks_missing(tenant: Tenant,
 
 def test_requester_cannot_approve_its_own_confirmation(tenant: Tenant) -> None:
     manifest = tenant.manifest()
-    ref = tenant.ito("confirm", "--action", "train", "--booking", tenant.booking_id,
-                     "--manifest", str(manifest)).data["confirmation_ref"]
+    ref = tenant.ito(
+        "confirm", "--action", "train", "--booking", tenant.booking_id, "--manifest", str(manifest)
+    ).data["confirmation_ref"]
     assert_refused(tenant.ito("approve", ref, key="requester"), "forbidden_scope")
     assert tenant.counts()["confirmations"] == {"pending": 1}
     assert_refused(train(tenant, manifest, ref, "k"), "confirmation_pending")
@@ -308,15 +379,39 @@ def test_requester_cannot_approve_its_own_confirmation(tenant: Tenant) -> None:
 def test_approver_credential_cannot_request_or_create(tenant: Tenant) -> None:
     manifest = tenant.manifest()
     ref = tenant.approved_confirmation(manifest)
-    assert_refused(tenant.ito("confirm", "--action", "train", "--booking", tenant.booking_id,
-                              "--manifest", str(manifest), key="approver"), "forbidden_scope")
-    assert_refused(tenant.ito("train", "--booking", tenant.booking_id, "--manifest",
-                              str(manifest), "--confirmation-ref", ref, "--idempotency-key", "k",
-                              key="approver"), "forbidden_scope")
+    assert_refused(
+        tenant.ito(
+            "confirm",
+            "--action",
+            "train",
+            "--booking",
+            tenant.booking_id,
+            "--manifest",
+            str(manifest),
+            key="approver",
+        ),
+        "forbidden_scope",
+    )
+    assert_refused(
+        tenant.ito(
+            "train",
+            "--booking",
+            tenant.booking_id,
+            "--manifest",
+            str(manifest),
+            "--confirmation-ref",
+            ref,
+            "--idempotency-key",
+            "k",
+            key="approver",
+        ),
+        "forbidden_scope",
+    )
     assert tenant.counts()["runs"] == 0
 
 
 # --- idempotency -----------------------------------------------------------------------------
+
 
 def test_idempotency_key_reused_with_another_payload_is_refused(tenant: Tenant) -> None:
     manifest = tenant.manifest()
@@ -348,6 +443,7 @@ def test_invalid_idempotency_key_is_a_local_refusal(tenant: Tenant) -> None:
 
 # --- credentials -----------------------------------------------------------------------------
 
+
 def test_revoked_key_gets_credential_revoked(tenant: Tenant) -> None:
     shown = tenant.api("GET", "/v1/me")
     key_id = shown["data"]["key_prefix"]
@@ -355,32 +451,38 @@ def test_revoked_key_gets_credential_revoked(tenant: Tenant) -> None:
     with tenant.server.engine.connect() as conn:
         from sqlalchemy import text
 
-        real_id = conn.execute(text("SELECT id FROM api_keys WHERE prefix = :p"),
-                               {"p": key_id}).scalar_one()
+        real_id = conn.execute(
+            text("SELECT id FROM api_keys WHERE prefix = :p"), {"p": key_id}
+        ).scalar_one()
     tenant.server.desk(f"/v1/desk/keys/{real_id}/revoke", {})
     for args in (["status"], ["auth"], ["bookings", "list"]):
         assert_refused(tenant.ito(*args), "credential_revoked")
 
 
 def test_unknown_key_and_missing_key_are_not_authenticated(tenant: Tenant) -> None:
-    assert_refused(tenant.ito("status", key="ito_req_AAAAAAAA_" + "x" * 40),
-                   "not_authenticated")
+    assert_refused(tenant.ito("status", key="ito_req_AAAAAAAA_" + "x" * 40), "not_authenticated")
     result = tenant.ito("status", key=None)
     assert_refused(result, "not_authenticated", live=False)
 
 
 def test_booking_past_its_term_is_not_eligible(tenant: Tenant) -> None:
     now = datetime.now(UTC)
-    past = tenant.booking(start=(now - timedelta(days=3)).isoformat(),
-                          end=(now - timedelta(days=1)).isoformat())
+    past = tenant.booking(
+        start=(now - timedelta(days=3)).isoformat(), end=(now - timedelta(days=1)).isoformat()
+    )
     assert_refused(tenant.ito("bookings", "eligibility", past), "booking_expired")
     fresh = tenant.ito("bookings", "eligibility", tenant.booking_id)
     assert fresh.data["eligible"] is True
-    assert fresh.data["topology"] == {"gpu": "cpu", "nodes": 1, "gpus_per_node": 2,
-                                      "gpu_memory_gb": 8}
+    assert fresh.data["topology"] == {
+        "gpu": "cpu",
+        "nodes": 1,
+        "gpus_per_node": 2,
+        "gpu_memory_gb": 8,
+    }
 
 
 # --- checkpoint storage ----------------------------------------------------------------------
+
 
 def _rebind_approved_confirmation(tenant: Tenant, ref: str, manifest: Path) -> None:
     """Re-seal an approved confirmation for another manifest, as a server without the storage
@@ -418,11 +520,21 @@ def test_checkpoint_storage_escaping_the_booking_is_refused_and_creates_nothing(
         plan = tenant.ito("plan", "--booking", tenant.booking_id, "--manifest", str(manifest))
         assert plan.rc == 0 and plan.data["ready"] is False, (name, plan.stdout)
         assert [r["code"] for r in plan.data["refusals"]] == ["checkpoint_storage_invalid"]
-        assert_refused(tenant.ito("confirm", "--action", "train", "--booking",
-                                  tenant.booking_id, "--manifest", str(manifest)),
-                       "checkpoint_storage_invalid")
+        assert_refused(
+            tenant.ito(
+                "confirm",
+                "--action",
+                "train",
+                "--booking",
+                tenant.booking_id,
+                "--manifest",
+                str(manifest),
+            ),
+            "checkpoint_storage_invalid",
+        )
         _rebind_approved_confirmation(tenant, spare_ref, manifest)
-        assert_refused(train(tenant, manifest, spare_ref, f"k-{name}"),
-                       "checkpoint_storage_invalid")
+        assert_refused(
+            train(tenant, manifest, spare_ref, f"k-{name}"), "checkpoint_storage_invalid"
+        )
         assert tenant.counts() == before, name
     assert not (tenant.workdir / "storage").exists()

@@ -12,7 +12,8 @@ from tests.support import Server, Tenant
 
 
 def test_the_proxy_checks_real_answers_and_catches_one_that_does_not_match(
-    server: Server, tenant: Tenant,
+    server: Server,
+    tenant: Tenant,
 ) -> None:
     proxy = PROXIES[server.url]
     before = proxy.checked
@@ -23,8 +24,7 @@ def test_the_proxy_checks_real_answers_and_catches_one_that_does_not_match(
     assert proxy.checked >= before + 2
 
     def check(path: str, status: int, body: object, method: str = "GET") -> str | None:
-        return proxy.check(method, path, status, "application/json",
-                           json.dumps(body).encode())
+        return proxy.check(method, path, status, "application/json", json.dumps(body).encode())
 
     assert check("/v1/health", 200, health.json()) is None
     assert check("/v1/runs/run_x", 404, missing) is None
@@ -32,6 +32,8 @@ def test_the_proxy_checks_real_answers_and_catches_one_that_does_not_match(
     assert check("/v1/health", 200, {"ok": True, "notice": "up", "data": {}}) is not None
     assert check("/v1/health", 200, {**health.json(), "surprise": 1}) is not None
     assert check("/v1/runs/run_x", 404, {**missing, "ok": True}) is not None
-    assert check("/v1/worker/lease", 200, {**health.json(), "data": {"run_id": "r"}},
-                 method="POST") is not None
+    assert (
+        check("/v1/worker/lease", 200, {**health.json(), "data": {"run_id": "r"}}, method="POST")
+        is not None
+    )
     assert proxy.check("GET", "/v1/health", 200, "text/html", b"<p>up</p>") is not None

@@ -16,23 +16,29 @@ pytestmark = pytest.mark.slow
 
 def test_a_crafted_run_id_reaches_nothing(tenant: Tenant) -> None:
     manifest = tenant.manifest()
-    ref = tenant.ito("confirm", "--action", "train", "--booking", tenant.booking_id,
-                     "--manifest", str(manifest)).data["confirmation_ref"]
+    ref = tenant.ito(
+        "confirm", "--action", "train", "--booking", tenant.booking_id, "--manifest", str(manifest)
+    ).data["confirmation_ref"]
     before = tenant.counts()
     crafted = f"../confirmations/{ref}/approve#"
     action = {"confirmation_ref": "cfr_" + "a" * 24, "idempotency_key": "k-1"}
     calls: list[tuple[str, dict[str, Any]]] = [
-        ("ito_cancel", {"run": crafted, **action}), ("ito_cleanup", {"run": crafted, **action}),
-        ("ito_status", {"run": crafted}), ("ito_runs", {"run": crafted}),
-        ("ito_logs", {"run": crafted}), ("ito_metrics", {"run": crafted}),
-        ("ito_checkpoints", {"run": crafted})]
+        ("ito_cancel", {"run": crafted, **action}),
+        ("ito_cleanup", {"run": crafted, **action}),
+        ("ito_status", {"run": crafted}),
+        ("ito_runs", {"run": crafted}),
+        ("ito_logs", {"run": crafted}),
+        ("ito_metrics", {"run": crafted}),
+        ("ito_checkpoints", {"run": crafted}),
+    ]
 
     async def script(mcp: Mcp) -> list[Call]:
         return [await mcp.call(name, **arguments) for name, arguments in calls]
 
     # The worst case: the MCP process holds an approver key.
-    for (name, _), result in zip(calls, with_mcp(tenant_env(tenant, tenant.approver_key), script),
-                                 strict=True):
+    for (name, _), result in zip(
+        calls, with_mcp(tenant_env(tenant, tenant.approver_key), script), strict=True
+    ):
         assert result.code == "invalid_arguments", (name, result.envelope)
         assert result.envelope["live_api_contacted"] is False, name
         assert crafted not in result.text

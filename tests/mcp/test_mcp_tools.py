@@ -24,10 +24,26 @@ from ito.client.operations import Operations
 from tests.support import BIN, Tenant
 
 ITO_MCP = str(BIN / "ito-mcp")
-EXPECTED_TOOLS = {"ito_auth", "ito_status", "ito_plan", "ito_confirm", "ito_train", "ito_runs",
-                  "ito_logs", "ito_metrics", "ito_checkpoints", "ito_cancel", "ito_cleanup"}
-LIFECYCLE = {"ito_logs": "logs", "ito_metrics": "metrics", "ito_checkpoints": "checkpoints",
-             "ito_cancel": "cancel", "ito_cleanup": "cleanup"}
+EXPECTED_TOOLS = {
+    "ito_auth",
+    "ito_status",
+    "ito_plan",
+    "ito_confirm",
+    "ito_train",
+    "ito_runs",
+    "ito_logs",
+    "ito_metrics",
+    "ito_checkpoints",
+    "ito_cancel",
+    "ito_cleanup",
+}
+LIFECYCLE = {
+    "ito_logs": "logs",
+    "ito_metrics": "metrics",
+    "ito_checkpoints": "checkpoints",
+    "ito_cancel": "cancel",
+    "ito_cleanup": "cleanup",
+}
 _T = TypeVar("_T")
 
 
@@ -98,9 +114,14 @@ def silent_api(tmp_path: Path) -> Iterator[SilentApi]:
     listener.setblocking(False)
     port = listener.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("ITO_")}
-    env |= {"ITO_API_URL": f"http://127.0.0.1:{port}", "ITO_HOME": str(tmp_path / "home"),
-            "ITO_ALLOW_FILE_TOKEN": "1", "ITO_API_KEY": "not-a-real-key",
-            "ITO_TIMEOUT": "2", "ITO_CONNECT_TIMEOUT": "1"}
+    env |= {
+        "ITO_API_URL": f"http://127.0.0.1:{port}",
+        "ITO_HOME": str(tmp_path / "home"),
+        "ITO_ALLOW_FILE_TOKEN": "1",
+        "ITO_API_KEY": "not-a-real-key",
+        "ITO_TIMEOUT": "2",
+        "ITO_CONNECT_TIMEOUT": "1",
+    }
 
     def contacted() -> bool:
         try:
@@ -134,20 +155,31 @@ def test_tool_list_is_exactly_the_design_set_and_offers_no_approval(silent_api: 
         assert tool.output_schema["required"] == ["ok", "live_api_contacted", "notice"]
     by_name = {tool.name: tool for tool in tools}
     assert set(by_name["ito_train"].input_schema["required"]) == {
-        "booking", "manifest", "confirmation_ref", "idempotency_key"}
+        "booking",
+        "manifest",
+        "confirmation_ref",
+        "idempotency_key",
+    }
     assert set(by_name["ito_confirm"].input_schema["properties"]["action"]["enum"]) == {
-        "train", "cancel", "cleanup", "restart"}
+        "train",
+        "cancel",
+        "cleanup",
+        "restart",
+    }
     assert not contacted()
 
 
 def test_lifecycle_tools_without_a_client_operation_are_capability_unavailable_and_send_nothing(
-        silent_api: SilentApi) -> None:
+    silent_api: SilentApi,
+) -> None:
     env, contacted = silent_api
-    arguments = {"ito_logs": {"run": "run_x"}, "ito_metrics": {"run": "run_x"},
-                 "ito_checkpoints": {"run": "run_x"},
-                 "ito_cancel": {"run": "run_x", "confirmation_ref": "c", "idempotency_key": "k"},
-                 "ito_cleanup": {"run": "run_x", "confirmation_ref": "c",
-                                 "idempotency_key": "k"}}
+    arguments = {
+        "ito_logs": {"run": "run_x"},
+        "ito_metrics": {"run": "run_x"},
+        "ito_checkpoints": {"run": "run_x"},
+        "ito_cancel": {"run": "run_x", "confirmation_ref": "c", "idempotency_key": "k"},
+        "ito_cleanup": {"run": "run_x", "confirmation_ref": "c", "idempotency_key": "k"},
+    }
 
     async def script(mcp: Mcp) -> dict[str, Call]:
         return {name: await mcp.call(name, **args) for name, args in arguments.items()}
@@ -166,7 +198,8 @@ def test_lifecycle_tools_without_a_client_operation_are_capability_unavailable_a
 
 
 def test_arguments_outside_the_schema_are_refused_before_anything_is_sent(
-        silent_api: SilentApi) -> None:
+    silent_api: SilentApi,
+) -> None:
     env, contacted = silent_api
 
     async def script(mcp: Mcp) -> list[Call]:
@@ -208,10 +241,13 @@ def test_credentials_in_tool_arguments_are_refused_without_echo(silent_api: Sile
 
 def test_server_imports_no_training_or_server_stack() -> None:
     heavy = {"torch", "transformers", "numpy", "sqlalchemy", "fastapi", "alembic", "psycopg"}
-    code = ("import sys, ito.mcp.server; "
-            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r}))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout.strip()
+    code = (
+        "import sys, ito.mcp.server; "
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert out == "[]"
 
 
@@ -234,8 +270,11 @@ def test_missing_credential_is_not_authenticated_and_sends_nothing(tenant: Tenan
     manifest = tenant.manifest()
 
     async def script(mcp: Mcp) -> list[Call]:
-        return [await mcp.call("ito_auth"), await mcp.call("ito_status"),
-                await mcp.call("ito_plan", booking=tenant.booking_id, manifest=str(manifest))]
+        return [
+            await mcp.call("ito_auth"),
+            await mcp.call("ito_status"),
+            await mcp.call("ito_plan", booking=tenant.booking_id, manifest=str(manifest)),
+        ]
 
     for result in with_mcp(tenant_env(tenant, None), script):
         assert result.code == "not_authenticated", result.envelope
@@ -263,10 +302,16 @@ def test_relative_manifest_path_is_refused_before_anything_is_sent(tenant: Tenan
     async def script(mcp: Mcp) -> list[Call]:
         return [
             await mcp.call("ito_plan", booking=tenant.booking_id, manifest="m/manifest.json"),
-            await mcp.call("ito_confirm", action="train", booking=tenant.booking_id,
-                           manifest="manifest.json"),
-            await mcp.call("ito_train", booking=tenant.booking_id, manifest="./manifest.json",
-                           confirmation_ref="c", idempotency_key="mcp-relative"),
+            await mcp.call(
+                "ito_confirm", action="train", booking=tenant.booking_id, manifest="manifest.json"
+            ),
+            await mcp.call(
+                "ito_train",
+                booking=tenant.booking_id,
+                manifest="./manifest.json",
+                confirmation_ref="c",
+                idempotency_key="mcp-relative",
+            ),
         ]
 
     for result in with_mcp(tenant_env(tenant, tenant.requester_key), script):
@@ -277,7 +322,8 @@ def test_relative_manifest_path_is_refused_before_anything_is_sent(tenant: Tenan
 
 @pytest.mark.slow
 def test_confirm_then_human_approval_then_train_gives_one_run_found_by_its_key(
-        tenant: Tenant) -> None:
+    tenant: Tenant,
+) -> None:
     manifest = tenant.manifest()
     key = "mcp-flow-1"
     common = {"booking": tenant.booking_id, "manifest": str(manifest)}
@@ -287,16 +333,19 @@ def test_confirm_then_human_approval_then_train_gives_one_run_found_by_its_key(
         out: dict[str, Call] = {}
         out["confirm"] = await mcp.call("ito_confirm", action="train", **common)
         ref = out["confirm"].data["confirmation_ref"]
-        out["early"] = await mcp.call("ito_train", confirmation_ref=ref,
-                                      idempotency_key="mcp-too-early", **common)
+        out["early"] = await mcp.call(
+            "ito_train", confirmation_ref=ref, idempotency_key="mcp-too-early", **common
+        )
         runs_after_refusal.append(tenant.counts()["runs"])
         # Approval is a human's act, out of band: the approver's own credential, not a tool.
         approved = tenant.api("POST", f"/v1/confirmations/{ref}/approve", key="approver")
         assert approved["ok"], approved
-        out["train"] = await mcp.call("ito_train", confirmation_ref=ref, idempotency_key=key,
-                                      **common)
-        out["replay"] = await mcp.call("ito_train", confirmation_ref=ref, idempotency_key=key,
-                                       **common)
+        out["train"] = await mcp.call(
+            "ito_train", confirmation_ref=ref, idempotency_key=key, **common
+        )
+        out["replay"] = await mcp.call(
+            "ito_train", confirmation_ref=ref, idempotency_key=key, **common
+        )
         out["status"] = await mcp.call("ito_status", idempotency_key=key)
         out["runs"] = await mcp.call("ito_runs", booking=tenant.booking_id)
         out["one"] = await mcp.call("ito_runs", run=out["train"].data["run_id"])

@@ -36,22 +36,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lighthouse", required=True, help="the lighthouse's http://host:port")
     parser.add_argument("--steps", type=int, required=True, help="committed steps to train")
     parser.add_argument("--out", type=Path, required=True, help="JSON lines file (appended)")
-    parser.add_argument("--kill-at", type=int, default=None,
-                        help="fault injection: SIGKILL this process mid-step at this step")
+    parser.add_argument(
+        "--kill-at",
+        type=int,
+        default=None,
+        help="fault injection: SIGKILL this process mid-step at this step",
+    )
     parser.add_argument("--size", default="tiny")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout-s", type=float, default=10.0,
-                        help="bound on a collective, a commit round and a peer checkpoint fetch")
-    parser.add_argument("--min-step-seconds", type=float, default=0.0,
-                        help="pace steps to at least this long (stands in for a bigger model)")
-    parser.add_argument("--host", default=socket.gethostname(),
-                        help="name peers reach this replica by")
+    parser.add_argument(
+        "--timeout-s",
+        type=float,
+        default=10.0,
+        help="bound on a collective, a commit round and a peer checkpoint fetch",
+    )
+    parser.add_argument(
+        "--min-step-seconds",
+        type=float,
+        default=0.0,
+        help="pace steps to at least this long (stands in for a bigger model)",
+    )
+    parser.add_argument(
+        "--host", default=socket.gethostname(), help="name peers reach this replica by"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--log-level", default="WARNING", help="torchft's log level on stderr")
     args = parser.parse_args(argv)
 
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
     import torch
 
     from ito.pipeline.events import EventWriter
@@ -59,9 +75,16 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     settings = ReplicaSettings(
-        replica_id=args.replica_id, lighthouse=args.lighthouse, steps=args.steps,
-        host=args.host, size=args.size, seed=args.seed, timeout_s=args.timeout_s,
-        min_step_seconds=args.min_step_seconds, kill_at=args.kill_at)
+        replica_id=args.replica_id,
+        lighthouse=args.lighthouse,
+        steps=args.steps,
+        host=args.host,
+        size=args.size,
+        seed=args.seed,
+        timeout_s=args.timeout_s,
+        min_step_seconds=args.min_step_seconds,
+        kill_at=args.kill_at,
+    )
     writer = EventWriter(args.out, enabled=True)
     replica = args.replica_id
 

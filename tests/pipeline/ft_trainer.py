@@ -107,8 +107,9 @@ def build_llama(size: ModelSize, seed: int) -> LlamaForCausalLM:
     return LlamaForCausalLM(llama_config(size))
 
 
-def synthetic_batch(seed: int, replica_id: int, step: int, batch_size: int, seq_len: int,
-                    vocab: int) -> torch.Tensor:
+def synthetic_batch(
+    seed: int, replica_id: int, step: int, batch_size: int, seq_len: int, vocab: int
+) -> torch.Tensor:
     """Learnable token sequences (arithmetic progressions mod ``vocab``), a pure function of
     (seed, replica, step): a retried step sees the same batch, each replica its own shard."""
     key = hashlib.sha256(f"{seed}/{replica_id}/{step}".encode()).digest()
@@ -128,9 +129,13 @@ def params_digest(model: torch.nn.Module) -> str:
 class ReplicaTrainer:
     """The training loop of one replica group (a single process), driven by a torchft Manager."""
 
-    def __init__(self, settings: ReplicaSettings, *,
-                 on_step: Callable[[StepRecord], None] | None = None,
-                 on_recovered: Callable[[int, float], None] | None = None) -> None:
+    def __init__(
+        self,
+        settings: ReplicaSettings,
+        *,
+        on_step: Callable[[StepRecord], None] | None = None,
+        on_recovered: Callable[[int, float], None] | None = None,
+    ) -> None:
         from torchft import Manager, ProcessGroupGloo
 
         self.settings = settings
@@ -143,16 +148,26 @@ class ReplicaTrainer:
         # A one-process replica group still needs its own store: torchft keeps the manager's
         # address in it, and peers rendezvous through the quorum leader's.
         self._store = torch.distributed.TCPStore(  # type: ignore[attr-defined]
-            host_name=settings.host, port=0, is_master=True, wait_for_workers=False)
+            host_name=settings.host, port=0, is_master=True, wait_for_workers=False
+        )
         self.manager: Any = Manager(
-            pg=ProcessGroupGloo(timeout=timeout), min_replica_size=1,
-            load_state_dict=self._load_state_dict, state_dict=self._state_dict,
+            pg=ProcessGroupGloo(timeout=timeout),
+            min_replica_size=1,
+            load_state_dict=self._load_state_dict,
+            state_dict=self._state_dict,
             use_async_quorum=False,  # heal before the forward pass, then take part in the step
-            timeout=timeout, quorum_timeout=timedelta(seconds=settings.quorum_timeout_s),
-            connect_timeout=timeout, rank=0, world_size=1, store_addr=settings.host,
-            store_port=self._store.port, lighthouse_addr=settings.lighthouse,
-            hostname=settings.host, replica_id=f"ito_replica_{settings.replica_id}",
-            max_retries=settings.max_retries)
+            timeout=timeout,
+            quorum_timeout=timedelta(seconds=settings.quorum_timeout_s),
+            connect_timeout=timeout,
+            rank=0,
+            world_size=1,
+            store_addr=settings.host,
+            store_port=self._store.port,
+            lighthouse_addr=settings.lighthouse,
+            hostname=settings.host,
+            replica_id=f"ito_replica_{settings.replica_id}",
+            max_retries=settings.max_retries,
+        )
         # The Manager heartbeats to the lighthouse from here on. Only now the slow part of
         # start-up (importing transformers, building the model): the lighthouse forms no quorum
         # while a heartbeating replica has not asked to join (its majority rule), so replica
@@ -192,8 +207,9 @@ class ReplicaTrainer:
         if self.recoveries != recoveries and self._on_recovered is not None:
             self._on_recovered(step - 1, time.monotonic() - started)
 
-        tokens = synthetic_batch(s.seed, s.replica_id, step, s.batch_size, s.seq_len,
-                                 self.size.vocab)
+        tokens = synthetic_batch(
+            s.seed, s.replica_id, step, s.batch_size, s.seq_len, self.size.vocab
+        )
         loss = self.model(input_ids=tokens, labels=tokens).loss
         loss.backward()
         if s.kill_at == step:
@@ -211,7 +227,7 @@ class ReplicaTrainer:
         if committed:
             offset = 0
             for p, g in zip(params, grads, strict=True):
-                p.grad = flat[offset:offset + g.numel()].view_as(p)
+                p.grad = flat[offset : offset + g.numel()].view_as(p)
                 offset += g.numel()
             mean_loss = float(flat[-1])
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM))
@@ -220,10 +236,15 @@ class ReplicaTrainer:
             self.optimizer.step()
 
         record = StepRecord(
-            step=step, loss=float(loss.detach()), mean_loss=mean_loss,
-            participants=int(self.manager.num_participants()), committed=committed,
-            grad_norm=grad_norm, params=params_digest(self.model),
-            seconds=time.monotonic() - started)
+            step=step,
+            loss=float(loss.detach()),
+            mean_loss=mean_loss,
+            participants=int(self.manager.num_participants()),
+            committed=committed,
+            grad_norm=grad_norm,
+            params=params_digest(self.model),
+            seconds=time.monotonic() - started,
+        )
         if self._on_step is not None:
             self._on_step(record)
         remaining = s.min_step_seconds - (time.monotonic() - started)

@@ -24,8 +24,12 @@ RUN_DIR = ("runs", "run_x")
 
 @pytest.fixture(scope="module")
 def group() -> Iterator[dist.ProcessGroup]:
-    dist.init_process_group("gloo", store=dist.HashStore(),  # type: ignore[attr-defined]
-                            rank=0, world_size=1)
+    dist.init_process_group(
+        "gloo",
+        store=dist.HashStore(),  # type: ignore[attr-defined]
+        rank=0,
+        world_size=1,
+    )
     try:
         yield dist.new_group(backend="gloo")
     finally:
@@ -42,8 +46,10 @@ def _outside(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
 
 
 def _files(top: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(top)): p.read_bytes() if p.is_file() else b""
-            for p in sorted(top.rglob("*"))}
+    return {
+        str(p.relative_to(top)): p.read_bytes() if p.is_file() else b""
+        for p in sorted(top.rglob("*"))
+    }
 
 
 def _checkpointer(tmp_path: Path, group: dist.ProcessGroup) -> tuple[Checkpointer, Path]:
@@ -56,8 +62,14 @@ def _checkpointer(tmp_path: Path, group: dist.ProcessGroup) -> tuple[Checkpointe
 def _save(ckpt: Checkpointer, step: int) -> None:
     model = torch.nn.Linear(4, 4)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    ckpt.save(stage="pretrain", step=step, tokens_seen=step, model=model, optimizer=optimizer,
-              trainer={"step": step})
+    ckpt.save(
+        stage="pretrain",
+        step=step,
+        tokens_seen=step,
+        model=model,
+        optimizer=optimizer,
+        trainer={"step": step},
+    )
 
 
 def test_a_stage_directory_swapped_for_a_link_refuses_the_next_save_and_prunes_nothing(
@@ -67,8 +79,9 @@ def test_a_stage_directory_swapped_for_a_link_refuses_the_next_save_and_prunes_n
     ckpt, run_dir = _checkpointer(tmp_path, group)
     _save(ckpt, 2)
     ckpt.finish()
-    assert [c.step for c in committed_checkpoints(StoragePath(tmp_path / "storage", RUN_DIR))] \
-        == [2]
+    assert [c.step for c in committed_checkpoints(StoragePath(tmp_path / "storage", RUN_DIR))] == [
+        2
+    ]
 
     os.rename(run_dir / "pretrain", tmp_path / "moved-away")
     (run_dir / "pretrain").symlink_to(outside)

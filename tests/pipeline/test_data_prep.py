@@ -74,13 +74,16 @@ def _refusal(manifest: Manifest, workdir: Path) -> ItoError:
 
 
 def _tree(path: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
-            if p.is_file()}
+    return {
+        str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()
+    }
 
 
 def _long_doc(prefix: str) -> str:
-    return " ".join(f"{prefix} section {i} of the report lists shard {i * 7} with checksum "
-                    f"{i * 13 + 5} ." for i in range(20))
+    return " ".join(
+        f"{prefix} section {i} of the report lists shard {i * 7} with checksum {i * 13 + 5} ."
+        for i in range(20)
+    )
 
 
 # --- the happy path -------------------------------------------------------------------------
@@ -104,16 +107,21 @@ def test_prepared_shards_and_provenance_match_the_bytes_written(
         assert data.output_bytes == len(shard)
         assert data.output_rows == len(shard.splitlines())
         assert data.input_rows == len(recipe.rows(data.id))
-        assert data.input_rows == (data.empty_removed + data.exact_dupes_removed
-                                   + data.near_dupes_removed + data.contaminated_removed
-                                   + data.output_rows)
+        assert data.input_rows == (
+            data.empty_removed
+            + data.exact_dupes_removed
+            + data.near_dupes_removed
+            + data.contaminated_removed
+            + data.output_rows
+        )
     assert report.dataset("web").ngram == 13
     assert report.dataset("web").decontaminated_against == ("arith-heldout",)
     assert report.dataset("arith-heldout").ngram is None
     assert [(e.id, e.items, e.contaminated) for e in report.evals] == [("arith-heldout", 200, 0)]
     assert report.eval_contaminated_fraction == 0.0
     assert sorted(p.name for p in prepared_dir(workdir).iterdir()) == sorted(
-        [f"{ref.id}.jsonl" for ref in manifest.data] + [PROVENANCE_FILE])
+        [f"{ref.id}.jsonl" for ref in manifest.data] + [PROVENANCE_FILE]
+    )
 
 
 def test_prepared_rows_are_normalised_and_keep_their_other_fields(
@@ -134,9 +142,7 @@ def test_prepared_rows_are_normalised_and_keep_their_other_fields(
     assert first_sft == {"prompt": "1+2=", "completion": "3", "weight": 2}
 
 
-def test_exact_and_near_duplicates_are_removed_and_counted(
-    recipe: Recipe, tmp_path: Path
-) -> None:
+def test_exact_and_near_duplicates_are_removed_and_counted(recipe: Recipe, tmp_path: Path) -> None:
     web = recipe.rows("web")
     original = _long_doc("alpha")
     words = original.split()
@@ -144,11 +150,11 @@ def test_exact_and_near_duplicates_are_removed_and_counted(
     one_word_changed = " ".join(words)
     half_changed = " ".join(w if i % 2 else "other" for i, w in enumerate(words))
     web += [
-        dict(web[3]),                                             # exact copy
+        dict(web[3]),  # exact copy
         {"text": "  " + web[5]["text"].replace(" ", "   ") + "\n"},  # same after normalising
         {"text": original},
-        {"text": one_word_changed},                               # near duplicate
-        {"text": half_changed},                                   # similar, not a duplicate
+        {"text": one_word_changed},  # near duplicate
+        {"text": half_changed},  # similar, not a duplicate
     ]
     recipe.write_rows("web", web)
     workdir = tmp_path / "work"
@@ -157,8 +163,9 @@ def test_exact_and_near_duplicates_are_removed_and_counted(
     counts = report.dataset("web")
     assert (counts.exact_dupes_removed, counts.near_dupes_removed) == (2, 1)
     assert counts.output_rows == len(web) - 3
-    texts = [json.loads(line)["text"] for line in shard_path(workdir, "web").read_bytes()
-             .splitlines()]
+    texts = [
+        json.loads(line)["text"] for line in shard_path(workdir, "web").read_bytes().splitlines()
+    ]
     assert texts.count(web[3]["text"]) == 1
     assert texts.count(web[5]["text"]) == 1
     assert original in texts
@@ -175,8 +182,13 @@ def test_planted_eval_items_are_removed_from_training_data_and_counted(
     sft.insert(10, {"prompt": item_a["prompt"], "completion": item_a["answer"]})
     recipe.write_rows("arith-sft", sft)
     web = recipe.rows("web")
-    web.insert(3, {"text": f"the batch counts two digits . {item_b['prompt']} "
-                           f"{item_b['answer']} . the model adds small numbers ."})
+    web.insert(
+        3,
+        {
+            "text": f"the batch counts two digits . {item_b['prompt']} "
+            f"{item_b['answer']} . the model adds small numbers ."
+        },
+    )
     recipe.write_rows("web", web)
     workdir = tmp_path / "work"
     report = prepare_data(recipe.manifest(max_contamination=0.05), workdir)
@@ -187,7 +199,8 @@ def test_planted_eval_items_are_removed_from_training_data_and_counted(
     assert [(e.id, e.items, e.contaminated) for e in report.evals] == [("arith-heldout", 200, 2)]
     assert report.eval_contaminated_fraction == pytest.approx(0.01)
     assert json.loads((prepared_dir(workdir) / PROVENANCE_FILE).read_bytes())[
-        "eval_contaminated_fraction"] == pytest.approx(0.01)
+        "eval_contaminated_fraction"
+    ] == pytest.approx(0.01)
     assert item_a["prompt"].encode() not in shard_path(workdir, "arith-sft").read_bytes()
     assert item_b["prompt"].encode() not in shard_path(workdir, "web").read_bytes()
     # The eval data itself is kept whole.
@@ -207,14 +220,13 @@ def test_a_clean_near_duplicate_of_a_contaminated_row_is_kept(
 
     assert report.dataset("web").contaminated_removed == 1
     assert report.dataset("web").near_dupes_removed == 0
-    texts = [json.loads(line)["text"] for line in shard_path(workdir, "web").read_bytes()
-             .splitlines()]
+    texts = [
+        json.loads(line)["text"] for line in shard_path(workdir, "web").read_bytes().splitlines()
+    ]
     assert clean in texts
 
 
-def test_two_runs_give_byte_identical_shards_and_provenance(
-    recipe: Recipe, tmp_path: Path
-) -> None:
+def test_two_runs_give_byte_identical_shards_and_provenance(recipe: Recipe, tmp_path: Path) -> None:
     web = recipe.rows("web")
     web += [dict(web[0]), {"text": _long_doc("gamma")}, {"text": _long_doc("gamma") + " x"}]
     recipe.write_rows("web", web)
@@ -247,9 +259,7 @@ def test_a_sha256_mismatch_refuses_and_writes_nothing(recipe: Recipe, tmp_path: 
     assert not workdir.exists()
 
 
-def test_a_refusal_leaves_an_earlier_preparation_untouched(
-    recipe: Recipe, tmp_path: Path
-) -> None:
+def test_a_refusal_leaves_an_earlier_preparation_untouched(recipe: Recipe, tmp_path: Path) -> None:
     manifest = recipe.manifest()
     workdir = tmp_path / "work"
     prepare_data(manifest, workdir)
@@ -310,8 +320,7 @@ def test_a_device_or_fifo_is_refused_without_being_read(recipe: Recipe, tmp_path
         recipe.doc["data"][1]["uri"] = uri
         exc = _refusal(recipe.manifest(), tmp_path / "work")
         assert exc.code == "data_policy_violation"
-        assert (exc.details["reason"], exc.details["data_id"]) == ("not_regular_file",
-                                                                    "arith-sft")
+        assert (exc.details["reason"], exc.details["data_id"]) == ("not_regular_file", "arith-sft")
 
 
 def test_a_symlinked_data_file_is_refused(recipe: Recipe, tmp_path: Path) -> None:
@@ -322,8 +331,9 @@ def test_a_symlinked_data_file_is_refused(recipe: Recipe, tmp_path: Path) -> Non
     assert (exc.code, exc.details["reason"]) == ("data_policy_violation", "unreadable")
 
 
-@pytest.mark.parametrize("bad_line", [b"not json", b"[1, 2]", b'{"text": 5}', b"\xff\xfe",
-                                      b'{"text": NaN}'])
+@pytest.mark.parametrize(
+    "bad_line", [b"not json", b"[1, 2]", b'{"text": 5}', b"\xff\xfe", b'{"text": NaN}']
+)
 def test_a_malformed_row_is_refused(recipe: Recipe, tmp_path: Path, bad_line: bytes) -> None:
     path = recipe.path("web")
     raw = path.read_bytes() + bad_line + b"\n"

@@ -16,20 +16,25 @@ from ito.pipeline.dedup import (
     word_shingles,
 )
 
-LONG = ("the scheduler reads every token of the long sentences and the optimizer stores "
-        "the gradient in many shards while a careful reader checks its own notes again")
+LONG = (
+    "the scheduler reads every token of the long sentences and the optimizer stores "
+    "the gradient in many shards while a careful reader checks its own notes again"
+)
 
 
 # --- normalisation --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("raw", "expected"), [
-    ("  a  b\t\tc\n\nd  ", "a b c d"),
-    ("Ｆｕｌｌ\u00a0width", "Full width"),
-    ("e\u0301", "é"),
-    ("ﬁne ①", "fine 1"),
-    ("\u2003\u3000", ""),
-])
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("  a  b\t\tc\n\nd  ", "a b c d"),
+        ("Ｆｕｌｌ\u00a0width", "Full width"),
+        ("e\u0301", "é"),
+        ("ﬁne ①", "fine 1"),
+        ("\u2003\u3000", ""),
+    ],
+)
 def test_text_is_nfkc_normalised_with_whitespace_collapsed(raw: str, expected: str) -> None:
     assert normalise_text(raw) == expected
 
@@ -41,8 +46,13 @@ def test_a_text_row_has_only_its_text_normalised() -> None:
 
 def test_a_row_without_text_has_every_string_field_normalised() -> None:
     row = {"prompt": " 1+2=\t", "chosen": "３ ", "rejected": "4", "weight": 1.5, "tags": [" x "]}
-    assert normalise_row(row) == {"prompt": "1+2=", "chosen": "3", "rejected": "4",
-                                  "weight": 1.5, "tags": [" x "]}
+    assert normalise_row(row) == {
+        "prompt": "1+2=",
+        "chosen": "3",
+        "rejected": "4",
+        "weight": 1.5,
+        "tags": [" x "],
+    }
 
 
 def test_row_text_puts_the_prompt_before_its_answer() -> None:
@@ -58,8 +68,13 @@ def test_row_text_puts_the_prompt_before_its_answer() -> None:
 
 def test_exact_key_ignores_key_order_and_exact_duplicates_keep_the_first() -> None:
     assert exact_key({"a": 1, "b": "x"}) == exact_key({"b": "x", "a": 1})
-    rows: list[dict[str, object]] = [{"text": "a"}, {"text": "b"}, {"text": "a"},
-                                     {"text": "a", "s": 1}, {"text": "b"}]
+    rows: list[dict[str, object]] = [
+        {"text": "a"},
+        {"text": "b"},
+        {"text": "a"},
+        {"text": "a", "s": 1},
+        {"text": "b"},
+    ]
     assert exact_duplicates(rows) == [2, 4]
 
 
@@ -74,15 +89,22 @@ def test_near_duplicates_drop_later_copies_and_keep_distinct_texts() -> None:
     words = [f"{word}{i}" for i, word in enumerate(LONG.split() * 3)]
     changed = list(words)
     changed[10] = "CHANGED"
-    texts = [" ".join(words), "something else entirely here", " ".join(changed),
-             " ".join(reversed(words)), " ".join(words).upper()]
+    texts = [
+        " ".join(words),
+        "something else entirely here",
+        " ".join(changed),
+        " ".join(reversed(words)),
+        " ".join(words).upper(),
+    ]
     assert near_duplicates(texts, NearDedup()) == [2, 4]
     assert near_duplicates(texts, NearDedup(threshold=1.0)) == [4]
     assert near_duplicates([], NearDedup()) == []
 
 
-@pytest.mark.parametrize("kwargs", [{"threshold": 0.0}, {"threshold": 1.5},
-                                    {"shingle_words": 0}, {"num_perm": 1}, {"seed": -1}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"threshold": 0.0}, {"threshold": 1.5}, {"shingle_words": 0}, {"num_perm": 1}, {"seed": -1}],
+)
 def test_near_dedup_settings_are_checked(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         NearDedup(**kwargs)  # type: ignore[arg-type]

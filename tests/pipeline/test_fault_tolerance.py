@@ -37,13 +37,33 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def spawn(lighthouse: Lighthouse, replica: int, out: Path, *extra: str) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "tests.pipeline.ft_replica", "--replica-id", str(replica),
-           "--lighthouse", lighthouse.address, "--steps", str(STEPS), "--out", str(out),
-           "--min-step-seconds", str(PACE_S), "--log-level", "INFO", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tests.pipeline.ft_replica",
+        "--replica-id",
+        str(replica),
+        "--lighthouse",
+        lighthouse.address,
+        "--steps",
+        str(STEPS),
+        "--out",
+        str(out),
+        "--min-step-seconds",
+        str(PACE_S),
+        "--log-level",
+        "INFO",
+        *extra,
+    ]
     with out.with_suffix(".stderr").open("wb") as err:
         path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT,
-                                env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path})
+        return subprocess.Popen(
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            cwd=ROOT,
+            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path},
+        )
 
 
 def read(path: Path, type_: str = "step") -> list[dict[str, Any]]:
@@ -79,7 +99,8 @@ def finish(proc: subprocess.Popen[bytes], deadline: float, out: Path) -> int:
 
 
 def test_survivor_commits_alone_after_a_kill_and_the_restarted_replica_heals_from_it(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     r0, r1, r1_again = tmp_path / "r0.jsonl", tmp_path / "r1.jsonl", tmp_path / "r1-again.jsonl"
     deadline = time.monotonic() + DEADLINE_S
     procs: list[subprocess.Popen[bytes]] = []
@@ -88,9 +109,14 @@ def test_survivor_commits_alone_after_a_kill_and_the_restarted_replica_heals_fro
             procs.append(spawn(lighthouse, 0, r0))
             procs.append(spawn(lighthouse, 1, r1, "--kill-at", str(KILL_AT)))
             assert finish(procs[1], deadline, r1) == -signal.SIGKILL, stderr_tail(r1)
-            wait_for("the survivor's first step alone",
-                     lambda: any(r["participants"] == 1 and r["step"] >= KILL_AT
-                                 for r in committed(r0).values()), deadline, r0)
+            wait_for(
+                "the survivor's first step alone",
+                lambda: any(
+                    r["participants"] == 1 and r["step"] >= KILL_AT for r in committed(r0).values()
+                ),
+                deadline,
+                r0,
+            )
             procs.append(spawn(lighthouse, 1, r1_again))
             assert finish(procs[0], deadline, r0) == 0, stderr_tail(r0)
             assert finish(procs[2], deadline, r1_again) == 0, stderr_tail(r1_again)

@@ -38,10 +38,16 @@ def make_spec(root: Path, **overrides: Any) -> Path:
     manifest = recipe.manifest
     manifest["checkpoint"] = {"every_steps": 3, "keep_last": 2, "storage": "booking"}
     spec = {
-        "run_id": "run-test-1", "attempt": 1, "manifest": manifest,
-        "workdir": str(root / "work"), "checkpoint_dir": str(root / "ckpt"),
-        "events_path": str(root / "events.jsonl"), "stages": ["pretrain", "long_context"],
-        "max_steps_per_stage": MAX_STEPS, "fail_at": None, "loss_spike_at": None,
+        "run_id": "run-test-1",
+        "attempt": 1,
+        "manifest": manifest,
+        "workdir": str(root / "work"),
+        "checkpoint_dir": str(root / "ckpt"),
+        "events_path": str(root / "events.jsonl"),
+        "stages": ["pretrain", "long_context"],
+        "max_steps_per_stage": MAX_STEPS,
+        "fail_at": None,
+        "loss_spike_at": None,
     }
     spec.update(overrides)
     path = root / "spec.json"
@@ -53,10 +59,19 @@ def torchrun(spec: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     """Run the engine under torchrun with two processes; kill it if it passes the deadline."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
-    cmd = [TORCHRUN, "--standalone", "--nproc-per-node=2", *extra,
-           "-m", "ito.pipeline.run", "--spec", str(spec)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    cmd = [
+        TORCHRUN,
+        "--standalone",
+        "--nproc-per-node=2",
+        *extra,
+        "-m",
+        "ito.pipeline.run",
+        "--spec",
+        str(spec),
+    ]
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         out, _ = proc.communicate(timeout=DEADLINE_S)
     except subprocess.TimeoutExpired:
@@ -88,23 +103,39 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_uninterrupted_run_lowers_the_loss_and_writes_well_formed_events(
-        reference: Path) -> None:
+def test_uninterrupted_run_lowers_the_loss_and_writes_well_formed_events(reference: Path) -> None:
     evs = events(reference)
     assert all(isinstance(e["ts"], float) for e in evs)
     assert [e["type"] for e in evs if e["type"] not in ("metric", "log", "checkpoint")] == [
-        "stage", "gate", "stage", "stage", "gate", "stage", "done"]
+        "stage",
+        "gate",
+        "stage",
+        "stage",
+        "gate",
+        "stage",
+        "done",
+    ]
     stages = [(e["stage"], e["status"]) for e in evs if e["type"] == "stage"]
-    assert stages == [("pretrain", "started"), ("pretrain", "completed"),
-                      ("long_context", "started"), ("long_context", "completed")]
+    assert stages == [
+        ("pretrain", "started"),
+        ("pretrain", "completed"),
+        ("long_context", "started"),
+        ("long_context", "completed"),
+    ]
     assert evs[-1]["status"] == "succeeded"
 
     metrics = [e for e in evs if e["type"] == "metric"]
     assert [m["step"] for m in metrics] == list(range(1, MAX_STEPS + 2))
     assert [m["stage"] for m in metrics] == ["pretrain"] * MAX_STEPS + ["long_context"]
     for m in metrics:
-        assert set(m["values"]) == {"loss", "lr", "grad_norm", "tokens_per_s", "mfu",
-                                    "step_seconds"}
+        assert set(m["values"]) == {
+            "loss",
+            "lr",
+            "grad_norm",
+            "tokens_per_s",
+            "mfu",
+            "step_seconds",
+        }
         assert m["values"]["mfu"] is None  # no known peak on CPU
         assert m["values"]["tokens_per_s"] > 0 and m["values"]["grad_norm"] > 0
     loss = [m["values"]["loss"] for m in metrics]
@@ -119,7 +150,11 @@ def test_uninterrupted_run_lowers_the_loss_and_writes_well_formed_events(
 
     ckpts = [e for e in evs if e["type"] == "checkpoint"]
     assert [(c["stage"], c["step"]) for c in ckpts] == [
-        ("pretrain", 3), ("pretrain", 6), ("pretrain", 8), ("long_context", 9)]
+        ("pretrain", 3),
+        ("pretrain", 6),
+        ("pretrain", 8),
+        ("long_context", 9),
+    ]
     for c in ckpts:
         assert c["bytes"] > 0 and c["seconds"] > 0
         assert c["path"].endswith(f"{c['stage']}/step_{c['step']:08d}")
@@ -137,7 +172,8 @@ def test_keep_last_leaves_only_the_newest_committed_checkpoints(reference: Path)
 
 
 def test_killed_rank_resumes_from_the_last_commit_with_the_same_losses(
-        reference: Path, tmp_path: Path) -> None:
+    reference: Path, tmp_path: Path
+) -> None:
     spec = make_spec(tmp_path, fail_at={"rank": 1, "step": 7})
     result = torchrun(spec, "--max-restarts=1")
     assert result.returncode == 0, result.stdout[-4000:]
@@ -145,8 +181,11 @@ def test_killed_rank_resumes_from_the_last_commit_with_the_same_losses(
 
     evs = events(tmp_path)
     assert evs[-1]["type"] == "done" and evs[-1]["status"] == "succeeded"
-    (at,) = [i for i, e in enumerate(evs)
-             if e["type"] == "log" and e["message"].startswith("resumed from")]
+    (at,) = [
+        i
+        for i, e in enumerate(evs)
+        if e["type"] == "log" and e["message"].startswith("resumed from")
+    ]
     resumed_step = int(evs[at]["message"].rsplit("step ", 1)[1].rstrip(")"))
     committed_before = [e["step"] for e in evs[:at] if e["type"] == "checkpoint"]
     assert resumed_step == max(committed_before)
@@ -195,11 +234,13 @@ def test_failed_gate_ends_the_run_gate_failed_with_exit_status_zero(tmp_path: Pa
     assert gate["results"][0]["threshold"] == 0.01 and gate["results"][0]["value"] > 0.01
     assert evs[-1]["type"] == "done" and evs[-1]["status"] == "gate_failed"
     assert ("pretrain", "completed") not in [
-        (e["stage"], e["status"]) for e in evs if e["type"] == "stage"]
+        (e["stage"], e["status"]) for e in evs if e["type"] == "stage"
+    ]
 
 
 def test_a_stop_request_commits_a_checkpoint_and_a_later_attempt_resumes_it_exactly(
-        reference: Path, tmp_path: Path) -> None:
+    reference: Path, tmp_path: Path
+) -> None:
     # The worker's stop file is there before the first step: rank 0 raises the flag in step 1's
     # all-reduce, every rank reads it while step 2 computes, and step 2 is committed.
     spec = make_spec(tmp_path)
@@ -210,8 +251,7 @@ def test_a_stop_request_commits_a_checkpoint_and_a_later_attempt_resumes_it_exac
     evs = events(tmp_path)
     assert evs[-1]["type"] == "done" and evs[-1]["status"] == "stopped"
     assert evs[-1]["step"] == 2
-    assert [(e["stage"], e["step"]) for e in evs if e["type"] == "checkpoint"] == [
-        ("pretrain", 2)]
+    assert [(e["stage"], e["step"]) for e in evs if e["type"] == "checkpoint"] == [("pretrain", 2)]
     assert [c.step for c in committed_checkpoints(tmp_path / "ckpt")] == [2]
     assert [s for s, _ in losses(evs)] == [1, 2]  # a committed step's metrics are out
     assert not [e for e in evs if e["type"] == "gate"]

@@ -32,25 +32,41 @@ def recipe_dir(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
 
 
 def write_spec(tmp_path: Path, manifest: dict[str, Any], **overrides: Any) -> Path:
-    doc = {"run_id": "r", "attempt": 1, "manifest": manifest, "workdir": str(tmp_path / "w"),
-           "checkpoint_dir": str(tmp_path / "c"), "events_path": str(tmp_path / "e.jsonl"),
-           "stages": ["pretrain"], "max_steps_per_stage": None, "fail_at": None,
-           "loss_spike_at": None, **overrides}
+    doc = {
+        "run_id": "r",
+        "attempt": 1,
+        "manifest": manifest,
+        "workdir": str(tmp_path / "w"),
+        "checkpoint_dir": str(tmp_path / "c"),
+        "events_path": str(tmp_path / "e.jsonl"),
+        "stages": ["pretrain"],
+        "max_steps_per_stage": None,
+        "fail_at": None,
+        "loss_spike_at": None,
+        **overrides,
+    }
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(doc))
     return path
 
 
 def test_spec_reads_the_contract_and_refuses_unknown_stages_and_relative_paths(
-        tmp_path: Path, recipe_dir: tuple[Path, dict[str, Any]]) -> None:
+    tmp_path: Path, recipe_dir: tuple[Path, dict[str, Any]]
+) -> None:
     _, manifest = recipe_dir
-    spec = load_spec(write_spec(tmp_path, manifest, fail_at={"rank": 1, "step": 5},
-                                max_steps_per_stage=3))
+    spec = load_spec(
+        write_spec(tmp_path, manifest, fail_at={"rank": 1, "step": 5}, max_steps_per_stage=3)
+    )
     assert spec.stages == ("pretrain",) and spec.max_steps_per_stage == 3
     assert spec.fail_at is not None and (spec.fail_at.rank, spec.fail_at.step) == (1, 5)
     assert spec.fail_at.rejoin_after_steps is None
-    held = load_spec(write_spec(tmp_path, manifest, fail_at={"rank": 0, "step": 5, "replica": 1,
-                                                             "rejoin_after_steps": 6}))
+    held = load_spec(
+        write_spec(
+            tmp_path,
+            manifest,
+            fail_at={"rank": 0, "step": 5, "replica": 1, "rejoin_after_steps": 6},
+        )
+    )
     assert held.fail_at is not None and held.fail_at.rejoin_after_steps == 6
     with pytest.raises(ValueError, match=r"spec\.stages\[0\]"):
         load_spec(write_spec(tmp_path, manifest, stages=["midtrain"]))
@@ -59,7 +75,8 @@ def test_spec_reads_the_contract_and_refuses_unknown_stages_and_relative_paths(
 
 
 def test_heldout_split_is_disjoint_stable_and_never_empty(
-        recipe_dir: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    recipe_dir: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
     _, manifest = recipe_dir
     ref = parse_manifest(json.dumps(manifest).encode()).data_by_id()["web"]
     docs = read_documents(ref, tmp_path)
@@ -72,7 +89,8 @@ def test_heldout_split_is_disjoint_stable_and_never_empty(
 
 
 def test_data_file_that_does_not_match_its_digest_is_refused_unless_prepared(
-        recipe_dir: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    recipe_dir: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
     data, manifest = recipe_dir
     ref = parse_manifest(json.dumps(manifest).encode()).data_by_id()["web"]
     (data / "web.jsonl").write_text('{"text": "tampered"}\n')
@@ -87,8 +105,9 @@ def test_tokenizer_is_deterministic_and_packs_full_rows(tmp_path: Path) -> None:
     texts = [f"we know that {i} plus {i + 1} makes {2 * i + 1} ." for i in range(300)]
     build_tokenizer(texts, 300, tmp_path / "a")
     build_tokenizer(texts, 300, tmp_path / "b")
-    assert (tmp_path / "a" / "tokenizer.json").read_bytes() == \
-        (tmp_path / "b" / "tokenizer.json").read_bytes()
+    assert (tmp_path / "a" / "tokenizer.json").read_bytes() == (
+        tmp_path / "b" / "tokenizer.json"
+    ).read_bytes()
     tokenizer = load_tokenizer(tmp_path / "a")
     rows = pack(tokenizer, texts, 16)
     assert rows.shape[1] == 16 and rows.dtype == torch.long
@@ -114,8 +133,7 @@ def test_schedule_warms_up_linearly_then_decays_to_a_tenth() -> None:
     assert all(x >= y for x, y in itertools.pairwise(values))
 
 
-def test_events_are_whole_json_lines_and_non_finite_numbers_become_null(
-        tmp_path: Path) -> None:
+def test_events_are_whole_json_lines_and_non_finite_numbers_become_null(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     writer = EventWriter(path, enabled=True)
     writer.emit("metric", stage="pretrain", step=1, values={"loss": float("nan"), "lr": 1.0})

@@ -39,20 +39,31 @@ restart (torchrun's monitor, importing torch) happens during the hold."""
 
 
 def _launch(root: Path, **spec: Any) -> tuple[int, list[dict[str, Any]]]:
-    path = make_spec(root, stages=["pretrain"], max_steps_per_stage=STEPS,
-                     min_step_seconds=PACE_S, **spec)
+    path = make_spec(
+        root, stages=["pretrain"], max_steps_per_stage=STEPS, min_step_seconds=PACE_S, **spec
+    )
     doc = json.loads(path.read_text())
     doc["manifest"]["resources"]["replica_groups"] = 2
     doc["manifest"]["curriculum"][0]["tokens"] = 2 * 4 * 128 * (STEPS + 10)
     path.write_text(json.dumps(doc))
     (root / "work").mkdir(exist_ok=True)
     executor = LocalExecutor()
-    executor.start(LaunchSpec(run_id="run-test-1", attempt=1, spec_path=path,
-                              workdir=root / "work", nodes=1, gpus_per_node=2, max_restarts=1,
-                              replica_groups=2))
+    executor.start(
+        LaunchSpec(
+            run_id="run-test-1",
+            attempt=1,
+            spec_path=path,
+            workdir=root / "work",
+            nodes=1,
+            gpus_per_node=2,
+            max_restarts=1,
+            replica_groups=2,
+        )
+    )
     try:
-        (code,) = wait_until(lambda: (c := executor.poll()) is not None and (c,),
-                             timeout=300, interval=0.5)
+        (code,) = wait_until(
+            lambda: (c := executor.poll()) is not None and (c,), timeout=300, interval=0.5
+        )
     finally:
         executor.kill()
     return int(code), events(root)
@@ -65,9 +76,12 @@ def _step_of(logs: list[str], pattern: str) -> int:
 
 
 def test_a_killed_replica_group_is_dropped_restarted_and_healed_while_the_other_trains(
-        tmp_path: Path) -> None:
-    code, evs = _launch(tmp_path, fail_at={"replica": 1, "rank": 0, "step": KILL_AT,
-                                           "rejoin_after_steps": HOLD_STEPS})
+    tmp_path: Path,
+) -> None:
+    code, evs = _launch(
+        tmp_path,
+        fail_at={"replica": 1, "rank": 0, "step": KILL_AT, "rejoin_after_steps": HOLD_STEPS},
+    )
     log = (tmp_path / "work" / "torchrun-attempt-1.log").read_text(errors="replace")
     assert code == 0, log[-4000:]
     done = [e for e in evs if e["type"] == "done"]
@@ -84,26 +98,36 @@ def test_a_killed_replica_group_is_dropped_restarted_and_healed_while_the_other_
     # step's quorum; restarted, it was held until the survivor's commit at step `held`: from
     # the kill to that commit the survivor trained alone.
     killed = _step_of(logs, r"^\[replica 1\] fault injection: rank 0 exits at step (\d+)$")
-    held = _step_of(logs, r"^\[replica 1\] fault injection: rejoining after the commit at "
-                          r"step (\d+)$")
+    held = _step_of(
+        logs,
+        r"^\[replica 1\] fault injection: rejoining after the commit at "
+        r"step (\d+)$",
+    )
     assert KILL_AT <= killed < held
-    assert set(replicas[killed - 1:held]) == {1}
+    assert set(replicas[killed - 1 : held]) == {1}
     # It then rejoined (healed from the survivor if it was behind, as it is unless it loaded
     # the very commit the survivor's next quorum starts from), and from the step it rejoined on
     # every step was committed by both groups. (A late starter may also have healed at the
     # start of the run.)
     back = replicas.index(2, held)
     assert set(replicas[back:]) == {2}, replicas
-    heals = [int(m.group(1)) for m in (
-        re.search(r"^\[replica 1\] healed from a live replica group at step (\d+)", line)
-        for line in logs) if m]
+    heals = [
+        int(m.group(1))
+        for m in (
+            re.search(r"^\[replica 1\] healed from a live replica group at step (\d+)", line)
+            for line in logs
+        )
+        if m
+    ]
     assert [step for step in heals if step >= held] in ([], [back]), (heals, back)
     assert [e["type"] for e in evs].count("restart") == 1
     losses = [m["values"]["loss"] for m in metrics]
     assert losses[-1] < losses[0] - 0.5
 
-    ends = [re.search(r"^\[replica (\d)\] rank 0 parameters digest (\w+) at step (\d+)", m)
-            for m in logs]
+    ends = [
+        re.search(r"^\[replica (\d)\] rank 0 parameters digest (\w+) at step (\d+)", m)
+        for m in logs
+    ]
     finals = {m.group(1): (m.group(2), int(m.group(3))) for m in ends if m}
     assert set(finals) == {"0", "1"}
     assert finals["0"] == finals["1"] and finals["0"][1] == STEPS  # identical parameters

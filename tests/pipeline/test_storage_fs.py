@@ -27,8 +27,9 @@ def _snapshot(top: Path) -> dict[str, bytes | None]:
     for base, dirs, files in os.walk(top):
         for name in dirs + files:
             path = Path(base, name)
-            found[str(path.relative_to(top))] = path.read_bytes() \
-                if path.is_file() and not path.is_symlink() else None
+            found[str(path.relative_to(top))] = (
+                path.read_bytes() if path.is_file() and not path.is_symlink() else None
+            )
     return found
 
 
@@ -62,8 +63,10 @@ def test_a_symlink_at_any_depth_below_the_root_is_refused_and_nothing_is_created
 
     assert _code(lambda: open_proven(where, create=True)) == "checkpoint_storage_invalid"
     assert _code(lambda: open_proven(where)) == "checkpoint_storage_invalid"
-    assert _code(lambda: remove_tree(StoragePath(root, parts[:depth + 1]))) == \
-        "checkpoint_storage_invalid"
+    assert (
+        _code(lambda: remove_tree(StoragePath(root, parts[: depth + 1])))
+        == "checkpoint_storage_invalid"
+    )
     assert _snapshot(outside) == before
 
 
@@ -71,8 +74,10 @@ def test_a_symlinked_root_is_refused(layout: tuple[Path, Path], tmp_path: Path) 
     root, _ = layout
     link = tmp_path / "storage-link"
     link.symlink_to(root)
-    assert _code(lambda: open_proven(StoragePath(link, RUN_DIR), create=True)) == \
-        "checkpoint_storage_invalid"
+    assert (
+        _code(lambda: open_proven(StoragePath(link, RUN_DIR), create=True))
+        == "checkpoint_storage_invalid"
+    )
     assert _code(lambda: remove_tree(StoragePath(link, RUN_DIR))) == "checkpoint_storage_invalid"
     assert (root / "runs" / "run_x" / "pretrain").is_dir()
 
@@ -91,8 +96,10 @@ def test_a_dangling_link_is_refused_and_never_made_into_a_directory(
 def test_a_file_where_a_directory_belongs_is_refused(layout: tuple[Path, Path]) -> None:
     root, _ = layout
     (root / "runs" / "run_z").write_text("not a directory")
-    assert _code(lambda: open_proven(StoragePath(root, ("runs", "run_z")), create=True)) == \
-        "checkpoint_storage_invalid"
+    assert (
+        _code(lambda: open_proven(StoragePath(root, ("runs", "run_z")), create=True))
+        == "checkpoint_storage_invalid"
+    )
 
 
 def test_a_proven_directory_reports_its_real_location_and_creates_what_is_missing(
@@ -130,8 +137,10 @@ def test_a_link_swapped_in_after_the_proof_redirects_nothing_and_the_next_use_is
 def test_write_new_never_follows_a_link_at_the_file_name(layout: tuple[Path, Path]) -> None:
     root, outside = layout
     (root / "runs" / "run_x" / "pretrain" / "COMMIT").symlink_to(outside / "precious.txt")
-    with proven_dir(StoragePath(root, ("runs", "run_x", "pretrain"))) as proven, \
-            pytest.raises(FileExistsError):
+    with (
+        proven_dir(StoragePath(root, ("runs", "run_x", "pretrain"))) as proven,
+        pytest.raises(FileExistsError),
+    ):
         proven.write_new("COMMIT", b"{}")
     assert (outside / "precious.txt").read_text() == "keep me"
 

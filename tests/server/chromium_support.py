@@ -24,9 +24,16 @@ from tests.support import ITO, Tenant, wait_until
 CHROMIUM = Path("/usr/bin/chromium")
 # Without the background-networking switches Chromium's own connections are refused on a
 # closed network; the pages need none of them.
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 USER_CODE = re.compile(r"code ([A-Z0-9]{4}-[A-Z0-9]{4})")
 VERIFICATION_URL = re.compile(r"\(or open (\S+)\)")
 
@@ -35,8 +42,9 @@ def launch_chromium(playwright: Playwright) -> Browser:
     """Debian's Chromium; missing is a failure, not a skip (CI installs it)."""
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: scripts/test installs Debian's chromium package")
-    return playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS,
-                                      headless=True)
+    return playwright.chromium.launch(
+        executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
+    )
 
 
 @dataclass
@@ -73,8 +81,7 @@ class WebPage:
         """Fill the sign-in form this tab shows and submit it."""
         self.page.locator("#email").fill(email)
         self.page.locator("#password").fill(password)
-        return self.submit(self.page.locator("main form[action='/ui/login'] "
-                                             "button[type=submit]"))
+        return self.submit(self.page.locator("main form[action='/ui/login'] button[type=submit]"))
 
     def sign_in(self, email: str, password: str) -> Response:
         page = self.goto("/ui/login")
@@ -98,8 +105,9 @@ class LoginProcess:
         def found() -> str | None:
             match = pattern.search(self.stderr.read_text())
             if match is None:
-                assert self.process.poll() is None, \
+                assert self.process.poll() is None, (
                     "ito login ended early:\n" + self.stderr.read_text() + self.stdout.read_text()
+                )
             return match.group(1) if match else None
 
         return str(wait_until(found, timeout=60))
@@ -118,8 +126,11 @@ class LoginProcess:
 def client_env(tenant: Tenant, home: Path) -> dict[str, str]:
     """A client with no API key: only what ``ito login`` stores, in a private file."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ITO_")}
-    return env | {"ITO_API_URL": tenant.server.url, "ITO_HOME": str(home),
-                  "ITO_ALLOW_FILE_TOKEN": "1"}
+    return env | {
+        "ITO_API_URL": tenant.server.url,
+        "ITO_HOME": str(home),
+        "ITO_ALLOW_FILE_TOKEN": "1",
+    }
 
 
 @contextmanager
@@ -127,8 +138,13 @@ def ito_login(env: dict[str, str], directory: Path) -> Iterator[LoginProcess]:
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     stdout, stderr = directory / "login.stdout", directory / "login.stderr"
     with stdout.open("wb") as out, stderr.open("wb") as err:
-        process = subprocess.Popen([ITO, "login", "--no-browser", "--json"], env=env,
-                                   stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        process = subprocess.Popen(
+            [ITO, "login", "--no-browser", "--json"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+        )
     try:
         yield LoginProcess(process, stdout, stderr)
     finally:

@@ -27,8 +27,22 @@ from tests.support import Server, make_tenant
 
 pytestmark = pytest.mark.slow
 
-HOSTILE = ["\x00", "\x01", "\x08", "\x0b", "\x1b", "\x7f", "\x85", "\x9b", "\n", "\r",
-           "\u202a", "\u202e", "\u2066", "\u2069"]
+HOSTILE = [
+    "\x00",
+    "\x01",
+    "\x08",
+    "\x0b",
+    "\x1b",
+    "\x7f",
+    "\x85",
+    "\x9b",
+    "\n",
+    "\r",
+    "\u202a",
+    "\u202e",
+    "\u2066",
+    "\u2069",
+]
 EXAMPLES_PER_OPERATION = 25
 EXCLUDED = ("/v1/credentials/self/revoke",)
 """Revoking the fuzzer's own key would leave every later request unauthenticated."""
@@ -39,12 +53,18 @@ def _poisoned(value: Any, *, keys: bool = True) -> st.SearchStrategy[Any]:
     strings (dictionary keys too, unless ``keys`` is false: path parameters keep their
     names)."""
     if isinstance(value, str):
-        spliced = st.builds(lambda char, at: value[:at] + char + value[at:],
-                            st.sampled_from(HOSTILE), st.integers(0, len(value)))
+        spliced = st.builds(
+            lambda char, at: value[:at] + char + value[at:],
+            st.sampled_from(HOSTILE),
+            st.integers(0, len(value)),
+        )
         return st.one_of(st.just(value), spliced)
     if isinstance(value, dict):
-        names = st.tuples(*[_poisoned(k) if keys else st.just(k) for k in value]) \
-            if value else st.just(())
+        names = (
+            st.tuples(*[_poisoned(k) if keys else st.just(k) for k in value])
+            if value
+            else st.just(())
+        )
         values = st.tuples(*[_poisoned(v) for v in value.values()]) if value else st.just(())
         return st.builds(lambda ks, vs: dict(zip(ks, vs, strict=True)), names, values)
     if isinstance(value, list):
@@ -55,10 +75,16 @@ def _poisoned(value: Any, *, keys: bool = True) -> st.SearchStrategy[Any]:
 @pytest.fixture
 def fuzz_keys(server: Server, tmp_path: Path) -> dict[str, str]:
     tenant = make_tenant(server, tmp_path / "fuzz", "fuzz")
-    worker = server.desk("/v1/desk/keys", {"account_id": tenant.account_id, "role": "worker",
-                                           "booking_id": tenant.booking_id})["api_key"]
-    return {"requester": tenant.requester_key, "approver": tenant.approver_key,
-            "desk": server.desk_key, "worker": str(worker)}
+    worker = server.desk(
+        "/v1/desk/keys",
+        {"account_id": tenant.account_id, "role": "worker", "booking_id": tenant.booking_id},
+    )["api_key"]
+    return {
+        "requester": tenant.requester_key,
+        "approver": tenant.approver_key,
+        "desk": server.desk_key,
+        "worker": str(worker),
+    }
 
 
 def _role(path: str) -> str | None:
@@ -77,30 +103,43 @@ def _fuzz(schema: Any, operation: Any, headers: dict[str, str]) -> list[str]:
     """Send the operation's generated requests; the ones answered with a server error or with
     a body its documented schema does not describe."""
     failures: list[str] = []
-    cases = st.one_of(*[operation.as_strategy(mode, hooks=schema.hooks)
-                        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)])
+    cases = st.one_of(
+        *[
+            operation.as_strategy(mode, hooks=schema.hooks)
+            for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
+        ]
+    )
 
     @given(case=cases)
-    @settings(max_examples=EXAMPLES_PER_OPERATION, derandomize=True, database=None,
-              deadline=None, phases=[Phase.explicit, Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=EXAMPLES_PER_OPERATION,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     def call(case: Any) -> None:
         response = case.call(headers=headers, timeout=30)
         if response.status_code >= 500:
-            failures.append(f"{operation.label} -> {response.status_code}: "
-                            f"{case.as_curl_command()[:500]}")
+            failures.append(
+                f"{operation.label} -> {response.status_code}: {case.as_curl_command()[:500]}"
+            )
         try:
             case.validate_response(response, checks=[response_schema_conformance])
         except (Failure, FailureGroup) as exc:
-            failures.append(f"{operation.label} -> {response.status_code} does not match its "
-                            f"documented schema: {str(exc)[:300]}")
+            failures.append(
+                f"{operation.label} -> {response.status_code} does not match its "
+                f"documented schema: {str(exc)[:300]}"
+            )
 
     call()
     return failures
 
 
-def test_no_generated_request_gets_a_server_error(server: Server,
-                                                  fuzz_keys: dict[str, str]) -> None:
+def test_no_generated_request_gets_a_server_error(
+    server: Server, fuzz_keys: dict[str, str]
+) -> None:
     schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
     schema.hook("flatmap_path_parameters")(lambda _ctx, value: _poisoned(value, keys=False))
     schema.hook("flatmap_query")(lambda _ctx, value: _poisoned(value))

@@ -38,20 +38,31 @@ def me(url: str, token: str) -> httpx.Response:
 
 def keys_of(server: Server, account_id: str) -> int:
     with server.engine.connect() as conn:
-        return int(conn.execute(text("SELECT count(*) FROM api_keys WHERE account_id = :a"),
-                                {"a": account_id}).scalar_one())
+        return int(
+            conn.execute(
+                text("SELECT count(*) FROM api_keys WHERE account_id = :a"), {"a": account_id}
+            ).scalar_one()
+        )
 
 
 def test_approved_device_login_issues_one_new_requester_key_once(tenant: Tenant) -> None:
     server = tenant.server
     approver = make_approver(server, tenant.account_id)
     grant = device_code(server.url, "ito CLI on build-host")
-    assert set(grant) == {"device_code", "user_code", "verification_uri",
-                          "verification_uri_complete", "expires_in", "interval"}
+    assert set(grant) == {
+        "device_code",
+        "user_code",
+        "verification_uri",
+        "verification_uri_complete",
+        "expires_in",
+        "interval",
+    }
     assert USER_CODE.match(grant["user_code"])
     assert grant["verification_uri"] == f"{server.url}/ui/device"
-    assert grant["verification_uri_complete"] == \
-        f"{server.url}/ui/device?user_code={grant['user_code']}"
+    assert (
+        grant["verification_uri_complete"]
+        == f"{server.url}/ui/device?user_code={grant['user_code']}"
+    )
     assert grant["expires_in"] == 600 and grant["interval"] == 1
     assert len(grant["device_code"]) >= 40
 
@@ -82,8 +93,9 @@ def test_approved_device_login_issues_one_new_requester_key_once(tenant: Tenant)
     tenant_requester = me(server.url, tenant.requester_key).json()["data"]
     assert who["principal_id"] not in (approver.principal_id, tenant_requester["principal_id"])
     with server.engine.connect() as conn:
-        name = conn.execute(text("SELECT name FROM principals WHERE id = :p"),
-                            {"p": who["principal_id"]}).scalar_one()
+        name = conn.execute(
+            text("SELECT name FROM principals WHERE id = :p"), {"p": who["principal_id"]}
+        ).scalar_one()
     assert name == f"device login approved by {approver.email}"
 
     # Exactly once: the code is spent, however often the device asks again.
@@ -91,8 +103,12 @@ def test_approved_device_login_issues_one_new_requester_key_once(tenant: Tenant)
         again = poll(server.url, grant["device_code"])
         assert again.status_code == 404 and error_code(again) == "device_code_not_found"
         assert "access_token" not in again.text
-    assert tenant.api("POST", "/v1/confirmations/cfr_x/approve",
-                      key=token["access_token"])["error"]["code"] == "forbidden_scope"
+    assert (
+        tenant.api("POST", "/v1/confirmations/cfr_x/approve", key=token["access_token"])["error"][
+            "code"
+        ]
+        == "forbidden_scope"
+    )
 
 
 def test_concurrent_polls_of_an_approved_code_get_exactly_one_token(tenant: Tenant) -> None:
@@ -145,15 +161,18 @@ def test_polling_inside_the_interval_gets_slow_down(server: Server) -> None:
 def test_unknown_or_malformed_device_codes_are_refused(server: Server) -> None:
     unknown = poll(server.url, "not-a-device-code")
     assert unknown.status_code == 404 and error_code(unknown) == "device_code_not_found"
-    for body in ({}, {"device_code": ""}, {"device_code": "x", "extra": 1},
-                 {"device_code": "x", "grant_type": "password"}):
+    for body in (
+        {},
+        {"device_code": ""},
+        {"device_code": "x", "extra": 1},
+        {"device_code": "x", "grant_type": "password"},
+    ):
         refused = httpx.post(server.url + "/v1/device/token", json=body, timeout=30)
         assert refused.status_code == 422 and error_code(refused) == "invalid_arguments"
     # The code request's body is optional; a too-long client name is refused.
     bare = httpx.post(server.url + "/v1/device/code", timeout=30)
     assert bare.status_code == 200 and USER_CODE.match(bare.json()["data"]["user_code"])
-    long = httpx.post(server.url + "/v1/device/code", json={"client_name": "x" * 101},
-                      timeout=30)
+    long = httpx.post(server.url + "/v1/device/code", json={"client_name": "x" * 101}, timeout=30)
     assert long.status_code == 422
 
 
@@ -172,8 +191,10 @@ def test_device_code_expires_and_can_then_be_neither_approved_nor_exchanged(
         assert page.status_code == 410 and "device_code_expired" in page.text
         csrf = re.search(r'name="csrf_token" value="([^"]*)"', page.text)
         assert csrf is not None
-        refused = web.post("/ui/device", {"user_code": grant["user_code"], "decision": "approve",
-                                          "csrf_token": csrf.group(1)})
+        refused = web.post(
+            "/ui/device",
+            {"user_code": grant["user_code"], "decision": "approve", "csrf_token": csrf.group(1)},
+        )
         assert refused.status_code == 410
         web.close()
         assert error_code(poll(url, grant["device_code"])) == "device_code_expired"
@@ -181,17 +202,24 @@ def test_device_code_expires_and_can_then_be_neither_approved_nor_exchanged(
 
 def test_self_revoke_makes_the_next_request_credential_revoked(tenant: Tenant) -> None:
     url = tenant.server.url
-    key = tenant.server.desk("/v1/desk/keys", {"account_id": tenant.account_id,
-                                               "role": "requester"})
+    key = tenant.server.desk(
+        "/v1/desk/keys", {"account_id": tenant.account_id, "role": "requester"}
+    )
     assert me(url, key["api_key"]).status_code == 200
-    revoked = httpx.post(url + "/v1/credentials/self/revoke", timeout=30,
-                         headers={"authorization": f"Bearer {key['api_key']}"})
+    revoked = httpx.post(
+        url + "/v1/credentials/self/revoke",
+        timeout=30,
+        headers={"authorization": f"Bearer {key['api_key']}"},
+    )
     assert revoked.status_code == 200
     assert revoked.json()["data"] == {"key_prefix": key["key_prefix"], "revoked": True}
     after = me(url, key["api_key"])
     assert after.status_code == 401 and error_code(after) == "credential_revoked"
-    again = httpx.post(url + "/v1/credentials/self/revoke", timeout=30,
-                       headers={"authorization": f"Bearer {key['api_key']}"})
+    again = httpx.post(
+        url + "/v1/credentials/self/revoke",
+        timeout=30,
+        headers={"authorization": f"Bearer {key['api_key']}"},
+    )
     assert error_code(again) == "credential_revoked"
     anonymous = httpx.post(url + "/v1/credentials/self/revoke", timeout=30)
     assert anonymous.status_code == 401 and error_code(anonymous) == "not_authenticated"
@@ -199,20 +227,33 @@ def test_self_revoke_makes_the_next_request_credential_revoked(tenant: Tenant) -
     assert me(url, tenant.requester_key).status_code == 200
 
 
-def test_user_create_accepts_only_approvers_and_never_prints_the_password(
-    tenant: Tenant
-) -> None:
+def test_user_create_accepts_only_approvers_and_never_prints_the_password(tenant: Tenant) -> None:
     server = tenant.server
     password = "a-long-enough-password-123"
     for role in ("requester", "desk", "worker"):
-        rc, envelope, output = user_create(server, tenant.account_id, "r@example.test",
-                                           password, role)
+        rc, envelope, output = user_create(
+            server, tenant.account_id, "r@example.test", password, role
+        )
         assert rc == 1 and envelope["error"]["code"] == "invalid_arguments"
         assert password not in output
     no_terminal = subprocess.run(
-        [ITO_SERVER, "user", "create", "--account", tenant.account_id, "--email",
-         "tty@example.test", "--json"], env=server.env, stdin=subprocess.DEVNULL,
-        capture_output=True, text=True, timeout=60, check=False)
+        [
+            ITO_SERVER,
+            "user",
+            "create",
+            "--account",
+            tenant.account_id,
+            "--email",
+            "tty@example.test",
+            "--json",
+        ],
+        env=server.env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert no_terminal.returncode == 1
     assert json.loads(no_terminal.stdout)["error"]["code"] == "invalid_arguments"
     rc, envelope, _ = user_create(server, tenant.account_id, "short@example.test", "short")
@@ -221,13 +262,16 @@ def test_user_create_accepts_only_approvers_and_never_prints_the_password(
     assert rc == 1 and envelope["error"]["code"] == "account_not_found"
 
     approver = make_approver(server, tenant.account_id)
-    rc, envelope, output = user_create(server, tenant.account_id, approver.email.upper(),
-                                       password)
+    rc, envelope, output = user_create(server, tenant.account_id, approver.email.upper(), password)
     assert rc == 1 and envelope["error"]["code"] == "user_exists" and password not in output
     with server.engine.connect() as conn:
-        rows = conn.execute(text("SELECT u.email, u.password_hash, p.role FROM users u JOIN "
-                                 "principals p ON p.id = u.principal_id WHERE u.account_id = :a"),
-                            {"a": tenant.account_id}).all()
+        rows = conn.execute(
+            text(
+                "SELECT u.email, u.password_hash, p.role FROM users u JOIN "
+                "principals p ON p.id = u.principal_id WHERE u.account_id = :a"
+            ),
+            {"a": tenant.account_id},
+        ).all()
     assert len(rows) == 1
     email, stored, role = rows[0]
     assert email == approver.email and role == "approver"
@@ -247,8 +291,14 @@ def test_no_password_session_or_device_secret_is_logged_or_stored(tenant: Tenant
 
     stored = database_text(server)
     log = server.log_path.read_bytes()
-    secrets = [approver.password, session_id, grant["device_code"], token,
-               token.split("_", 3)[3], server.env["ITO_PEPPER"]]
+    secrets = [
+        approver.password,
+        session_id,
+        grant["device_code"],
+        token,
+        token.split("_", 3)[3],
+        server.env["ITO_PEPPER"],
+    ]
     for secret in secrets:
         assert secret.encode() not in stored, "a secret is in the database"
         assert secret.encode() not in log, "a secret is in the server log"

@@ -28,22 +28,27 @@ IN_TEXT = ["\x00", "\x08", "\x1b", "\x7f", "\x9b", "\u202d", "\u2069", "\ud800"]
 INVALID = REGISTRY["invalid_arguments"].status
 
 
-def _send(tenant: Tenant, method: str, path: str, key: str = "requester",
-          body: Any = None, **kwargs: Any) -> httpx.Response:
-    token = {"requester": tenant.requester_key, "approver": tenant.approver_key,
-             "desk": tenant.server.desk_key}.get(key, key)
+def _send(
+    tenant: Tenant, method: str, path: str, key: str = "requester", body: Any = None, **kwargs: Any
+) -> httpx.Response:
+    token = {
+        "requester": tenant.requester_key,
+        "approver": tenant.approver_key,
+        "desk": tenant.server.desk_key,
+    }.get(key, key)
     headers = {"authorization": f"Bearer {token}"}
     if body is not None:
         # ensure_ascii: lone surrogates travel as the \ud800 escapes a hostile client would send
         kwargs["content"] = json.dumps(body).encode()
         headers["content-type"] = "application/json"
-    return httpx.request(method, tenant.server.url + path, headers=headers, timeout=30,
-                         **kwargs)
+    return httpx.request(method, tenant.server.url + path, headers=headers, timeout=30, **kwargs)
 
 
 def _refused(response: httpx.Response, code: str = "invalid_arguments") -> None:
-    assert response.status_code == REGISTRY[code].status, (response.request.url,
-                                                           response.text[:300])
+    assert response.status_code == REGISTRY[code].status, (
+        response.request.url,
+        response.text[:300],
+    )
     if response.request.url.path.startswith("/ui"):  # the web pages' error page
         assert response.headers["content-type"].startswith("text/html")
         assert code in response.text
@@ -53,9 +58,12 @@ def _refused(response: httpx.Response, code: str = "invalid_arguments") -> None:
 
 
 def _worker_key(tenant: Tenant) -> str:
-    return str(tenant.server.desk("/v1/desk/keys", {"account_id": tenant.account_id,
-                                                    "role": "worker",
-                                                    "booking_id": tenant.booking_id})["api_key"])
+    return str(
+        tenant.server.desk(
+            "/v1/desk/keys",
+            {"account_id": tenant.account_id, "role": "worker", "booking_id": tenant.booking_id},
+        )["api_key"]
+    )
 
 
 def test_hostile_characters_in_path_parameters_are_invalid_arguments(tenant: Tenant) -> None:
@@ -74,56 +82,80 @@ def test_hostile_characters_in_path_parameters_are_invalid_arguments(tenant: Ten
             ("GET", "/v1/manifests/{}", "requester", None),
             ("GET", "/v1/confirmations/{}", "requester", None),
             ("POST", "/v1/confirmations/{}/approve", "approver", None),
-            ("POST", "/v1/runs/{}/cancel", "requester",
-             {"confirmation_ref": "cfr_x", "idempotency_key": "k"}),
+            (
+                "POST",
+                "/v1/runs/{}/cancel",
+                "requester",
+                {"confirmation_ref": "cfr_x", "idempotency_key": "k"},
+            ),
             ("POST", "/v1/desk/keys/{}/revoke", "desk", None),
             ("POST", "/v1/desk/bookings/{}/state", "desk", {"state": "revoked"}),
             ("POST", "/v1/worker/runs/{}/heartbeat", worker, {"attempt": 1}),
-            ("POST", "/v1/worker/runs/{}/finish", worker, {"attempt": 1,
-                                                           "status": "succeeded"}),
+            ("POST", "/v1/worker/runs/{}/finish", worker, {"attempt": 1, "status": "succeeded"}),
         ]:
             _refused(_send(tenant, method, path.format(bad), key, body))
     assert tenant.counts() == before
 
 
 def test_hostile_characters_in_query_values_and_headers_are_invalid_arguments(
-    tenant: Tenant
+    tenant: Tenant,
 ) -> None:
     for char in HOSTILE:
-        for path, params in [("/v1/runs", {"idempotency_key": f"k{char}"}),
-                             ("/v1/runs", {"booking_id": f"bkg{char}"}),
-                             ("/v1/telemetry", {"booking_id": f"b{char}"}),
-                             ("/v1/runs", {f"x{char}": "1"}),
-                             ("/ui/login", {"next": f"/ui/{char}"})]:
+        for path, params in [
+            ("/v1/runs", {"idempotency_key": f"k{char}"}),
+            ("/v1/runs", {"booking_id": f"bkg{char}"}),
+            ("/v1/telemetry", {"booking_id": f"b{char}"}),
+            ("/v1/runs", {f"x{char}": "1"}),
+            ("/ui/login", {"next": f"/ui/{char}"}),
+        ]:
             _refused(_send(tenant, "GET", path, params=params))
     # Our keys are ASCII: a C1 control in the Authorization header is bad input, not a guess.
-    response = httpx.get(tenant.server.url + "/v1/me", timeout=30,
-                         headers={"authorization": b"Bearer ito_req_\x85bad_" + b"x" * 40})
+    response = httpx.get(
+        tenant.server.url + "/v1/me",
+        timeout=30,
+        headers={"authorization": b"Bearer ito_req_\x85bad_" + b"x" * 40},
+    )
     _refused(response)
 
 
 def test_hostile_characters_in_json_strings_at_any_depth_are_invalid_arguments(
-    tenant: Tenant
+    tenant: Tenant,
 ) -> None:
     worker = _worker_key(tenant)
     before = tenant.counts()
     for char in IN_TEXT:
         text = f"a{char}b"
         for path, key, body in [
-            ("/v1/confirmations", "requester", {"action": text,
-                                                "booking_id": tenant.booking_id}),
+            ("/v1/confirmations", "requester", {"action": text, "booking_id": tenant.booking_id}),
             ("/v1/confirmations", "requester", {"action": "train", "booking_id": text}),
             ("/v1/confirmations", "requester", {"action": "train", text: 1}),
-            ("/v1/runs", "requester", {"booking_id": tenant.booking_id, "manifest_id": "m",
-                                       "confirmation_ref": "cfr_x", "idempotency_key": text}),
+            (
+                "/v1/runs",
+                "requester",
+                {
+                    "booking_id": tenant.booking_id,
+                    "manifest_id": "m",
+                    "confirmation_ref": "cfr_x",
+                    "idempotency_key": text,
+                },
+            ),
             ("/v1/desk/accounts", "desk", {"name": f"tenant {text}"}),
-            ("/v1/desk/keys", "desk", {"account_id": tenant.account_id, "role": "requester",
-                                       "name": text}),
+            (
+                "/v1/desk/keys",
+                "desk",
+                {"account_id": tenant.account_id, "role": "requester", "name": text},
+            ),
             ("/v1/device/code", "none", {"client_name": text}),
-            ("/v1/worker/runs/run_x/report", worker,
-             {"attempt": 1, "events": [{"type": "log", "message": {"deep": [text]}}]}),
-            ("/v1/worker/runs/run_x/finish", worker,
-             {"attempt": 1, "status": "failed", "message": text}),
+            (
+                "/v1/worker/runs/run_x/report",
+                worker,
+                {"attempt": 1, "events": [{"type": "log", "message": {"deep": [text]}}]},
+            ),
+            (
+                "/v1/worker/runs/run_x/finish",
+                worker,
+                {"attempt": 1, "status": "failed", "message": text},
+            ),
         ]:
             _refused(_send(tenant, "POST", path, key, body))
     assert tenant.counts() == before
@@ -134,9 +166,11 @@ def test_hostile_characters_in_json_strings_at_any_depth_are_invalid_arguments(
 
 def test_hostile_characters_in_web_form_fields_get_the_error_page(tenant: Tenant) -> None:
     for char in IN_TEXT[:-1]:  # a form cannot even encode a lone surrogate
-        response = httpx.post(tenant.server.url + "/ui/login", timeout=30,
-                              data={"email": f"a{char}@example.test", "password": "x",
-                                    "csrf_token": "t", "next": ""})
+        response = httpx.post(
+            tenant.server.url + "/ui/login",
+            timeout=30,
+            data={"email": f"a{char}@example.test", "password": "x", "csrf_token": "t", "next": ""},
+        )
         assert response.status_code == INVALID
         assert response.headers["content-type"].startswith("text/html")
         assert "invalid_arguments" in response.text
@@ -146,18 +180,28 @@ def test_escaped_control_characters_in_a_manifest_are_manifest_invalid(tenant: T
     document = json.loads(tenant.manifest("clean").read_bytes())
     before = tenant.counts()
     for char in ["\x00", "\x1b", "\u202e", "\ud800"]:
-        for edit in ({"name": f"demo{char}"},
-                     {"data": [dict(document["data"][0], license=f"mit{char}"),
-                               *document["data"][1:]]}):
+        for edit in (
+            {"name": f"demo{char}"},
+            {"data": [dict(document["data"][0], license=f"mit{char}"), *document["data"][1:]]},
+        ):
             raw = json.dumps(document | edit).encode()  # the escape, not the raw byte
-            response = httpx.post(tenant.server.url + "/v1/manifests", content=raw,
-                                  timeout=30,
-                                  headers={"authorization": f"Bearer {tenant.requester_key}",
-                                           "content-type": "application/octet-stream"})
+            response = httpx.post(
+                tenant.server.url + "/v1/manifests",
+                content=raw,
+                timeout=30,
+                headers={
+                    "authorization": f"Bearer {tenant.requester_key}",
+                    "content-type": "application/octet-stream",
+                },
+            )
             _refused(response, "manifest_invalid")
-            plan = httpx.post(tenant.server.url + "/v1/plans", content=raw, timeout=30,
-                              params={"booking_id": tenant.booking_id},
-                              headers={"authorization": f"Bearer {tenant.requester_key}"})
+            plan = httpx.post(
+                tenant.server.url + "/v1/plans",
+                content=raw,
+                timeout=30,
+                params={"booking_id": tenant.booking_id},
+                headers={"authorization": f"Bearer {tenant.requester_key}"},
+            )
             _refused(plan, "manifest_invalid")
     assert tenant.counts() == before
 
@@ -165,32 +209,62 @@ def test_escaped_control_characters_in_a_manifest_are_manifest_invalid(tenant: T
 def test_numbers_as_strings_and_out_of_range_numbers_are_refused(tenant: Tenant) -> None:
     before = tenant.counts()
     booking: dict[str, Any] = {
-        "account_id": tenant.account_id, "gpu": "cpu", "nodes": 1, "gpus_per_node": 2,
-        "region": "local", "fabric": "ethernet", "start": "2026-01-01T00:00:00Z",
-        "end": "2099-01-01T00:00:00Z", "rate_usd_per_gpu_hour": 0.5, "state": "completed"}
-    for edit in ({"nodes": "2"}, {"gpus_per_node": "2"}, {"rate_usd_per_gpu_hour": "0.5"},
-                 {"gpu_memory_gb": 2**40}, {"nodes": 2**70}, {"nodes": True}):
+        "account_id": tenant.account_id,
+        "gpu": "cpu",
+        "nodes": 1,
+        "gpus_per_node": 2,
+        "region": "local",
+        "fabric": "ethernet",
+        "start": "2026-01-01T00:00:00Z",
+        "end": "2099-01-01T00:00:00Z",
+        "rate_usd_per_gpu_hour": 0.5,
+        "state": "completed",
+    }
+    for edit in (
+        {"nodes": "2"},
+        {"gpus_per_node": "2"},
+        {"rate_usd_per_gpu_hour": "0.5"},
+        {"gpu_memory_gb": 2**40},
+        {"nodes": 2**70},
+        {"nodes": True},
+    ):
         _refused(_send(tenant, "POST", "/v1/desk/bookings", "desk", booking | edit))
     nan = json.dumps(booking)[:-1] + ', "storage_quota_gb": NaN}'
-    _refused(httpx.post(tenant.server.url + "/v1/desk/bookings", content=nan, timeout=30,
-                        headers={"authorization": f"Bearer {tenant.server.desk_key}",
-                                 "content-type": "application/json"}))
+    _refused(
+        httpx.post(
+            tenant.server.url + "/v1/desk/bookings",
+            content=nan,
+            timeout=30,
+            headers={
+                "authorization": f"Bearer {tenant.server.desk_key}",
+                "content-type": "application/json",
+            },
+        )
+    )
     confirm = {"action": "cancel", "run_id": "run_x"}
-    for edit in ({"ttl_seconds": "60"}, {"ttl_seconds": 10**6}, {"ttl_seconds": 0},
-                 {"checkpoint_step": 10**30}):
+    for edit in (
+        {"ttl_seconds": "60"},
+        {"ttl_seconds": 10**6},
+        {"ttl_seconds": 0},
+        {"checkpoint_step": 10**30},
+    ):
         _refused(_send(tenant, "POST", "/v1/confirmations", "requester", confirm | edit))
-    for path, params in [("/v1/runs/run_x/events", {"after": str(2**70)}),
-                         ("/v1/runs/run_x/logs", {"since": str(2**64)}),
-                         ("/v1/runs", {"limit": "100000"})]:
+    for path, params in [
+        ("/v1/runs/run_x/events", {"after": str(2**70)}),
+        ("/v1/runs/run_x/logs", {"since": str(2**64)}),
+        ("/v1/runs", {"limit": "100000"}),
+    ]:
         _refused(_send(tenant, "GET", path, params=params))
     assert tenant.counts() == before
 
 
 def test_options_and_method_not_allowed_answer_the_paths_real_allow(tenant: Tenant) -> None:
     url = tenant.server.url
-    for path, methods in [("/v1/runs", {"GET", "POST", "OPTIONS"}),
-                          ("/v1/health", {"GET", "OPTIONS"}),
-                          ("/v1/runs/run_x/cancel", {"POST", "OPTIONS"})]:
+    for path, methods in [
+        ("/v1/runs", {"GET", "POST", "OPTIONS"}),
+        ("/v1/health", {"GET", "OPTIONS"}),
+        ("/v1/runs/run_x/cancel", {"POST", "OPTIONS"}),
+    ]:
         options = httpx.options(url + path, timeout=30)
         assert options.status_code == 200
         assert set(options.headers["allow"].split(", ")) == methods
@@ -206,13 +280,23 @@ def test_invalid_arguments_has_one_status_wherever_it_is_raised(tenant: Tenant) 
     url = tenant.server.url
     answers = [
         # A form the multipart parser cannot read (no boundary): an HTTP-level refusal.
-        httpx.post(url + "/ui/login", content=b"--x\r\n", timeout=30,
-                   headers={"content-type": "multipart/form-data"}),
+        httpx.post(
+            url + "/ui/login",
+            content=b"--x\r\n",
+            timeout=30,
+            headers={"content-type": "multipart/form-data"},
+        ),
         # A request model that refuses its body; a body that is not JSON.
         _send(tenant, "POST", "/v1/confirmations", body={"action": 1}),
-        httpx.post(url + "/v1/confirmations", content=b"{nope", timeout=30,
-                   headers={"authorization": f"Bearer {tenant.requester_key}",
-                            "content-type": "application/json"}),
+        httpx.post(
+            url + "/v1/confirmations",
+            content=b"{nope",
+            timeout=30,
+            headers={
+                "authorization": f"Bearer {tenant.requester_key}",
+                "content-type": "application/json",
+            },
+        ),
         # A service's own check; the text guard.
         _send(tenant, "GET", "/v1/telemetry"),
         _send(tenant, "GET", "/v1/runs/a%00b"),
@@ -225,6 +309,5 @@ def test_invalid_arguments_has_one_status_wherever_it_is_raised(tenant: Tenant) 
 def test_an_account_name_from_the_operator_cli_is_held_to_the_same_rules(server: Server) -> None:
     # Account names are shown to approvers; the desk CLI writes them without the API.
     for name in ("evil\u202egnp.exe", "tab\x1b[31mred"):
-        result = run_cli([ITO_SERVER, "account", "create", "--name", name, "--json"],
-                         server.env)
+        result = run_cli([ITO_SERVER, "account", "create", "--name", name, "--json"], server.env)
         assert result.rc == 1 and result.code == "invalid_arguments"

@@ -34,10 +34,20 @@ def _run_with_worker(tenant: Tenant, rate: float):  # type: ignore[no-untyped-de
     booking = tenant.booking(rate_usd_per_gpu_hour=rate)
     manifest = tenant.manifest()
     ref = tenant.approved_confirmation(manifest, booking_id=booking)
-    run_id = tenant.ito("train", "--booking", booking, "--manifest", str(manifest),
-                        "--confirmation-ref", ref, "--idempotency-key", "k").data["run_id"]
-    key = tenant.server.desk("/v1/desk/keys", {"account_id": tenant.account_id,
-                                               "role": "worker", "booking_id": booking})
+    run_id = tenant.ito(
+        "train",
+        "--booking",
+        booking,
+        "--manifest",
+        str(manifest),
+        "--confirmation-ref",
+        ref,
+        "--idempotency-key",
+        "k",
+    ).data["run_id"]
+    key = tenant.server.desk(
+        "/v1/desk/keys", {"account_id": tenant.account_id, "role": "worker", "booking_id": booking}
+    )
     db = Database(tenant.server.database_url)
     with db.read() as session:
         worker = authenticate(session, tenant.server.env["ITO_PEPPER"], key["api_key"])
@@ -55,8 +65,9 @@ def test_cost_accrues_while_held_and_the_worker_is_stopped_before_the_ceiling(
     stops, costs = [], []
     for beat in range(1, 40):
         with db.write() as session:
-            answer = heartbeat(session, worker, SETTINGS, run_id, 1,
-                               now + timedelta(seconds=30 * beat))
+            answer = heartbeat(
+                session, worker, SETTINGS, run_id, 1, now + timedelta(seconds=30 * beat)
+            )
         stops.append(answer["stop"])
         costs.append(answer["cost_usd"])
         if answer["stop"]:
@@ -103,8 +114,9 @@ def test_booking_telemetry_sums_unrounded_run_figures_and_counts_a_recomputed_st
 ) -> None:
 
     booking = tenant.booking()
-    key = tenant.server.desk("/v1/desk/keys", {"account_id": tenant.account_id,
-                                               "role": "worker", "booking_id": booking})
+    key = tenant.server.desk(
+        "/v1/desk/keys", {"account_id": tenant.account_id, "role": "worker", "booking_id": booking}
+    )
     db = Database(tenant.server.database_url)
     with db.read() as session:
         worker = authenticate(session, tenant.server.env["ITO_PEPPER"], key["api_key"])
@@ -112,15 +124,25 @@ def test_booking_telemetry_sums_unrounded_run_figures_and_counts_a_recomputed_st
     # Step durations below the millisecond the figures are shown with, so that summing rounded
     # per-run figures would give another booking goodput: 3 × 0.3 ms in 1 s held (run one);
     # 2 × 0.4 ms plus one step recomputed after an expired lease, in 2 s held (run two).
-    plans = [(1.0, [(1, 1, 0.0003), (2, 1, 0.0003), (3, 1, 0.0003)]),
-             (2.0, [(1, 1, 0.0004), (2, 1, 9.0), (2, 2, 0.0004)])]
+    plans = [
+        (1.0, [(1, 1, 0.0003), (2, 1, 0.0003), (3, 1, 0.0003)]),
+        (2.0, [(1, 1, 0.0004), (2, 1, 9.0), (2, 2, 0.0004)]),
+    ]
     run_ids = []
     for index, (held, steps) in enumerate(plans):
         manifest = tenant.manifest(f"m{index}")
         ref = tenant.approved_confirmation(manifest, booking_id=booking)
-        run_id = tenant.ito("train", "--booking", booking, "--manifest", str(manifest),
-                            "--confirmation-ref", ref, "--idempotency-key",
-                            f"k{index}").data["run_id"]
+        run_id = tenant.ito(
+            "train",
+            "--booking",
+            booking,
+            "--manifest",
+            str(manifest),
+            "--confirmation-ref",
+            ref,
+            "--idempotency-key",
+            f"k{index}",
+        ).data["run_id"]
         run_ids.append(run_id)
         start = now + timedelta(seconds=100 * index)
         with db.write() as session:
@@ -131,20 +153,29 @@ def test_booking_telemetry_sums_unrounded_run_figures_and_counts_a_recomputed_st
                 with db.write() as session:
                     expire_leases(session, start + timedelta(seconds=31))
                 with db.write() as session:
-                    assert lease_next(session, worker, SETTINGS,
-                                      start + timedelta(seconds=32)) is not None
+                    assert (
+                        lease_next(session, worker, SETTINGS, start + timedelta(seconds=32))
+                        is not None
+                    )
             with db.write() as session:
-                report(session, worker, run_id, attempt, [
-                    MetricEvent(stage="pretrain", step=step, values={"step_seconds": seconds})
-                    for step, a, seconds in steps if a == attempt])
+                report(
+                    session,
+                    worker,
+                    run_id,
+                    attempt,
+                    [
+                        MetricEvent(stage="pretrain", step=step, values={"step_seconds": seconds})
+                        for step, a, seconds in steps
+                        if a == attempt
+                    ],
+                )
         with db.write() as session:
             last = max(a for _, a, _ in steps)
             beat_from = start + timedelta(seconds=32) if last > 1 else start
             lease = session.get(RunLease, run_id)
             assert lease is not None
             lease.last_heartbeat_at = beat_from
-            heartbeat(session, worker, SETTINGS, run_id, last,
-                      beat_from + timedelta(seconds=held))
+            heartbeat(session, worker, SETTINGS, run_id, last, beat_from + timedelta(seconds=held))
         with db.write() as session:
             finish_run(session, worker, run_id, last, "succeeded", None, "done")
 
@@ -169,9 +200,16 @@ def test_a_single_run_booking_reports_exactly_the_run_figures(tenant: Tenant) ->
     with db.write() as session:
         assert lease_next(session, worker, SETTINGS, now) is not None
     with db.write() as session:
-        report(session, worker, run_id, 1, [
-            MetricEvent(stage="pretrain", step=s, values={"step_seconds": 0.0003})
-            for s in range(1, 6)])
+        report(
+            session,
+            worker,
+            run_id,
+            1,
+            [
+                MetricEvent(stage="pretrain", step=s, values={"step_seconds": 0.0003})
+                for s in range(1, 6)
+            ],
+        )
     with db.write() as session:
         heartbeat(session, worker, SETTINGS, run_id, 1, now + timedelta(seconds=1))
     with db.read() as session:
@@ -179,8 +217,14 @@ def test_a_single_run_booking_reports_exactly_the_run_figures(tenant: Tenant) ->
         assert worker.booking_id is not None
         booking = booking_telemetry(session, tenant.account_id, worker.booking_id)
     assert run["goodput"] == round(5 * 0.0003 / 1.0, 4)
-    for field in ("goodput", "wall_seconds_held", "productive_seconds", "cost_usd",
-                  "interruptions", "checkpoint_bandwidth_bytes_per_s"):
+    for field in (
+        "goodput",
+        "wall_seconds_held",
+        "productive_seconds",
+        "cost_usd",
+        "interruptions",
+        "checkpoint_bandwidth_bytes_per_s",
+    ):
         assert booking[field] == run[field], field
     db.dispose()
 
@@ -197,8 +241,17 @@ def test_a_revoked_booking_fails_its_waiting_runs_and_stops_the_running_one(
     # A second run of the booking waits in the queue.
     manifest = tenant.manifest("second")
     ref = tenant.approved_confirmation(manifest, booking_id=worker.booking_id)
-    queued = tenant.ito("train", "--booking", worker.booking_id, "--manifest", str(manifest),
-                        "--confirmation-ref", ref, "--idempotency-key", "k2").data["run_id"]
+    queued = tenant.ito(
+        "train",
+        "--booking",
+        worker.booking_id,
+        "--manifest",
+        str(manifest),
+        "--confirmation-ref",
+        ref,
+        "--idempotency-key",
+        "k2",
+    ).data["run_id"]
     with db.write() as session:
         set_booking_state(session, worker.booking_id, "revoked")
     # The running one is told to stop (with a checkpoint), with the booking's code...
@@ -226,8 +279,12 @@ def test_a_run_is_stopped_a_lease_ttl_before_the_term_ends(tenant: Tenant) -> No
     with db.write() as session:
         assert lease_next(session, worker, SETTINGS, start) is not None
     with db.write() as session:  # 60 s left: more than one TTL (30 s)
-        assert heartbeat(session, worker, SETTINGS, run_id, 1,
-                         term_end - timedelta(seconds=60))["stop"] is None
+        assert (
+            heartbeat(session, worker, SETTINGS, run_id, 1, term_end - timedelta(seconds=60))[
+                "stop"
+            ]
+            is None
+        )
     with db.write() as session:  # 20 s left: the next beat could come after the end
         beat = heartbeat(session, worker, SETTINGS, run_id, 1, term_end - timedelta(seconds=20))
     assert beat["stop"] == "booking" and beat["stop_code"] == "booking_expired"

@@ -38,8 +38,7 @@ def test_refused_bytes_are_refused_every_time_and_never_cached() -> None:
     assert manifest_cache.cached_manifest(manifest_digest(raw)) is None
 
 
-def test_the_cache_keeps_at_most_its_bound(tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cache_keeps_at_most_its_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(manifest_cache, "MAX_ENTRIES", 3)
     raws = [_manifest(tmp_path, f"cache-bound-{i}") for i in range(5)]
     for raw in raws:

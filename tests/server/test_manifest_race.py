@@ -20,9 +20,15 @@ pytestmark = pytest.mark.slow
 
 
 def upload(t: Tenant, raw: bytes) -> httpx.Response:
-    return httpx.post(t.server.url + "/v1/manifests", content=raw, timeout=60,
-                      headers={"authorization": f"Bearer {t.requester_key}",
-                               "content-type": "application/octet-stream"})
+    return httpx.post(
+        t.server.url + "/v1/manifests",
+        content=raw,
+        timeout=60,
+        headers={
+            "authorization": f"Bearer {t.requester_key}",
+            "content-type": "application/octet-stream",
+        },
+    )
 
 
 def test_concurrent_uploads_of_one_new_manifest_all_succeed(tenant: Tenant) -> None:
@@ -56,19 +62,30 @@ def test_an_upload_that_loses_the_insert_race_returns_the_winners_row(tenant: Te
         pytest.skip("SQLite serialises writers: the loser never misses the winner's row")
     raw = tenant.manifest("m").read_bytes()
     with Session(server.engine) as session:
-        session.add(ManifestRow(account_id=tenant.account_id, digest=manifest_digest(raw),
-                                content=raw, size_bytes=len(raw),
-                                summary=manifest_summary(parse_manifest(raw))))
+        session.add(
+            ManifestRow(
+                account_id=tenant.account_id,
+                digest=manifest_digest(raw),
+                content=raw,
+                size_bytes=len(raw),
+                summary=manifest_summary(parse_manifest(raw)),
+            )
+        )
         session.flush()
         with ThreadPoolExecutor(1) as pool:
             pending = pool.submit(upload, tenant, raw)
 
             def inserter_waits() -> bool:
                 with server.engine.connect() as conn:
-                    return bool(conn.execute(text(
-                        "SELECT count(*) FROM pg_stat_activity WHERE datname = "
-                        "current_database() AND wait_event_type = 'Lock' "
-                        "AND query ILIKE 'INSERT INTO manifests%'")).scalar_one())
+                    return bool(
+                        conn.execute(
+                            text(
+                                "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                                "current_database() AND wait_event_type = 'Lock' "
+                                "AND query ILIKE 'INSERT INTO manifests%'"
+                            )
+                        ).scalar_one()
+                    )
 
             wait_until(inserter_waits, timeout=8)
             session.commit()

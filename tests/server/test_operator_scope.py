@@ -23,8 +23,12 @@ from ito.server.routers import runs as run_routes
 from ito.server.routers import worker as worker_routes
 from tests.support import ITO_SERVER, Result, Server, Tenant, database_text, run_cli
 
-UNUSED_IDS = {"{key_id}": "key_" + "a" * 24, "{run_id}": "run_" + "a" * 24,
-              "{ref}": "cfr_" + "a" * 24, "{digest}": "sha256-0"}
+UNUSED_IDS = {
+    "{key_id}": "key_" + "a" * 24,
+    "{run_id}": "run_" + "a" * 24,
+    "{ref}": "cfr_" + "a" * 24,
+    "{digest}": "sha256-0",
+}
 
 
 def server_cli(server: Server, *args: str) -> Result:
@@ -32,8 +36,9 @@ def server_cli(server: Server, *args: str) -> Result:
 
 
 def call(server: Server, method: str, path: str, key: str, **kwargs: Any) -> httpx.Response:
-    return httpx.request(method, server.url + path, timeout=30,
-                         headers={"authorization": f"Bearer {key}"}, **kwargs)
+    return httpx.request(
+        method, server.url + path, timeout=30, headers={"authorization": f"Bearer {key}"}, **kwargs
+    )
 
 
 def code_of(response: httpx.Response) -> str | None:
@@ -48,8 +53,10 @@ def scalar(server: Server, sql: str, **params: Any) -> Any:
 
 def key_rows(server: Server) -> dict[str, int]:
     """Every credential row there is: a refusal must leave these unchanged."""
-    return {table: int(scalar(server, f"SELECT count(*) FROM {table}"))  # noqa: S608
-            for table in ("principals", "api_keys", "operator_keys")}
+    return {
+        table: int(scalar(server, f"SELECT count(*) FROM {table}"))  # noqa: S608
+        for table in ("principals", "api_keys", "operator_keys")
+    }
 
 
 def audit(server: Server, **query: Any) -> list[dict[str, Any]]:
@@ -60,25 +67,46 @@ def audit(server: Server, **query: Any) -> list[dict[str, Any]]:
 
 def booking_body(tenant: Tenant, **overrides: Any) -> dict[str, Any]:
     now = datetime.now(UTC)
-    return {"account_id": tenant.account_id, "gpu": "cpu", "nodes": 1, "gpus_per_node": 2,
-            "region": "local", "fabric": "ethernet",
-            "start": (now - timedelta(hours=1)).isoformat(),
-            "end": (now + timedelta(days=2)).isoformat(), "rate_usd_per_gpu_hour": 0.5,
-            "storage_uri": f"file://{tenant.workdir}/storage", "storage_quota_gb": 10.0,
-            "state": "completed"} | overrides
+    return {
+        "account_id": tenant.account_id,
+        "gpu": "cpu",
+        "nodes": 1,
+        "gpus_per_node": 2,
+        "region": "local",
+        "fabric": "ethernet",
+        "start": (now - timedelta(hours=1)).isoformat(),
+        "end": (now + timedelta(days=2)).isoformat(),
+        "rate_usd_per_gpu_hour": 0.5,
+        "storage_uri": f"file://{tenant.workdir}/storage",
+        "storage_quota_gb": 10.0,
+        "state": "completed",
+    } | overrides
 
 
 def create_run(tenant: Tenant) -> str:
     manifest = tenant.manifest()
     ref = tenant.approved_confirmation(manifest)
-    created = tenant.ito("train", "--booking", tenant.booking_id, "--manifest", str(manifest),
-                         "--confirmation-ref", ref, "--idempotency-key", "operator-scope")
+    created = tenant.ito(
+        "train",
+        "--booking",
+        tenant.booking_id,
+        "--manifest",
+        str(manifest),
+        "--confirmation-ref",
+        ref,
+        "--idempotency-key",
+        "operator-scope",
+    )
     return str(created.data["run_id"])
 
 
 def routes(module: Any) -> list[tuple[str, str]]:
-    return [(method, route.path) for route in module.router.routes
-            if isinstance(route, APIRoute) for method in sorted(route.methods)]
+    return [
+        (method, route.path)
+        for route in module.router.routes
+        if isinstance(route, APIRoute)
+        for method in sorted(route.methods)
+    ]
 
 
 def concrete(path: str, tenant: Tenant) -> str:
@@ -90,25 +118,33 @@ def concrete(path: str, tenant: Tenant) -> str:
 def test_desk_key_for_an_account_is_refused_and_creates_nothing(tenant: Tenant) -> None:
     server = tenant.server
     before = key_rows(server)
-    for args in (["--account", tenant.account_id, "--role", "desk"],
-                 ["--account", tenant.account_id, "--role", "desk", "--name", "takeover"],
-                 ["--role", "desk", "--booking", tenant.booking_id],
-                 ["--role", "requester"], ["--role", "approver"]):
+    for args in (
+        ["--account", tenant.account_id, "--role", "desk"],
+        ["--account", tenant.account_id, "--role", "desk", "--name", "takeover"],
+        ["--role", "desk", "--booking", tenant.booking_id],
+        ["--role", "requester"],
+        ["--role", "approver"],
+    ):
         result = server_cli(server, "key", "create", *args)
         assert result.rc == 1 and result.code == "invalid_arguments", (args, result.stdout)
         assert "api_key" not in result.stdout
     assert key_rows(server) == before
-    refused = [e for e in audit(server, account_id=tenant.account_id)
-               if e["action"] == "key.create" and e["outcome"] == "refused"]
+    refused = [
+        e
+        for e in audit(server, account_id=tenant.account_id)
+        if e["action"] == "key.create" and e["outcome"] == "refused"
+    ]
     assert len(refused) == 2
-    assert all(e["error_code"] == "invalid_arguments" and e["actor"].startswith("cli:")
-               and e["details"]["role"] == "desk" and e["actor_key_id"] is None
-               for e in refused)
+    assert all(
+        e["error_code"] == "invalid_arguments"
+        and e["actor"].startswith("cli:")
+        and e["details"]["role"] == "desk"
+        and e["actor_key_id"] is None
+        for e in refused
+    )
 
 
-def test_operator_key_belongs_to_no_account_and_reaches_no_tenant_route(
-    tenant: Tenant
-) -> None:
+def test_operator_key_belongs_to_no_account_and_reaches_no_tenant_route(tenant: Tenant) -> None:
     server = tenant.server
     minted = server_cli(server, "key", "create", "--role", "desk", "--name", "second operator")
     assert minted.rc == 0 and minted.data["account_id"] is None
@@ -117,45 +153,79 @@ def test_operator_key_belongs_to_no_account_and_reaches_no_tenant_route(
     assert me["account_id"] is None and me["role"] == "desk"
     assert scalar(server, "SELECT count(*) FROM principals WHERE role = 'desk'") == 0
     assert scalar(server, "SELECT count(*) FROM api_keys WHERE role = 'desk'") == 0
-    assert scalar(server, "SELECT count(*) FROM operator_keys WHERE prefix = :p",
-                  p=minted.data["key_prefix"]) == 1
+    assert (
+        scalar(
+            server,
+            "SELECT count(*) FROM operator_keys WHERE prefix = :p",
+            p=minted.data["key_prefix"],
+        )
+        == 1
+    )
 
-    tenant_routes = [*routes(booking_routes), *routes(run_routes), *routes(manifest_routes),
-                     *routes(confirmation_routes), *routes(worker_routes),
-                     ("GET", "/v1/status"), ("GET", "/v1/account/events")]
+    tenant_routes = [
+        *routes(booking_routes),
+        *routes(run_routes),
+        *routes(manifest_routes),
+        *routes(confirmation_routes),
+        *routes(worker_routes),
+        ("GET", "/v1/status"),
+        ("GET", "/v1/account/events"),
+    ]
     for desk_key in (server.desk_key, operator_key):
         for method, path in tenant_routes:
-            response = call(server, method, concrete(path, tenant), desk_key,
-                            **({"json": {}} if method == "POST" else {}))
-            assert response.status_code == 403 and code_of(response) == "forbidden_scope", \
-                (method, path, response.text)
+            response = call(
+                server,
+                method,
+                concrete(path, tenant),
+                desk_key,
+                **({"json": {}} if method == "POST" else {}),
+            )
+            assert response.status_code == 403 and code_of(response) == "forbidden_scope", (
+                method,
+                path,
+                response.text,
+            )
 
 
 def test_tenant_keys_get_forbidden_scope_on_every_desk_route(
     tenant: Tenant, other_tenant: Tenant
 ) -> None:
     server = tenant.server
-    worker = server.desk("/v1/desk/keys", {"account_id": tenant.account_id, "role": "worker",
-                                           "booking_id": tenant.booking_id})["api_key"]
+    worker = server.desk(
+        "/v1/desk/keys",
+        {"account_id": tenant.account_id, "role": "worker", "booking_id": tenant.booking_id},
+    )["api_key"]
     desk_routes_all = [*routes(desk_routes), ("GET", "/metrics")]
-    assert {("POST", "/v1/desk/keys"), ("GET", "/v1/desk/audit"),
-            ("POST", "/v1/desk/bookings/{booking_id}/state")} <= set(desk_routes_all)
+    assert {
+        ("POST", "/v1/desk/keys"),
+        ("GET", "/v1/desk/audit"),
+        ("POST", "/v1/desk/bookings/{booking_id}/state"),
+    } <= set(desk_routes_all)
     # Bodies a desk key would succeed with: the refusal is the key's scope, nothing else.
-    bodies = {"/v1/desk/accounts": {"name": "intruder"},
-              "/v1/desk/keys": {"account_id": other_tenant.account_id, "role": "requester"},
-              "/v1/desk/bookings": booking_body(other_tenant),
-              "/v1/desk/bookings/{booking_id}/state": {"state": "revoked"}}
+    bodies = {
+        "/v1/desk/accounts": {"name": "intruder"},
+        "/v1/desk/keys": {"account_id": other_tenant.account_id, "role": "requester"},
+        "/v1/desk/bookings": booking_body(other_tenant),
+        "/v1/desk/bookings/{booking_id}/state": {"state": "revoked"},
+    }
     rows_before, audit_before = key_rows(server), len(audit(server, limit=1000))
     for key in (tenant.requester_key, tenant.approver_key, worker):
         for method, path in desk_routes_all:
-            response = call(server, method, concrete(path, tenant), key,
-                            **({"json": bodies.get(path, {})} if method == "POST" else {}))
-            assert response.status_code == 403 and code_of(response) == "forbidden_scope", \
-                (method, path, response.text)
+            response = call(
+                server,
+                method,
+                concrete(path, tenant),
+                key,
+                **({"json": bodies.get(path, {})} if method == "POST" else {}),
+            )
+            assert response.status_code == 403 and code_of(response) == "forbidden_scope", (
+                method,
+                path,
+                response.text,
+            )
     assert key_rows(server) == rows_before
     assert len(audit(server, limit=1000)) == audit_before
-    assert tenant.api("GET", f"/v1/bookings/{tenant.booking_id}")["data"]["state"] \
-        == "completed"
+    assert tenant.api("GET", f"/v1/bookings/{tenant.booking_id}")["data"]["state"] == "completed"
 
 
 def test_takeover_of_another_tenant_through_desk_keys_fails(
@@ -165,13 +235,15 @@ def test_takeover_of_another_tenant_through_desk_keys_fails(
     keys, bookings and telemetry, with a run in A."""
     server, victim, attacker = tenant.server, tenant, other_tenant
     run_id = create_run(victim)
-    victim_key = server.desk("/v1/desk/keys", {"account_id": victim.account_id,
-                                               "role": "requester"})
+    victim_key = server.desk(
+        "/v1/desk/keys", {"account_id": victim.account_id, "role": "requester"}
+    )
     rows_before, victim_before = key_rows(server), victim.counts()
 
     # No desk key "of account B": not from the host's CLI, not through the desk API.
-    old_style = server_cli(server, "key", "create", "--account", attacker.account_id, "--role",
-                           "desk")
+    old_style = server_cli(
+        server, "key", "create", "--account", attacker.account_id, "--role", "desk"
+    )
     assert old_style.rc == 1 and old_style.code == "invalid_arguments"
     for body in ({"account_id": attacker.account_id, "role": "desk"}, {"role": "desk"}):
         response = call(server, "POST", "/v1/desk/keys", server.desk_key, json=body)
@@ -189,35 +261,52 @@ def test_takeover_of_another_tenant_through_desk_keys_fails(
             assert code_of(response) == "forbidden_scope", (path, response.text)
         for query in ({"run_id": run_id}, {"booking_id": victim.booking_id}):
             response = call(server, "GET", "/v1/telemetry", key, params=query)
-            assert code_of(response) in ("run_not_found", "booking_not_found",
-                                         "forbidden_scope"), response.text
+            assert code_of(response) in ("run_not_found", "booking_not_found", "forbidden_scope"), (
+                response.text
+            )
             assert response.status_code in (403, 404)
     # A worker key for A's booking cannot be minted into B.
-    response = call(server, "POST", "/v1/desk/keys", server.desk_key,
-                    json={"account_id": attacker.account_id, "role": "worker",
-                          "booking_id": victim.booking_id})
+    response = call(
+        server,
+        "POST",
+        "/v1/desk/keys",
+        server.desk_key,
+        json={"account_id": attacker.account_id, "role": "worker", "booking_id": victim.booking_id},
+    )
     assert code_of(response) == "booking_not_found"
 
     assert key_rows(server) == rows_before
     assert victim.counts() == victim_before
     assert victim.api("GET", "/v1/me", key=victim_key["api_key"])["ok"]
-    assert victim.api("GET", f"/v1/bookings/{victim.booking_id}")["data"]["state"] \
-        == "completed"
+    assert victim.api("GET", f"/v1/bookings/{victim.booking_id}")["data"]["state"] == "completed"
     assert victim.api("GET", f"/v1/runs/{run_id}")["data"]["state"] == "queued"
 
 
 def test_desk_api_refuses_to_mint_desk_keys_and_records_the_attempt(tenant: Tenant) -> None:
     server = tenant.server
     before = key_rows(server)
-    response = call(server, "POST", "/v1/desk/keys", server.desk_key,
-                    json={"account_id": tenant.account_id, "role": "desk", "name": "x"})
+    response = call(
+        server,
+        "POST",
+        "/v1/desk/keys",
+        server.desk_key,
+        json={"account_id": tenant.account_id, "role": "desk", "name": "x"},
+    )
     assert response.status_code == 403 and code_of(response) == "forbidden_scope"
-    response = call(server, "POST", "/v1/desk/keys", server.desk_key,
-                    json={"account_id": tenant.account_id, "role": "admin"})
+    response = call(
+        server,
+        "POST",
+        "/v1/desk/keys",
+        server.desk_key,
+        json={"account_id": tenant.account_id, "role": "admin"},
+    )
     assert code_of(response) == "invalid_arguments"
     assert key_rows(server) == before
-    refused = {e["details"]["role"]: e for e in audit(server, account_id=tenant.account_id)
-               if e["outcome"] == "refused"}
+    refused = {
+        e["details"]["role"]: e
+        for e in audit(server, account_id=tenant.account_id)
+        if e["outcome"] == "refused"
+    }
     assert refused["desk"]["error_code"] == "forbidden_scope"
     assert refused["admin"]["error_code"] == "invalid_arguments"
     assert refused["desk"]["actor"].startswith("key:ito_dsk_")
@@ -232,16 +321,28 @@ def test_every_desk_action_is_audited_with_who_what_and_account_and_no_secret(
 
     # Through the desk API.
     account = server.desk("/v1/desk/accounts", {"name": "audited"})["account_id"]
-    minted = server.desk("/v1/desk/keys", {"account_id": account, "role": "requester",
-                                           "name": "agent"})
+    minted = server.desk(
+        "/v1/desk/keys", {"account_id": account, "role": "requester", "name": "agent"}
+    )
     secrets.append(minted["api_key"])
     server.desk(f"/v1/desk/keys/{minted['key_id']}/revoke", {})
-    holder = Tenant(server=server, account_id=account, requester_key="", approver_key="",
-                    booking_id="", workdir=tmp_path)
+    holder = Tenant(
+        server=server,
+        account_id=account,
+        requester_key="",
+        approver_key="",
+        booking_id="",
+        workdir=tmp_path,
+    )
     booking = server.desk("/v1/desk/bookings", booking_body(holder, state="pending"))
     server.desk(f"/v1/desk/bookings/{booking['booking_id']}/state", {"state": "completed"})
-    telemetry = call(server, "GET", "/v1/telemetry", server.desk_key,
-                     params={"booking_id": booking["booking_id"]})
+    telemetry = call(
+        server,
+        "GET",
+        "/v1/telemetry",
+        server.desk_key,
+        params={"booking_id": booking["booking_id"]},
+    )
     assert telemetry.status_code == 200
     # A key pasted where an id belongs is refused and recorded without it.
     pasted = call(server, "POST", f"/v1/desk/keys/{minted['api_key']}/revoke", server.desk_key)
@@ -251,17 +352,39 @@ def test_every_desk_action_is_audited_with_who_what_and_account_and_no_secret(
     cli_key = server_cli(server, "key", "create", "--account", account, "--role", "approver")
     secrets.append(str(cli_key.data["api_key"]))
     assert server_cli(server, "key", "revoke", str(cli_key.data["key_id"])).rc == 0
-    cli_booking = server_cli(server, "booking", "create", "--account", account, "--gpu", "cpu",
-                             "--nodes", "1", "--gpus-per-node", "1", "--region", "local",
-                             "--fabric", "ethernet", "--start", "2026-01-01T00:00:00Z",
-                             "--end", "2036-01-01T00:00:00Z", "--rate-usd-per-gpu-hour", "1",
-                             "--storage-uri", f"file://{tmp_path}/s").data["booking_id"]
-    assert server_cli(server, "booking", "set-state", cli_booking, "--state",
-                      "expired").rc == 0
+    cli_booking = server_cli(
+        server,
+        "booking",
+        "create",
+        "--account",
+        account,
+        "--gpu",
+        "cpu",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "1",
+        "--region",
+        "local",
+        "--fabric",
+        "ethernet",
+        "--start",
+        "2026-01-01T00:00:00Z",
+        "--end",
+        "2036-01-01T00:00:00Z",
+        "--rate-usd-per-gpu-hour",
+        "1",
+        "--storage-uri",
+        f"file://{tmp_path}/s",
+    ).data["booking_id"]
+    assert server_cli(server, "booking", "set-state", cli_booking, "--state", "expired").rc == 0
 
     events = audit(server, account_id=account)
-    by_api = [(e["action"], e["target_id"], e["outcome"]) for e in events
-              if e["actor"] == f"key:{me['key_prefix']}"]
+    by_api = [
+        (e["action"], e["target_id"], e["outcome"])
+        for e in events
+        if e["actor"] == f"key:{me['key_prefix']}"
+    ]
     assert list(reversed(by_api)) == [
         ("account.create", account, "ok"),
         ("key.create", minted["key_id"], "ok"),
@@ -270,28 +393,43 @@ def test_every_desk_action_is_audited_with_who_what_and_account_and_no_secret(
         ("booking.set_state", booking["booking_id"], "ok"),
         ("telemetry.read", booking["booking_id"], "ok"),
     ]
-    assert all(e["actor_key_id"] == me["principal_id"] and e["account_id"] == account
-               for e in events if e["actor"].startswith("key:"))
+    assert all(
+        e["actor_key_id"] == me["principal_id"] and e["account_id"] == account
+        for e in events
+        if e["actor"].startswith("key:")
+    )
     by_cli = [(e["action"], e["outcome"]) for e in events if e["actor"].startswith("cli:")]
-    assert list(reversed(by_cli)) == [("key.create", "ok"), ("key.revoke", "ok"),
-                                      ("booking.create", "ok"), ("booking.set_state", "ok")]
-    moved = next(e for e in events if e["action"] == "booking.set_state"
-                 and e["target_id"] == cli_booking)
+    assert list(reversed(by_cli)) == [
+        ("key.create", "ok"),
+        ("key.revoke", "ok"),
+        ("booking.create", "ok"),
+        ("booking.set_state", "ok"),
+    ]
+    moved = next(
+        e for e in events if e["action"] == "booking.set_state" and e["target_id"] == cli_booking
+    )
     assert moved["details"] == {"to_state": "expired", "from_state": "pending"}
-    created = next(e for e in events if e["action"] == "key.create"
-                   and e["target_id"] == minted["key_id"])
+    created = next(
+        e for e in events if e["action"] == "key.create" and e["target_id"] == minted["key_id"]
+    )
     assert created["details"]["key_prefix"] == minted["key_prefix"]
     assert created["details"]["role"] == "requester"
     now = datetime.now(UTC)
-    assert all(now - timedelta(minutes=10) < datetime.fromisoformat(e["at"]) <= now
-               for e in events)
-    redacted = [e for e in audit(server, limit=50) if e["action"] == "key.revoke"
-                and e["outcome"] == "refused" and e["error_code"] == "key_not_found"]
+    assert all(now - timedelta(minutes=10) < datetime.fromisoformat(e["at"]) <= now for e in events)
+    redacted = [
+        e
+        for e in audit(server, limit=50)
+        if e["action"] == "key.revoke"
+        and e["outcome"] == "refused"
+        and e["error_code"] == "key_not_found"
+    ]
     assert redacted and redacted[0]["target_id"] == "<redacted>"
 
     # No secret anywhere: not in the API's audit, the CLI's, nor in any stored audit row.
-    outputs = [json.dumps(audit(server, limit=1000)),
-               server_cli(server, "audit", "--limit", "1000").stdout]
+    outputs = [
+        json.dumps(audit(server, limit=1000)),
+        server_cli(server, "audit", "--limit", "1000").stdout,
+    ]
     with server.engine.connect() as conn:
         outputs.append(repr(conn.execute(text("SELECT * FROM audit_events")).all()))
     for output in outputs:
@@ -330,9 +468,11 @@ def test_tenant_sees_the_desks_booking_change_on_the_booking_and_its_runs_and_on
     run = tenant.api("GET", f"/v1/runs/{run_id}")["data"]
     desk_events = [e for e in run["events"] if e["kind"] == "desk"]
     assert len(desk_events) == 1
-    assert desk_events[0]["data"] == {"booking_id": tenant.booking_id,
-                                      "booking_from_state": "completed",
-                                      "booking_to_state": "revoked"}
+    assert desk_events[0]["data"] == {
+        "booking_id": tenant.booking_id,
+        "booking_from_state": "completed",
+        "booking_to_state": "revoked",
+    }
     shown = tenant.ito("runs", "show", run_id).data
     assert any(e["kind"] == "desk" for e in shown["events"])
 

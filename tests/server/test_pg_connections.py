@@ -39,8 +39,9 @@ def test_an_idle_connection_closed_by_the_server_is_replaced_before_use(pg_url: 
     try:
         first = _backend_pid(db)
         with admin.connect() as conn:
-            assert conn.execute(text("SELECT pg_terminate_backend(:pid)"),
-                                {"pid": first}).scalar_one()
+            assert conn.execute(
+                text("SELECT pg_terminate_backend(:pid)"), {"pid": first}
+            ).scalar_one()
         second = _backend_pid(db)  # no error: the dead connection never reached the request
         assert second != first
     finally:

@@ -19,8 +19,7 @@ from tests.server.web_browser import Browser, csrf_field, make_approver
 from tests.support import Server, Tenant, extra_server, make_tenant, wait_until
 
 # One backend is enough here (see the module docstring).
-pytestmark = [pytest.mark.slow,
-              pytest.mark.parametrize("backend_url", ["sqlite"], indirect=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.parametrize("backend_url", ["sqlite"], indirect=True)]
 BURST = 10
 
 
@@ -40,8 +39,9 @@ def _get(url: str, key: str, path: str = "/v1/runs") -> httpx.Response:
 def test_a_credential_past_its_rate_is_refused_and_others_are_not(
     server: Server, tenant: Tenant, tmp_path: Path
 ) -> None:
-    with extra_server(server, tmp_path, ITO_RATE_LIMIT_PER_SECOND="0.5",
-                      ITO_RATE_LIMIT_BURST=str(BURST)) as url:
+    with extra_server(
+        server, tmp_path, ITO_RATE_LIMIT_PER_SECOND="0.5", ITO_RATE_LIMIT_BURST=str(BURST)
+    ) as url:
         started = time.monotonic()
         answers = [_get(url, tenant.requester_key) for _ in range(BURST + 5)]
         elapsed = time.monotonic() - started
@@ -57,8 +57,9 @@ def test_a_credential_past_its_rate_is_refused_and_others_are_not(
         # Another credential of the same account is counted on its own.
         assert _get(url, tenant.approver_key, "/v1/me").status_code == 200
         # Backing off is enough: the credential gets through again.
-        wait_until(lambda: _get(url, tenant.requester_key).status_code == 200, timeout=15,
-                   interval=0.5)
+        wait_until(
+            lambda: _get(url, tenant.requester_key).status_code == 200, timeout=15, interval=0.5
+        )
 
 
 def test_a_source_guessing_api_keys_is_refused_for_the_minute(
@@ -93,10 +94,15 @@ def test_password_guessing_at_the_sign_in_page_is_refused_for_the_minute(
                 assert wrong.status_code == 401 and "invalid_credentials" in wrong.text
             # The right password no longer helps from here, and no session is started.
             page = browser.get("/ui/login")
-            right = browser.post("/ui/login", {"email": approver.email,
-                                               "password": approver.password,
-                                               "csrf_token": csrf_field(page.text),
-                                               "next": ""})
+            right = browser.post(
+                "/ui/login",
+                {
+                    "email": approver.email,
+                    "password": approver.password,
+                    "csrf_token": csrf_field(page.text),
+                    "next": "",
+                },
+            )
             assert right.status_code == 429 and "rate_limited" in right.text
             assert browser.session_cookie() is None
             assert approver.password not in right.text
@@ -105,8 +111,9 @@ def test_password_guessing_at_the_sign_in_page_is_refused_for_the_minute(
 
 
 def test_device_codes_are_bounded_per_source_address(server: Server, tmp_path: Path) -> None:
-    with extra_server(server, tmp_path, ITO_RATE_LIMIT_PER_SECOND="0.5",
-                      ITO_RATE_LIMIT_BURST="3") as url:
+    with extra_server(
+        server, tmp_path, ITO_RATE_LIMIT_PER_SECOND="0.5", ITO_RATE_LIMIT_BURST="3"
+    ) as url:
         answers = [httpx.post(url + "/v1/device/code", json={}, timeout=30) for _ in range(6)]
     codes = [r.json()["error"]["code"] if r.status_code != 200 else "ok" for r in answers]
     assert codes[:3] == ["ok"] * 3 and "rate_limited" in codes[3:]

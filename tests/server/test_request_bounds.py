@@ -23,8 +23,9 @@ CAP = int(ServerSettings.model_fields["max_request_bytes"].default)
 CHUNK = 64 * 1024
 
 
-def declared_only(server: Server, path: str, length: int,
-                  headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+def declared_only(
+    server: Server, path: str, length: int, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, Any]]:
     """Declare a ``length``-byte body and send none of it: only a refusal made on the header
     alone can answer (a server that waited for the body would hang until the timeout)."""
     parts = urlsplit(server.url)
@@ -66,9 +67,13 @@ def test_the_default_bound_holds_the_largest_legitimate_body() -> None:
 def test_an_oversized_declared_body_is_refused_before_it_is_read(tenant: Tenant) -> None:
     before = tenant.counts()
     auth = {"Authorization": f"Bearer {tenant.requester_key}"}
-    for path, headers in [("/v1/runs", auth), ("/v1/confirmations", auth),
-                          ("/v1/device/token", {}), ("/v1/device/code", {})]:
-        assert_too_large(*declared_only(tenant.server, path, 10 * 1024 ** 3, headers))
+    for path, headers in [
+        ("/v1/runs", auth),
+        ("/v1/confirmations", auth),
+        ("/v1/device/token", {}),
+        ("/v1/device/code", {}),
+    ]:
+        assert_too_large(*declared_only(tenant.server, path, 10 * 1024**3, headers))
         assert_too_large(*declared_only(tenant.server, path, CAP + 1, headers))
     assert tenant.counts() == before
 
@@ -76,11 +81,13 @@ def test_an_oversized_declared_body_is_refused_before_it_is_read(tenant: Tenant)
 def test_an_oversized_chunked_body_is_refused_once_it_passes_the_bound(tenant: Tenant) -> None:
     before = tenant.counts()
     auth = {"authorization": f"Bearer {tenant.requester_key}"}
-    for path, headers in [("/v1/runs", auth), ("/v1/manifests", auth),
-                          ("/v1/device/token", {})]:
-        response = httpx.post(tenant.server.url + path, content=chunks(CAP + CHUNK),
-                              headers=headers | {"content-type": "application/json"},
-                              timeout=60)
+    for path, headers in [("/v1/runs", auth), ("/v1/manifests", auth), ("/v1/device/token", {})]:
+        response = httpx.post(
+            tenant.server.url + path,
+            content=chunks(CAP + CHUNK),
+            headers=headers | {"content-type": "application/json"},
+            timeout=60,
+        )
         assert "content-length" not in response.request.headers
         assert response.request.headers["transfer-encoding"] == "chunked"
         assert_too_large(response.status_code, response.json())
@@ -88,9 +95,12 @@ def test_an_oversized_chunked_body_is_refused_once_it_passes_the_bound(tenant: T
 
 
 def test_an_oversized_body_to_a_web_page_gets_the_error_page(server: Server) -> None:
-    response = httpx.post(server.url + "/ui/login", content=chunks(CAP + 1),
-                          headers={"content-type": "application/x-www-form-urlencoded"},
-                          timeout=60)
+    response = httpx.post(
+        server.url + "/ui/login",
+        content=chunks(CAP + 1),
+        headers={"content-type": "application/x-www-form-urlencoded"},
+        timeout=60,
+    )
     assert response.status_code == 413
     assert response.headers["content-type"].startswith("text/html")
     assert "request_too_large" in response.text
@@ -106,8 +116,17 @@ def test_a_train_with_a_manifest_at_its_bound_still_works(tenant: Tenant) -> Non
     ref = tenant.approved_confirmation(path)
     # The confirmation stored the manifest; forget it so that train sends the bytes too.
     tenant.server.sql("DELETE FROM manifests WHERE account_id = :a", a=tenant.account_id)
-    created = tenant.ito("train", "--booking", tenant.booking_id, "--manifest", str(path),
-                         "--confirmation-ref", ref, "--idempotency-key", "big-1")
+    created = tenant.ito(
+        "train",
+        "--booking",
+        tenant.booking_id,
+        "--manifest",
+        str(path),
+        "--confirmation-ref",
+        ref,
+        "--idempotency-key",
+        "big-1",
+    )
     assert created.rc == 0, created.stdout
     assert created.data["state"] == "queued"
     counts = tenant.counts()
@@ -116,8 +135,11 @@ def test_a_train_with_a_manifest_at_its_bound_still_works(tenant: Tenant) -> Non
 
 
 def test_a_known_route_with_another_method_is_method_not_allowed(server: Server) -> None:
-    for method, path in [("DELETE", "/v1/runs"), ("PUT", "/v1/health"),
-                         ("GET", "/v1/device/token")]:
+    for method, path in [
+        ("DELETE", "/v1/runs"),
+        ("PUT", "/v1/health"),
+        ("GET", "/v1/device/token"),
+    ]:
         response = httpx.request(method, server.url + path, timeout=30)
         assert response.status_code == 405 == REGISTRY["method_not_allowed"].status
         envelope = response.json()
@@ -127,8 +149,7 @@ def test_a_known_route_with_another_method_is_method_not_allowed(server: Server)
 
 
 def test_every_refusal_status_is_its_registered_status(server: Server) -> None:
-    for method, path in [("GET", "/v1/no-such-thing"), ("DELETE", "/v1/runs"),
-                         ("GET", "/v1/me")]:
+    for method, path in [("GET", "/v1/no-such-thing"), ("DELETE", "/v1/runs"), ("GET", "/v1/me")]:
         response = httpx.request(method, server.url + path, timeout=30)
         code = response.json()["error"]["code"]
         assert response.status_code == REGISTRY[code].status, (path, code)

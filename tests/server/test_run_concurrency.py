@@ -20,8 +20,11 @@ def _fire(tenant: Tenant, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
     barrier = threading.Barrier(len(bodies))
 
     def create(body: dict[str, Any]) -> dict[str, Any]:
-        with httpx.Client(base_url=tenant.server.url, timeout=60,
-                          headers={"authorization": f"Bearer {tenant.requester_key}"}) as client:
+        with httpx.Client(
+            base_url=tenant.server.url,
+            timeout=60,
+            headers={"authorization": f"Bearer {tenant.requester_key}"},
+        ) as client:
             barrier.wait(timeout=30)
             envelope: dict[str, Any] = client.post("/v1/runs", json=body).json()
             return envelope
@@ -39,8 +42,12 @@ def _prepared(tenant: Tenant) -> tuple[str, str]:
 
 def test_concurrent_identical_creates_give_exactly_one_run(tenant: Tenant) -> None:
     ref, digest = _prepared(tenant)
-    body = {"booking_id": tenant.booking_id, "manifest_id": digest, "confirmation_ref": ref,
-            "idempotency_key": "one-key"}
+    body = {
+        "booking_id": tenant.booking_id,
+        "manifest_id": digest,
+        "confirmation_ref": ref,
+        "idempotency_key": "one-key",
+    }
     answers = _fire(tenant, [body] * 24)
 
     run_ids = {a["data"]["run_id"] for a in answers if a["ok"]}
@@ -57,8 +64,15 @@ def test_concurrent_creates_with_distinct_keys_and_one_confirmation_give_one_run
     tenant: Tenant,
 ) -> None:
     ref, digest = _prepared(tenant)
-    bodies = [{"booking_id": tenant.booking_id, "manifest_id": digest, "confirmation_ref": ref,
-               "idempotency_key": f"key-{i}"} for i in range(16)]
+    bodies = [
+        {
+            "booking_id": tenant.booking_id,
+            "manifest_id": digest,
+            "confirmation_ref": ref,
+            "idempotency_key": f"key-{i}",
+        }
+        for i in range(16)
+    ]
     answers = _fire(tenant, bodies)
 
     winners = [a for a in answers if a["ok"]]

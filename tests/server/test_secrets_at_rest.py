@@ -44,8 +44,12 @@ def test_a_key_sent_anywhere_in_a_request_never_reaches_the_log(tenant: Tenant) 
         httpx.get(url + "/v1/runs", params={"token": key, "limit": "5"}, timeout=30),
         httpx.get(url + f"/v1/runs/{key}", timeout=30),
         httpx.get(url + "/v1/runs", headers={"authorization": f"Bearer {key}"}, timeout=30),
-        httpx.get(url + "/v1/me", params={"access_token": secret}, timeout=30,
-                  headers={"authorization": f"Bearer {key}"}),
+        httpx.get(
+            url + "/v1/me",
+            params={"access_token": secret},
+            timeout=30,
+            headers={"authorization": f"Bearer {key}"},
+        ),
     ]
     assert all(r.status_code < 500 for r in answers)
     log = _log_after(tenant.server, f"marker-{uuid.uuid4().hex}")
@@ -55,16 +59,25 @@ def test_a_key_sent_anywhere_in_a_request_never_reaches_the_log(tenant: Tenant) 
 
 
 def test_no_log_line_holds_a_raw_control_character(server: Server) -> None:
-    for path in ("/v1/runs/a%00b", "/v1/runs/a%0aFAKE%20LINE", "/v1/bookings/%1b%5b31m",
-                 "/v1/runs?booking_id=%E2%80%AEevil", "/ui/confirmations/x%0d%0aInjected"):
-        response = httpx.get(server.url + path, timeout=30,
-                             headers={"authorization": f"Bearer {server.desk_key}"})
+    for path in (
+        "/v1/runs/a%00b",
+        "/v1/runs/a%0aFAKE%20LINE",
+        "/v1/bookings/%1b%5b31m",
+        "/v1/runs?booking_id=%E2%80%AEevil",
+        "/ui/confirmations/x%0d%0aInjected",
+    ):
+        response = httpx.get(
+            server.url + path, timeout=30, headers={"authorization": f"Bearer {server.desk_key}"}
+        )
         assert response.status_code < 500
     log = _log_after(server, f"marker-{uuid.uuid4().hex}")
     for line in log.splitlines():
-        assert not any((ord(c) < 32 and c != "\t") or 0x7f <= ord(c) <= 0x9f
-                       or c in "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
-                       for c in line), repr(line)
+        assert not any(
+            (ord(c) < 32 and c != "\t")
+            or 0x7F <= ord(c) <= 0x9F
+            or c in "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+            for c in line
+        ), repr(line)
     assert "FAKE LINE" not in [line.strip() for line in log.splitlines()]
     assert not any(line.startswith("Injected") for line in log.splitlines())
 

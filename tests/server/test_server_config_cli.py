@@ -51,16 +51,18 @@ def test_the_table_covers_every_setting() -> None:
 
 
 def test_every_variable_is_honoured_and_no_secret_is_printed(tmp_path: Path) -> None:
-    env = _env(ITO_HOME=str(tmp_path / "home"),
-               **{f"ITO_{name.upper()}": value for name, value in NON_DEFAULT.items()})
+    env = _env(
+        ITO_HOME=str(tmp_path / "home"),
+        **{f"ITO_{name.upper()}": value for name, value in NON_DEFAULT.items()},
+    )
     data = _config(env)
     settings = data["settings"]
     assert {name: s["source"] for name, s in settings.items()} == dict.fromkeys(
-        ["home", *NON_DEFAULT], "environment")
+        ["home", *NON_DEFAULT], "environment"
+    )
     assert settings["home"]["value"] == str(tmp_path / "home")
     assert settings["pepper"]["value"] == "set"
-    assert settings["database_url"]["value"] == \
-        "postgresql+psycopg://ito:***@db.internal:5432/ito"
+    assert settings["database_url"]["value"] == "postgresql+psycopg://ito:***@db.internal:5432/ito"
     assert data["embedded"] is False
     for name, raw in NON_DEFAULT.items():
         if name in ("pepper", "database_url"):
@@ -76,8 +78,7 @@ def test_defaults_and_the_embedded_pepper_file(tmp_path: Path) -> None:
     settings = data["settings"]
     assert {s["source"] for s in settings.values()} == {"default"}
     assert settings["home"]["value"] == str(tmp_path / ".ito")
-    assert settings["pepper"] == {"variable": "ITO_PEPPER", "value": "not set",
-                                  "source": "default"}
+    assert settings["pepper"] == {"variable": "ITO_PEPPER", "value": "not set", "source": "default"}
     assert data["embedded"] is True and data["database"].endswith("/.ito/ito.db")
     assert not (tmp_path / ".ito").exists()  # config creates nothing
 
@@ -92,8 +93,10 @@ def test_the_database_option_wins_over_the_environment(tmp_path: Path) -> None:
     env = _env(ITO_HOME=str(tmp_path), ITO_DATABASE_URL=NON_DEFAULT["database_url"])
     data = _config(env, "--database-url", f"sqlite:///{tmp_path}/other.db")
     assert data["settings"]["database_url"] == {
-        "variable": "ITO_DATABASE_URL", "value": f"sqlite:///{tmp_path}/other.db",
-        "source": "argument"}
+        "variable": "ITO_DATABASE_URL",
+        "value": f"sqlite:///{tmp_path}/other.db",
+        "source": "argument",
+    }
     assert data["embedded"] is True
 
 

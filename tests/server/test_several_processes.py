@@ -34,8 +34,9 @@ def two_processes(server: Server, tmp_path: Path) -> Iterator[str]:
 def _fresh(url: str, key: str, path: str = "/v1/runs") -> httpx.Response:
     """One request on a new connection: the kernel hands it to either worker process."""
     with httpx.Client(timeout=30) as client:
-        return client.get(url + path, headers={"authorization": f"Bearer {key}",
-                                               "connection": "close"})
+        return client.get(
+            url + path, headers={"authorization": f"Bearer {key}", "connection": "close"}
+        )
 
 
 def test_the_api_works_behind_two_processes(two_processes: str, tenant: Tenant) -> None:
@@ -45,8 +46,7 @@ def test_the_api_works_behind_two_processes(two_processes: str, tenant: Tenant) 
     assert _fresh(two_processes, tenant.requester_key, "/v1/bookings").status_code == 200
 
 
-def test_the_failure_lockout_holds_across_processes(two_processes: str,
-                                                    tenant: Tenant) -> None:
+def test_the_failure_lockout_holds_across_processes(two_processes: str, tenant: Tenant) -> None:
     # Each guess on a fresh connection, so both processes answer some of them. Counted per
     # process, neither would have seen LIMIT failures yet and the guesses after would still be
     # ``not_authenticated``; counted in the database, every one past LIMIT is refused.
@@ -61,15 +61,15 @@ def test_the_failure_lockout_holds_across_processes(two_processes: str,
         assert _fresh(two_processes, tenant.requester_key).status_code == 200
 
 
-
 def test_the_request_rate_is_counted_per_process_as_documented(
     server: Server, tenant: Tenant, tmp_path: Path
 ) -> None:
     """README: the per-credential rate lives in each process, so behind N processes a
     credential gets up to N times its burst, and never more; each process still refuses."""
     burst = 5
-    with _serve_two(server, tmp_path, ITO_RATE_LIMIT_PER_SECOND="0.2",
-                    ITO_RATE_LIMIT_BURST=str(burst)) as url:
+    with _serve_two(
+        server, tmp_path, ITO_RATE_LIMIT_PER_SECOND="0.2", ITO_RATE_LIMIT_BURST=str(burst)
+    ) as url:
         started = time.monotonic()
         answers = [_fresh(url, tenant.requester_key) for _ in range(6 * burst)]
         elapsed = time.monotonic() - started

@@ -13,8 +13,17 @@ pytestmark = pytest.mark.slow
 def _run(tenant: Tenant) -> str:
     manifest = tenant.manifest()
     ref = tenant.approved_confirmation(manifest)
-    result = tenant.ito("train", "--booking", tenant.booking_id, "--manifest", str(manifest),
-                        "--confirmation-ref", ref, "--idempotency-key", "owned")
+    result = tenant.ito(
+        "train",
+        "--booking",
+        tenant.booking_id,
+        "--manifest",
+        str(manifest),
+        "--confirmation-ref",
+        ref,
+        "--idempotency-key",
+        "owned",
+    )
     return str(result.data["run_id"])
 
 
@@ -23,8 +32,9 @@ def test_another_accounts_objects_look_missing_on_every_read(
 ) -> None:
     run_id = _run(other_tenant)
     booking = other_tenant.booking_id
-    pending = other_tenant.ito("confirm", "--action", "cancel", "--run", run_id
-                               ).data["confirmation_ref"]
+    pending = other_tenant.ito("confirm", "--action", "cancel", "--run", run_id).data[
+        "confirmation_ref"
+    ]
 
     for args, code in [
         (["bookings", "show", booking], "booking_not_found"),
@@ -42,8 +52,10 @@ def test_another_accounts_objects_look_missing_on_every_read(
     foreign = tenant.api("GET", f"/v1/runs/{run_id}")
     assert missing == foreign
     assert tenant.api("GET", f"/v1/runs/{run_id}/events")["error"]["code"] == "run_not_found"
-    assert tenant.api("GET", f"/v1/confirmations/{pending}")["error"]["code"] \
+    assert (
+        tenant.api("GET", f"/v1/confirmations/{pending}")["error"]["code"]
         == "confirmation_not_found"
+    )
     for key in ("requester", "approver"):
         decided = tenant.api("POST", f"/v1/confirmations/{pending}/approve", key=key)
         assert decided["error"]["code"] in ("confirmation_not_found", "forbidden_scope")

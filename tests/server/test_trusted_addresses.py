@@ -21,8 +21,7 @@ import pytest
 from tests.server.web_browser import browser, make_approver
 from tests.support import Server, extra_server, make_tenant
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.parametrize("backend_url", ["sqlite"], indirect=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.parametrize("backend_url", ["sqlite"], indirect=True)]
 LIMIT = 3
 
 
@@ -54,7 +53,9 @@ def test_a_spoofed_forwarded_for_does_not_change_the_address_the_limiter_sees(
     with extra_server(server, tmp_path, ITO_AUTH_FAILURES_PER_MINUTE=str(LIMIT)) as url:
         for i in range(LIMIT):
             assert _get(url, f"ito_req_{i}" + "x" * 40, f"198.51.100.{i}") == (
-                401, "not_authenticated")
+                401,
+                "not_authenticated",
+            )
         # Another "client" by its header, the same socket: still locked.
         assert _get(url, "ito_req_" + "y" * 40, "203.0.113.77") == (429, "rate_limited")
         assert _get(url, "ito_req_" + "y" * 40) == (429, "rate_limited")
@@ -71,8 +72,11 @@ def test_a_valid_key_works_while_its_address_is_locked_by_anothers_failures(
         # Same address, the victim's real keys: in, and able to act.
         assert _get(url, victim.requester_key) == (200, None)
         assert _get(url, victim.approver_key) == (200, None)
-        booking = httpx.get(url + f"/v1/bookings/{victim.booking_id}", timeout=30,
-                            headers={"authorization": f"Bearer {victim.requester_key}"})
+        booking = httpx.get(
+            url + f"/v1/bookings/{victim.booking_id}",
+            timeout=30,
+            headers={"authorization": f"Bearer {victim.requester_key}"},
+        )
         assert booking.status_code == 200 and booking.json()["data"]["state"] == "completed"
         # Guessing the victim's secret behind its public prefix is answered like any failure
         # past the limit; the real key is unaffected.
@@ -84,8 +88,9 @@ def test_with_trusted_proxies_each_forwarded_client_counts_and_a_key_prefix_coun
     server: Server, tmp_path: Path
 ) -> None:
     victim = make_tenant(server, tmp_path / "victim", "victim")
-    with extra_server(server, tmp_path, ITO_AUTH_FAILURES_PER_MINUTE=str(LIMIT),
-                      ITO_TRUSTED_PROXIES="127.0.0.1") as url:
+    with extra_server(
+        server, tmp_path, ITO_AUTH_FAILURES_PER_MINUTE=str(LIMIT), ITO_TRUSTED_PROXIES="127.0.0.1"
+    ) as url:
         for _ in range(LIMIT):
             assert _get(url, "ito_req_" + "x" * 40, "198.51.100.1") == (401, "not_authenticated")
         assert _get(url, "ito_req_" + "x" * 40, "198.51.100.1") == (429, "rate_limited")
@@ -106,8 +111,10 @@ def test_wrong_passwords_for_one_account_do_not_lock_out_another_behind_the_same
 ) -> None:
     attacked = make_approver(server, make_tenant(server, tmp_path / "a", "a").account_id)
     neighbour = make_approver(server, make_tenant(server, tmp_path / "b", "b").account_id)
-    with extra_server(server, tmp_path, ITO_AUTH_FAILURES_PER_MINUTE=str(LIMIT)) as url, \
-            browser(url) as web:
+    with (
+        extra_server(server, tmp_path, ITO_AUTH_FAILURES_PER_MINUTE=str(LIMIT)) as url,
+        browser(url) as web,
+    ):
         for _ in range(LIMIT):
             assert web.sign_in(attacked.email, "wrong-password").status_code == 401
         locked = web.sign_in(attacked.email, attacked.password)

@@ -26,8 +26,7 @@ from tests.server.web_browser import make_approver
 from tests.support import ITO, Tenant, run_cli
 
 # The browser's behaviour does not depend on the store (the httpx page tests run on both).
-pytestmark = [pytest.mark.slow,
-              pytest.mark.parametrize("backend_url", ["sqlite"], indirect=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.parametrize("backend_url", ["sqlite"], indirect=True)]
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +85,7 @@ def session_cookie(web: WebPage) -> dict[str, Any]:
 
 # --- device login -----------------------------------------------------------------------------
 
+
 def test_device_login_approved_in_chromium_gives_the_cli_a_working_token(
     tenant: Tenant, tmp_path: Path, open_tab: Callable[..., WebPage]
 ) -> None:
@@ -109,8 +109,7 @@ def test_device_login_approved_in_chromium_gives_the_cli_a_working_token(
         entry = web.goto("/ui/device")
         assert entry.status == 200
         web.page.locator("#user_code").fill(code)
-        shown = web.submit(web.page.locator("main form[action='/ui/device'] "
-                                            "button[type=submit]"))
+        shown = web.submit(web.page.locator("main form[action='/ui/device'] button[type=submit]"))
         assert shown.status == 200
         assert parse_qs(urlsplit(web.page.url).query)["user_code"] == [code]
         expect(web.page.locator(".usercode")).to_have_text(code)
@@ -175,9 +174,11 @@ def test_device_login_denied_in_chromium_fails_the_cli_with_access_denied(
 
 # --- confirmations ----------------------------------------------------------------------------
 
+
 def confirm(tenant: Tenant, manifest: Path) -> str:
-    result = tenant.ito("confirm", "--action", "train", "--booking", tenant.booking_id,
-                        "--manifest", str(manifest))
+    result = tenant.ito(
+        "confirm", "--action", "train", "--booking", tenant.booking_id, "--manifest", str(manifest)
+    )
     assert result.rc == 0, result.stdout + result.stderr
     return str(result.data["confirmation_ref"])
 
@@ -214,12 +215,22 @@ def test_confirmation_approved_in_chromium_is_approved_for_the_api_and_the_run(
     assert tenant.counts()["confirmations"] == {"approved": 1}
 
     # No API key or token, and not the session cookie, in any HTML the browser was served.
-    assert_nothing_secret(web.served, [*secrets_of(tenant), approver.password,
-                                       session_cookie(web)["value"]])
+    assert_nothing_secret(
+        web.served, [*secrets_of(tenant), approver.password, session_cookie(web)["value"]]
+    )
 
     # The gates accept it: the requester's run is created and the confirmation is spent.
-    created = tenant.ito("train", "--booking", tenant.booking_id, "--manifest", str(manifest),
-                         "--confirmation-ref", ref, "--idempotency-key", "chromium-approved")
+    created = tenant.ito(
+        "train",
+        "--booking",
+        tenant.booking_id,
+        "--manifest",
+        str(manifest),
+        "--confirmation-ref",
+        ref,
+        "--idempotency-key",
+        "chromium-approved",
+    )
     assert created.rc == 0, created.stdout + created.stderr
     assert created.data["state"] == "queued"
     assert confirmation_state(tenant, ref) == "consumed"
@@ -270,8 +281,18 @@ def test_signed_out_chromium_is_sent_to_sign_in_and_cannot_approve(
     stranger.submit(stranger.button("reject"))
     assert stranger.path() == f"/ui/confirmations/{ref}?decided=rejected"
     assert confirmation_state(tenant, ref) == "rejected"
-    refused_run = tenant.ito("train", "--booking", tenant.booking_id, "--manifest",
-                             str(manifest), "--confirmation-ref", ref, "--idempotency-key", "k")
+    refused_run = tenant.ito(
+        "train",
+        "--booking",
+        tenant.booking_id,
+        "--manifest",
+        str(manifest),
+        "--confirmation-ref",
+        ref,
+        "--idempotency-key",
+        "k",
+    )
     assert refused_run.code == "confirmation_rejected"
-    assert_nothing_secret([*stranger.served, *web.served, *other_tab.served],
-                          [*secrets_of(tenant), approver.password])
+    assert_nothing_secret(
+        [*stranger.served, *web.served, *other_tab.served], [*secrets_of(tenant), approver.password]
+    )

@@ -35,8 +35,16 @@ pytestmark = pytest.mark.slow
 
 
 def confirm(tenant: Tenant, manifest: Path, key: str = "requester") -> str:
-    result = tenant.ito("confirm", "--action", "train", "--booking", tenant.booking_id,
-                        "--manifest", str(manifest), key=key)
+    result = tenant.ito(
+        "confirm",
+        "--action",
+        "train",
+        "--booking",
+        tenant.booking_id,
+        "--manifest",
+        str(manifest),
+        key=key,
+    )
     assert result.rc == 0, result.stdout + result.stderr
     return str(result.data["confirmation_ref"])
 
@@ -45,9 +53,11 @@ def test_wrong_password_is_401_and_starts_no_session(tenant: Tenant) -> None:
     server = tenant.server
     approver = make_approver(server, tenant.account_id)
     with browser(server.url) as web:
-        for email, password in [(approver.email, approver.password + "x"),
-                                ("nobody@example.test", approver.password),
-                                (approver.email, "")]:
+        for email, password in [
+            (approver.email, approver.password + "x"),
+            ("nobody@example.test", approver.password),
+            (approver.email, ""),
+        ]:
             refused = web.sign_in(email, password)
             assert refused.status_code == 401 and "invalid_credentials" in refused.text
             assert "ito_session" not in refused.headers.get("set-cookie", "")
@@ -60,8 +70,9 @@ def test_wrong_password_is_401_and_starts_no_session(tenant: Tenant) -> None:
         assert target.path == "/ui/login"
         assert parse_qs(target.query)["next"] == ["/ui/device?user_code=BCDF-GHJK"]
 
-        ok = web.sign_in(approver.email.upper(), approver.password,
-                         next_url="/ui/device?user_code=BCDF-GHJK")
+        ok = web.sign_in(
+            approver.email.upper(), approver.password, next_url="/ui/device?user_code=BCDF-GHJK"
+        )
         assert ok.status_code == 303
         assert ok.headers["location"] == "/ui/device?user_code=BCDF-GHJK"
         cookie = ok.headers["set-cookie"].lower()
@@ -73,19 +84,22 @@ def test_wrong_password_is_401_and_starts_no_session(tenant: Tenant) -> None:
 
 def test_sign_in_redirects_only_to_local_pages(tenant: Tenant) -> None:
     approver = make_approver(tenant.server, tenant.account_id)
-    for next_url, expected in [("https://evil.example/", "/ui/"), ("//evil.example/x", "/ui/"),
-                               ("/\\evil.example", "/ui/"), ("/v1/me", "/ui/"),
-                               ("/uievil", "/ui/"), ("/ui/../v1/me", "/ui/"),
-                               ("/ui/confirmations/cfr_x", "/ui/confirmations/cfr_x")]:
+    for next_url, expected in [
+        ("https://evil.example/", "/ui/"),
+        ("//evil.example/x", "/ui/"),
+        ("/\\evil.example", "/ui/"),
+        ("/v1/me", "/ui/"),
+        ("/uievil", "/ui/"),
+        ("/ui/../v1/me", "/ui/"),
+        ("/ui/confirmations/cfr_x", "/ui/confirmations/cfr_x"),
+    ]:
         with browser(tenant.server.url) as web:
             response = web.sign_in(approver.email, approver.password, next_url=next_url)
             assert response.status_code == 303
             assert response.headers["location"] == expected, next_url
 
 
-def test_forms_without_the_right_csrf_token_are_refused_and_decide_nothing(
-    tenant: Tenant
-) -> None:
+def test_forms_without_the_right_csrf_token_are_refused_and_decide_nothing(tenant: Tenant) -> None:
     server = tenant.server
     approver = make_approver(server, tenant.account_id)
     other = make_approver(server, tenant.account_id)
@@ -94,14 +108,17 @@ def test_forms_without_the_right_csrf_token_are_refused_and_decide_nothing(
     with browser(server.url) as web:
         page = web.get("/ui/login")
         for token in ("", "0" * 64):
-            refused = web.post("/ui/login", {"email": approver.email,
-                                             "password": approver.password,
-                                             "csrf_token": token})
+            refused = web.post(
+                "/ui/login",
+                {"email": approver.email, "password": approver.password, "csrf_token": token},
+            )
             assert refused.status_code == 403 and "csrf_failed" in refused.text
         stolen = csrf_field(page.text)
     with browser(server.url) as web:
-        refused = web.post("/ui/login", {"email": approver.email, "password": approver.password,
-                                         "csrf_token": stolen})
+        refused = web.post(
+            "/ui/login",
+            {"email": approver.email, "password": approver.password, "csrf_token": stolen},
+        )
         assert refused.status_code == 403 and web.session_cookie() is None
 
     grant = device_code(server.url)
@@ -135,14 +152,18 @@ def test_pages_need_a_signed_in_user_not_an_api_key(tenant: Tenant) -> None:
     for key in (tenant.requester_key, tenant.approver_key, server.desk_key):
         headers = {"authorization": f"Bearer {key}"}
         with httpx.Client(base_url=server.url, headers=headers, timeout=30) as client:
-            for path in ("/ui/", f"/ui/device?user_code={grant['user_code']}",
-                         f"/ui/confirmations/{ref}"):
+            for path in (
+                "/ui/",
+                f"/ui/device?user_code={grant['user_code']}",
+                f"/ui/confirmations/{ref}",
+            ):
                 page = client.get(path)
                 assert page.status_code == 303
                 assert page.headers["location"].startswith("/ui/login?next=")
-            for path, fields in [("/ui/device", {"user_code": grant["user_code"],
-                                                 "decision": "approve"}),
-                                 (f"/ui/confirmations/{ref}", {"decision": "approve"})]:
+            for path, fields in [
+                ("/ui/device", {"user_code": grant["user_code"], "decision": "approve"}),
+                (f"/ui/confirmations/{ref}", {"decision": "approve"}),
+            ]:
                 refused = client.post(path, data=fields | {"csrf_token": "x"})
                 assert refused.status_code == 401 and "not_authenticated" in refused.text
     # A made-up session cookie is no better.
@@ -153,7 +174,7 @@ def test_pages_need_a_signed_in_user_not_an_api_key(tenant: Tenant) -> None:
 
 
 def test_confirmation_page_shows_the_bindings_and_approving_there_lets_the_run_start(
-    tenant: Tenant
+    tenant: Tenant,
 ) -> None:
     """The requester here is a device login approved by the same human: the approver's own
     principal never requests, so approving its device's request is not self-approval."""
@@ -174,32 +195,56 @@ def test_confirmation_page_shows_the_bindings_and_approving_there_lets_the_run_s
     html = page.text
     booking = details["details"]["booking"]
     summary = details["details"]["manifest_summary"]
-    for expected in [ref, "train.create", tenant.booking_id, "CPU",
-                     f"{booking['nodes']} node(s) × {booking['gpus_per_node']} GPU(s)",
-                     booking["region"], booking["fabric"], booking["term_start"],
-                     booking["term_end"], details["manifest_id"], summary["name"],
-                     f"{details['cost_usd']:.2f} USD", device_principal,
-                     details["expires_at"], "pending", "Approve", "Reject"]:
+    for expected in [
+        ref,
+        "train.create",
+        tenant.booking_id,
+        "CPU",
+        f"{booking['nodes']} node(s) × {booking['gpus_per_node']} GPU(s)",
+        booking["region"],
+        booking["fabric"],
+        booking["term_start"],
+        booking["term_end"],
+        details["manifest_id"],
+        summary["name"],
+        f"{details['cost_usd']:.2f} USD",
+        device_principal,
+        details["expires_at"],
+        "pending",
+        "Approve",
+        "Reject",
+    ]:
         assert expected in html, expected
     for header in ("content-security-policy", "x-frame-options", "referrer-policy"):
         assert header in page.headers
     assert "no-store" in page.headers["cache-control"]
 
     before = tenant.counts()
-    decided = web.post(f"/ui/confirmations/{ref}", {"decision": "approve",
-                                                    "csrf_token": csrf_field(html)})
+    decided = web.post(
+        f"/ui/confirmations/{ref}", {"decision": "approve", "csrf_token": csrf_field(html)}
+    )
     assert decided.status_code == 303
     after = web.get(decided.headers["location"])
     assert after.status_code == 200 and "approved" in after.text and "Approve<" not in after.text
     assert tenant.counts()["confirmations"] == {"approved": 1}
     assert before["runs"] == 0
-    again = web.post(f"/ui/confirmations/{ref}", {"decision": "reject",
-                                                  "csrf_token": csrf_field(html)})
+    again = web.post(
+        f"/ui/confirmations/{ref}", {"decision": "reject", "csrf_token": csrf_field(html)}
+    )
     assert again.status_code == 409 and "confirmation_not_pending" in again.text
 
-    created = tenant.ito("train", "--booking", tenant.booking_id, "--manifest", str(manifest),
-                         "--confirmation-ref", ref, "--idempotency-key", "web-approved",
-                         key=device_token)
+    created = tenant.ito(
+        "train",
+        "--booking",
+        tenant.booking_id,
+        "--manifest",
+        str(manifest),
+        "--confirmation-ref",
+        ref,
+        "--idempotency-key",
+        "web-approved",
+        key=device_token,
+    )
     assert created.rc == 0, created.stdout
     assert created.data["state"] == "queued"
     assert tenant.counts()["confirmations"] == {"consumed": 1}
@@ -219,16 +264,27 @@ def test_rejecting_on_the_page_makes_the_confirmation_unusable(tenant: Tenant) -
     ref = confirm(tenant, manifest)
     web = signed_in(tenant.server, approver)
     page = web.get(f"/ui/confirmations/{ref}")
-    rejected = web.post(f"/ui/confirmations/{ref}", {"decision": "reject",
-                                                     "csrf_token": csrf_field(page.text)})
+    rejected = web.post(
+        f"/ui/confirmations/{ref}", {"decision": "reject", "csrf_token": csrf_field(page.text)}
+    )
     assert rejected.status_code == 303
     assert "rejected" in web.get(rejected.headers["location"]).text
-    bogus = web.post(f"/ui/confirmations/{ref}", {"decision": "maybe",
-                                                  "csrf_token": csrf_field(page.text)})
+    bogus = web.post(
+        f"/ui/confirmations/{ref}", {"decision": "maybe", "csrf_token": csrf_field(page.text)}
+    )
     assert bogus.status_code == 422
     web.close()
-    refused = tenant.ito("train", "--booking", tenant.booking_id, "--manifest", str(manifest),
-                         "--confirmation-ref", ref, "--idempotency-key", "k")
+    refused = tenant.ito(
+        "train",
+        "--booking",
+        tenant.booking_id,
+        "--manifest",
+        str(manifest),
+        "--confirmation-ref",
+        ref,
+        "--idempotency-key",
+        "k",
+    )
     assert refused.code == "confirmation_rejected"
 
 
@@ -244,8 +300,7 @@ def test_another_accounts_confirmation_is_a_404_page_and_cannot_be_decided(
     assert "confirmation_not_found" in page.text
     assert page.text.replace(foreign, "X") == missing.text.replace("cfr_doesnotexist", "X")
     token = csrf_field(web.get("/ui/").text)
-    refused = web.post(f"/ui/confirmations/{foreign}", {"decision": "approve",
-                                                        "csrf_token": token})
+    refused = web.post(f"/ui/confirmations/{foreign}", {"decision": "approve", "csrf_token": token})
     assert refused.status_code == 404
     web.close()
     assert other_tenant.counts()["confirmations"] == {"pending": 1}
@@ -276,10 +331,11 @@ def test_pages_escape_what_they_show_and_answer_html_errors(server: Server) -> N
     assert "<script>" not in page.text and "&lt;script&gt;" in page.text
     assert "<b>acct</b>" not in page.text and "&lt;b&gt;acct&lt;/b&gt;" in page.text
     assert "<script" not in web.get("/ui/").text
-    for path, status, code in [("/ui/nowhere", 404, "not_found"),
-                               ("/ui/device?user_code=BCDF-GHJK", 404, "device_code_not_found"),
-                               ("/ui/device?user_code=not-a-code", 404,
-                                "device_code_not_found")]:
+    for path, status, code in [
+        ("/ui/nowhere", 404, "not_found"),
+        ("/ui/device?user_code=BCDF-GHJK", 404, "device_code_not_found"),
+        ("/ui/device?user_code=not-a-code", 404, "device_code_not_found"),
+    ]:
         refused = web.get(path)
         assert refused.status_code == status and code in refused.text
         assert refused.headers["content-type"].startswith("text/html")
@@ -293,20 +349,34 @@ def test_the_session_cookie_is_secure_when_the_public_url_is_https(tmp_path: Pat
     session server's public URL is plain http."""
     db = Database(f"sqlite:///{tmp_path / 'https.db'}")
     migrate(db)
-    settings = ServerSettings(database_url=db.url, home=tmp_path,
-                              pepper=SecretStr("https-test-pepper-0123456789"),
-                              public_url="https://ito.example")
+    settings = ServerSettings(
+        database_url=db.url,
+        home=tmp_path,
+        pepper=SecretStr("https-test-pepper-0123456789"),
+        public_url="https://ito.example",
+    )
     with db.write() as session:
         account_id = create_account(session, "https").id
-        create_user(session, account_id=account_id, role="approver", email="h@example.test",
-                    password_hash=hash_password("a-long-enough-password"))
-    with TestClient(create_app(settings, db), base_url="https://ito.example",
-                    follow_redirects=False) as client:
+        create_user(
+            session,
+            account_id=account_id,
+            role="approver",
+            email="h@example.test",
+            password_hash=hash_password("a-long-enough-password"),
+        )
+    with TestClient(
+        create_app(settings, db), base_url="https://ito.example", follow_redirects=False
+    ) as client:
         page = client.get("/ui/login")
         assert "secure" in page.headers["set-cookie"].lower()
-        signed = client.post("/ui/login", data={"email": "h@example.test",
-                                                "password": "a-long-enough-password",
-                                                "csrf_token": csrf_field(page.text)})
+        signed = client.post(
+            "/ui/login",
+            data={
+                "email": "h@example.test",
+                "password": "a-long-enough-password",
+                "csrf_token": csrf_field(page.text),
+            },
+        )
         assert signed.status_code == 303
         cookie = signed.headers.get_list("set-cookie")
         session_cookie = next(c for c in cookie if c.startswith("ito_session="))
@@ -314,4 +384,3 @@ def test_the_session_cookie_is_secure_when_the_public_url_is_https(tmp_path: Pat
         grant = client.post("/v1/device/code").json()["data"]
         assert grant["verification_uri"] == "https://ito.example/ui/device"
     db.dispose()
-

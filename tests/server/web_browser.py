@@ -36,14 +36,32 @@ class Approver:
     principal_id: str
 
 
-def user_create(server: Server, account_id: str, email: str, password: str,
-                role: str = "approver", *extra: str) -> tuple[int, dict[str, Any], str]:
+def user_create(
+    server: Server, account_id: str, email: str, password: str, role: str = "approver", *extra: str
+) -> tuple[int, dict[str, Any], str]:
     """``ito-server user create … --password-stdin --json``: (exit code, envelope, all output)."""
     proc = subprocess.run(
-        [ITO_SERVER, "user", "create", "--account", account_id, "--role", role, "--email",
-         email, "--password-stdin", *extra, "--json"],
-        env=server.env, input=password + "\n", capture_output=True, text=True, timeout=60,
-        check=False)
+        [
+            ITO_SERVER,
+            "user",
+            "create",
+            "--account",
+            account_id,
+            "--role",
+            role,
+            "--email",
+            email,
+            "--password-stdin",
+            *extra,
+            "--json",
+        ],
+        env=server.env,
+        input=password + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     return proc.returncode, json.loads(proc.stdout), proc.stdout + proc.stderr
 
 
@@ -53,8 +71,12 @@ def make_approver(server: Server, account_id: str) -> Approver:
     rc, envelope, output = user_create(server, account_id, email, password)
     assert rc == 0 and envelope["ok"], output
     assert password not in output
-    return Approver(email=email, password=password, user_id=envelope["data"]["user_id"],
-                    principal_id=envelope["data"]["principal_id"])
+    return Approver(
+        email=email,
+        password=password,
+        user_id=envelope["data"]["user_id"],
+        principal_id=envelope["data"]["principal_id"],
+    )
 
 
 class Browser:
@@ -75,9 +97,15 @@ class Browser:
     def sign_in(self, email: str, password: str, next_url: str | None = None) -> httpx.Response:
         page = self.get("/ui/login", params={"next": next_url} if next_url else None)
         assert page.status_code == 200
-        return self.post("/ui/login", {"email": email, "password": password,
-                                       "csrf_token": csrf_field(page.text),
-                                       "next": next_url or ""})
+        return self.post(
+            "/ui/login",
+            {
+                "email": email,
+                "password": password,
+                "csrf_token": csrf_field(page.text),
+                "next": next_url or "",
+            },
+        )
 
     def session_cookie(self) -> str | None:
         return self.client.cookies.get("ito_session")
@@ -85,8 +113,10 @@ class Browser:
     def decide_device(self, user_code: str, decision: str) -> httpx.Response:
         page = self.get("/ui/device", params={"user_code": user_code})
         assert page.status_code == 200, page.text
-        return self.post("/ui/device", {"user_code": user_code, "decision": decision,
-                                        "csrf_token": csrf_field(page.text)})
+        return self.post(
+            "/ui/device",
+            {"user_code": user_code, "decision": decision, "csrf_token": csrf_field(page.text)},
+        )
 
 
 @contextmanager

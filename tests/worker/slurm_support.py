@@ -32,13 +32,17 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
     port = 17000 + 10 * (int(worker) if worker.isdigit() else 0)
     env = {**os.environ, "ITO_SLURM_CTLD_PORT": str(port)}
-    started = subprocess.run([str(CLUSTER_SCRIPT), "start", str(directory)], env=env,
-                             capture_output=True, text=True, timeout=600, check=False)
+    started = subprocess.run(
+        [str(CLUSTER_SCRIPT), "start", str(directory)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     try:
         if started.returncode != 0:
             pytest.fail(f"slurm-cluster start failed:\n{started.stdout}\n{started.stderr}")
         yield Cluster(directory, directory / "slurm.conf")
     finally:
         subprocess.run([str(CLUSTER_SCRIPT), "stop", str(directory)], timeout=120, check=False)
-
-

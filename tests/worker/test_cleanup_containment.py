@@ -50,8 +50,13 @@ def test_a_link_on_the_way_to_a_run_directory_refuses_its_cleanup_and_deletes_no
     (storage / "runs").symlink_to(outside)  # storage/runs/<run> is outside/<run> by name
     home = tmp_path / "home"
     (home / "work" / RUN).mkdir(parents=True)
-    api = RecordingApi({"run_id": RUN, "checkpoint_uri": f"file://{storage}/runs/{RUN}",
-                        "storage_uri": f"file://{storage}"})
+    api = RecordingApi(
+        {
+            "run_id": RUN,
+            "checkpoint_uri": f"file://{storage}/runs/{RUN}",
+            "storage_uri": f"file://{storage}",
+        }
+    )
     loop = WorkerLoop(cast(WorkerApi, api), home, _no_executor)
 
     assert loop.tick() is False
@@ -78,8 +83,13 @@ def test_a_run_directory_with_links_inside_is_cleaned_without_following_them(
     home = tmp_path / "home"
     (home / "work" / RUN).mkdir(parents=True)
     (home / "work" / RUN / "spec-1.json").write_bytes(b"{}")
-    api = RecordingApi({"run_id": RUN, "checkpoint_uri": f"file://{storage}/runs/{RUN}",
-                        "storage_uri": f"file://{storage}"})
+    api = RecordingApi(
+        {
+            "run_id": RUN,
+            "checkpoint_uri": f"file://{storage}/runs/{RUN}",
+            "storage_uri": f"file://{storage}",
+        }
+    )
 
     assert WorkerLoop(cast(WorkerApi, api), home, _no_executor).tick() is True
 

@@ -35,8 +35,12 @@ TERMINAL = {"succeeded", "failed", "gate_failed", "cancelled"}
 def worker_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A server with its in-process worker, on its own SQLite file."""
     home = tmp_path_factory.mktemp("worker-home")
-    srv = start_server(f"sqlite:///{home / 'ito.db'}", home, worker=True,
-                       extra_env={"ITO_LEASE_TTL_SECONDS": "8", "ITO_HEARTBEAT_SECONDS": "1"})
+    srv = start_server(
+        f"sqlite:///{home / 'ito.db'}",
+        home,
+        worker=True,
+        extra_env={"ITO_LEASE_TTL_SECONDS": "8", "ITO_HEARTBEAT_SECONDS": "1"},
+    )
     yield srv
     stop_server(srv)
 
@@ -45,8 +49,12 @@ def worker_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A server without a worker: runs wait for a separate ito-worker."""
     home = tmp_path_factory.mktemp("plain-home")
-    srv = start_server(f"sqlite:///{home / 'ito.db'}", home, worker=False,
-                       extra_env={"ITO_LEASE_TTL_SECONDS": "4", "ITO_HEARTBEAT_SECONDS": "1"})
+    srv = start_server(
+        f"sqlite:///{home / 'ito.db'}",
+        home,
+        worker=False,
+        extra_env={"ITO_LEASE_TTL_SECONDS": "4", "ITO_HEARTBEAT_SECONDS": "1"},
+    )
     yield srv
     stop_server(srv)
 
@@ -56,16 +64,29 @@ def budget_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A server without a worker whose leases last 280 s: the budget guard keeps a whole TTL of
     headroom, so a run whose estimate is E seconds is stopped once it has held E − 280 s."""
     home = tmp_path_factory.mktemp("budget-home")
-    srv = start_server(f"sqlite:///{home / 'ito.db'}", home, worker=False,
-                       extra_env={"ITO_LEASE_TTL_SECONDS": "280", "ITO_HEARTBEAT_SECONDS": "1"})
+    srv = start_server(
+        f"sqlite:///{home / 'ito.db'}",
+        home,
+        worker=False,
+        extra_env={"ITO_LEASE_TTL_SECONDS": "280", "ITO_HEARTBEAT_SECONDS": "1"},
+    )
     yield srv
     stop_server(srv)
 
 
 def _create(t: Tenant, manifest: Path, key: str) -> str:
     ref = t.approved_confirmation(manifest)
-    created = t.ito("train", "--booking", t.booking_id, "--manifest", str(manifest),
-                    "--confirmation-ref", ref, "--idempotency-key", key)
+    created = t.ito(
+        "train",
+        "--booking",
+        t.booking_id,
+        "--manifest",
+        str(manifest),
+        "--confirmation-ref",
+        ref,
+        "--idempotency-key",
+        key,
+    )
     assert created.rc == 0, created.stdout
     return str(created.data["run_id"])
 
@@ -75,18 +96,26 @@ def _state(t: Tenant, run_id: str) -> dict[str, Any]:
 
 
 def _wait_state(t: Tenant, run_id: str, states: set[str], timeout: float = 300) -> dict[str, Any]:
-    return dict(wait_until(lambda: (s := _state(t, run_id))["state"] in states and s,
-                           timeout=timeout, interval=0.5))
+    return dict(
+        wait_until(
+            lambda: (s := _state(t, run_id))["state"] in states and s, timeout=timeout, interval=0.5
+        )
+    )
 
 
-def _worker_env(server: Server, t: Tenant, booking: str, home: Path,
-                **extra: str) -> dict[str, str]:
+def _worker_env(
+    server: Server, t: Tenant, booking: str, home: Path, **extra: str
+) -> dict[str, str]:
     """An ``ito-worker``'s environment: a fresh worker key of ``booking`` in ``ITO_API_KEY``
     (the only way a key is passed), none of this process's other ``ITO_*`` settings."""
-    key = server.desk("/v1/desk/keys", {"account_id": t.account_id, "role": "worker",
-                                        "booking_id": booking})["api_key"]
-    return {k: v for k, v in os.environ.items() if not k.startswith("ITO_")} | {
-        "ITO_API_URL": server.url, "ITO_API_KEY": key, "ITO_HOME": str(home)} | extra
+    key = server.desk(
+        "/v1/desk/keys", {"account_id": t.account_id, "role": "worker", "booking_id": booking}
+    )["api_key"]
+    return (
+        {k: v for k, v in os.environ.items() if not k.startswith("ITO_")}
+        | {"ITO_API_URL": server.url, "ITO_API_KEY": key, "ITO_HOME": str(home)}
+        | extra
+    )
 
 
 def _long_manifest(t: Tenant, name: str) -> Path:
@@ -111,8 +140,7 @@ def test_a_confirmed_run_trains_to_succeeded_through_the_in_process_worker(
     final = _wait_state(t, run_id, TERMINAL)
     assert final["state"] == "succeeded", final
 
-    kinds = [(e["kind"], e["data"].get("stage"), e["data"].get("status"))
-             for e in final["events"]]
+    kinds = [(e["kind"], e["data"].get("stage"), e["data"].get("status")) for e in final["events"]]
     for stage in ("data_prep", "pretrain", "long_context"):
         assert ("stage", stage, "completed") in kinds, kinds
     gates = [e for e in final["events"] if e["kind"] == "gate"]
@@ -143,29 +171,46 @@ def test_cancel_reaches_the_running_job_and_cleanup_frees_its_bytes(
 ) -> None:
     t = make_tenant(worker_server, tmp_path / "t", "canceller")
     run_id = _create(t, _long_manifest(t, "long"), "long-1")
-    wait_until(lambda: t.ito("runs", "checkpoints", run_id).data["checkpoints"], timeout=300,
-               interval=0.5)
+    wait_until(
+        lambda: t.ito("runs", "checkpoints", run_id).data["checkpoints"], timeout=300, interval=0.5
+    )
     assert _processes_of(run_id)
 
     cancel_ref = t.ito("confirm", "--action", "cancel", "--run", run_id).data["confirmation_ref"]
     assert t.ito("approve", cancel_ref, key="approver").rc == 0
-    cancelled = t.ito("runs", "cancel", run_id, "--confirmation-ref", cancel_ref,
-                      "--idempotency-key", "cancel-1")
+    cancelled = t.ito(
+        "runs", "cancel", run_id, "--confirmation-ref", cancel_ref, "--idempotency-key", "cancel-1"
+    )
     assert cancelled.rc == 0 and cancelled.data["state"] in ("cancelling", "cancelled")
     _wait_state(t, run_id, {"cancelled"}, timeout=60)
     wait_until(lambda: not _processes_of(run_id), timeout=30)
     assert t.ito("runs", "checkpoints", run_id).data["checkpoints"]  # the latest stays
 
     booking_before = t.ito("bookings", "show", t.booking_id).data
-    cleanup_ref = t.ito("confirm", "--action", "cleanup", "--run", run_id
-                        ).data["confirmation_ref"]
+    cleanup_ref = t.ito("confirm", "--action", "cleanup", "--run", run_id).data["confirmation_ref"]
     assert t.ito("approve", cleanup_ref, key="approver").rc == 0
-    assert t.ito("runs", "cleanup", run_id, "--confirmation-ref", cleanup_ref,
-                 "--idempotency-key", "cleanup-1").rc == 0
-    done = wait_until(lambda: (s := _state(t, run_id))["cleanup_state"] == "cleaned" and s,
-                      timeout=60, interval=0.5)
-    freed = [e for e in done["events"] if e["kind"] == "cleanup"
-             and e["data"].get("cleanup_state") == "cleaned"]
+    assert (
+        t.ito(
+            "runs",
+            "cleanup",
+            run_id,
+            "--confirmation-ref",
+            cleanup_ref,
+            "--idempotency-key",
+            "cleanup-1",
+        ).rc
+        == 0
+    )
+    done = wait_until(
+        lambda: (s := _state(t, run_id))["cleanup_state"] == "cleaned" and s,
+        timeout=60,
+        interval=0.5,
+    )
+    freed = [
+        e
+        for e in done["events"]
+        if e["kind"] == "cleanup" and e["data"].get("cleanup_state") == "cleaned"
+    ]
     assert freed and freed[0]["data"]["bytes_freed"] > 0
     assert all(c["deleted"] for c in t.ito("runs", "checkpoints", run_id).data["checkpoints"])
     assert t.ito("bookings", "show", t.booking_id).data == booking_before
@@ -178,8 +223,9 @@ def _tree(top: Path) -> dict[str, bytes | None]:
     for base, dirs, files in os.walk(top):
         for name in dirs + files:
             path = Path(base, name)
-            found[str(path.relative_to(top))] = None if path.is_symlink() or not path.is_file() \
-                else path.read_bytes()
+            found[str(path.relative_to(top))] = (
+                None if path.is_symlink() or not path.is_file() else path.read_bytes()
+            )
     return found
 
 
@@ -223,8 +269,9 @@ def test_a_link_swapped_in_while_training_refuses_the_next_checkpoint_and_prunes
     outside = _outside(tmp_path)
     before = _tree(outside)
     run_id = _create(t, _long_manifest(t, "long"), "swapped-1")
-    listed = wait_until(lambda: t.ito("runs", "checkpoints", run_id).data["checkpoints"],
-                        timeout=300, interval=0.5)
+    listed = wait_until(
+        lambda: t.ito("runs", "checkpoints", run_id).data["checkpoints"], timeout=300, interval=0.5
+    )
     stage_dir = t.workdir / "storage" / "runs" / run_id / "pretrain"
     assert Path(listed[0]["path"]).parent == stage_dir  # the real location is reported
 
@@ -268,15 +315,25 @@ def test_cleanup_deletes_a_run_directory_without_following_links_planted_in_it(
 
     ref = t.ito("confirm", "--action", "cleanup", "--run", run_id).data["confirmation_ref"]
     assert t.ito("approve", ref, key="approver").rc == 0
-    assert t.ito("runs", "cleanup", run_id, "--confirmation-ref", ref,
-                 "--idempotency-key", "cleanup-1").rc == 0
-    done = wait_until(lambda: (s := _state(t, run_id))["cleanup_state"] == "cleaned" and s,
-                      timeout=60, interval=0.5)
+    assert (
+        t.ito(
+            "runs", "cleanup", run_id, "--confirmation-ref", ref, "--idempotency-key", "cleanup-1"
+        ).rc
+        == 0
+    )
+    done = wait_until(
+        lambda: (s := _state(t, run_id))["cleanup_state"] == "cleaned" and s,
+        timeout=60,
+        interval=0.5,
+    )
 
     assert not run_dir.exists() and (storage / "runs").is_dir()
     assert _tree(outside) == before
-    cleaned = next(e for e in done["events"] if e["kind"] == "cleanup"
-                   and e["data"].get("cleanup_state") == "cleaned")
+    cleaned = next(
+        e
+        for e in done["events"]
+        if e["kind"] == "cleanup" and e["data"].get("cleanup_state") == "cleaned"
+    )
     assert cleaned["data"]["bytes_freed"] == 100  # the links' targets are not counted either
     assert str(run_dir) in cleaned["data"]["paths"]
 
@@ -287,15 +344,25 @@ def test_a_killed_worker_is_detected_and_another_worker_resumes_the_run(
     t = make_tenant(plain_server, tmp_path / "t", "resilient")
     # The first attempt hangs at step 12, after committing step 10: the kill below lands on a
     # run that is still training however fast this machine is (attempt 2 is not held).
-    env = _worker_env(plain_server, t, t.booking_id, tmp_path / "worker-home",
-                      ITO_FAULT_INJECTION=json.dumps({"pause_at_step": 12}))
+    env = _worker_env(
+        plain_server,
+        t,
+        t.booking_id,
+        tmp_path / "worker-home",
+        ITO_FAULT_INJECTION=json.dumps({"pause_at_step": 12}),
+    )
     run_id = _create(t, t.manifest(), "resume-1")
 
-    first = subprocess.Popen([str(BIN / "ito-worker"), "--booking", t.booking_id], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
-    wait_until(lambda: t.ito("runs", "checkpoints", run_id).data["checkpoints"], timeout=300,
-               interval=0.5)
+    first = subprocess.Popen(
+        [str(BIN / "ito-worker"), "--booking", t.booking_id],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    wait_until(
+        lambda: t.ito("runs", "checkpoints", run_id).data["checkpoints"], timeout=300, interval=0.5
+    )
     for line in _processes_of(run_id):
         os.kill(int(line.split()[0]), signal.SIGKILL)
     os.killpg(first.pid, signal.SIGKILL)
@@ -303,8 +370,12 @@ def test_a_killed_worker_is_detected_and_another_worker_resumes_the_run(
 
     recovering = _wait_state(t, run_id, {"recovering"}, timeout=60)
     assert recovering["state"] == "recovering"
-    second = subprocess.Popen([str(BIN / "ito-worker"), "--booking", t.booking_id, "--once"],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    second = subprocess.Popen(
+        [str(BIN / "ito-worker"), "--booking", t.booking_id, "--once"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         final = _wait_state(t, run_id, TERMINAL, timeout=300)
     finally:
@@ -319,26 +390,28 @@ def test_a_killed_worker_is_detected_and_another_worker_resumes_the_run(
     assert t.ito("telemetry", "--run", run_id).data["interruptions"] == 1
 
 
-def test_worker_key_of_another_booking_cannot_lease(plain_server: Server,
-                                                    tmp_path: Path) -> None:
+def test_worker_key_of_another_booking_cannot_lease(plain_server: Server, tmp_path: Path) -> None:
     t = make_tenant(plain_server, tmp_path / "t", "scoped")
     other = t.booking()
-    key = plain_server.desk("/v1/desk/keys", {"account_id": t.account_id, "role": "worker",
-                                              "booking_id": other})["api_key"]
+    key = plain_server.desk(
+        "/v1/desk/keys", {"account_id": t.account_id, "role": "worker", "booking_id": other}
+    )["api_key"]
     _create(t, t.manifest(), "scoped-1")
     leased = t.api("POST", "/v1/worker/lease", key=key)
     assert leased["ok"] and leased["data"] is None
     requester = t.api("POST", "/v1/worker/lease")
     assert requester["error"]["code"] == "forbidden_scope"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ITO_")} | {
-        "ITO_API_URL": plain_server.url, "ITO_API_KEY": key}
-    refused = run_cli([str(BIN / "ito-worker"), "--booking", t.booking_id, "--once", "--json"],
-                      env)
+        "ITO_API_URL": plain_server.url,
+        "ITO_API_KEY": key,
+    }
+    refused = run_cli([str(BIN / "ito-worker"), "--booking", t.booking_id, "--once", "--json"], env)
     assert refused.rc == 1 and refused.code == "forbidden_scope"
 
 
-def _slurm_run(server: Server, cluster: Cluster, tmp_path: Path, name: str,
-               resources: dict[str, Any]) -> tuple[Tenant, str, dict[str, Any]]:
+def _slurm_run(
+    server: Server, cluster: Cluster, tmp_path: Path, name: str, resources: dict[str, Any]
+) -> tuple[Tenant, str, dict[str, Any]]:
     """A two-node booking, a confirmed run of the test recipe with ``resources``, and one
     ``ito-worker --executor slurm --once`` that must take it to its end; returns the final run."""
     t = make_tenant(server, tmp_path / "t", name)
@@ -348,13 +421,26 @@ def _slurm_run(server: Server, cluster: Cluster, tmp_path: Path, name: str,
     document["resources"] = resources
     manifest.write_text(json.dumps(document))
     ref = t.approved_confirmation(manifest, booking_id=booking)
-    run_id = t.ito("train", "--booking", booking, "--manifest", str(manifest),
-                   "--confirmation-ref", ref, "--idempotency-key", name).data["run_id"]
-    env = _worker_env(server, t, booking, tmp_path / "worker-home",
-                      SLURM_CONF=str(cluster.conf))
-    worker = subprocess.run([str(BIN / "ito-worker"), "--booking", booking, "--executor",
-                             "slurm", "--once", "--json"], env=env, capture_output=True,
-                            text=True, timeout=600, check=False)
+    run_id = t.ito(
+        "train",
+        "--booking",
+        booking,
+        "--manifest",
+        str(manifest),
+        "--confirmation-ref",
+        ref,
+        "--idempotency-key",
+        name,
+    ).data["run_id"]
+    env = _worker_env(server, t, booking, tmp_path / "worker-home", SLURM_CONF=str(cluster.conf))
+    worker = subprocess.run(
+        [str(BIN / "ito-worker"), "--booking", booking, "--executor", "slurm", "--once", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert worker.returncode == 0, worker.stderr[-3000:]
     return t, run_id, _state(t, run_id)
 
@@ -362,8 +448,13 @@ def _slurm_run(server: Server, cluster: Cluster, tmp_path: Path, name: str,
 def test_a_two_node_run_trains_through_ito_worker_with_the_slurm_executor(
     plain_server: Server, slurm_cluster: Cluster, tmp_path: Path
 ) -> None:
-    _, _, final = _slurm_run(plain_server, slurm_cluster, tmp_path, "slurm-buyer", {
-        "accelerators": ["cpu"], "nodes": 2, "gpus_per_node": 1, "fabrics": ["infiniband"]})
+    _, _, final = _slurm_run(
+        plain_server,
+        slurm_cluster,
+        tmp_path,
+        "slurm-buyer",
+        {"accelerators": ["cpu"], "nodes": 2, "gpus_per_node": 1, "fabrics": ["infiniband"]},
+    )
     assert final["state"] == "succeeded", final
     job_logs = list((tmp_path / "worker-home").rglob("slurm-*.out"))
     assert job_logs, "the run did not go through sbatch"
@@ -373,9 +464,19 @@ def test_a_two_node_run_trains_through_ito_worker_with_the_slurm_executor(
 def test_a_two_node_run_with_a_replica_group_per_node_trains_on_slurm(
     plain_server: Server, slurm_cluster: Cluster, tmp_path: Path
 ) -> None:
-    t, run_id, final = _slurm_run(plain_server, slurm_cluster, tmp_path, "slurm-replicas", {
-        "accelerators": ["cpu"], "nodes": 2, "gpus_per_node": 1, "fabrics": ["ethernet"],
-        "replica_groups": 2})
+    t, run_id, final = _slurm_run(
+        plain_server,
+        slurm_cluster,
+        tmp_path,
+        "slurm-replicas",
+        {
+            "accelerators": ["cpu"],
+            "nodes": 2,
+            "gpus_per_node": 1,
+            "fabrics": ["ethernet"],
+            "replica_groups": 2,
+        },
+    )
     assert final["state"] == "succeeded", final
     # One replica group per node, meeting through the lighthouse the batch script started.
     assert list((tmp_path / "worker-home").rglob("lighthouse-*.log"))
@@ -394,12 +495,20 @@ def test_a_loss_spike_waits_for_a_confirmed_restart_and_never_acts_alone(
     document["curriculum"][0]["tokens"] = 60_000  # 58 steps of 1024 tokens
     manifest.write_text(json.dumps(document))
     run_id = _create(t, manifest, "spike-1")
-    env = _worker_env(plain_server, t, t.booking_id, tmp_path / "worker-home",
-                      ITO_FAULT_INJECTION=json.dumps({"loss_spike_at": 40}))
-    worker = subprocess.Popen([str(BIN / "ito-worker"), "--booking", t.booking_id,
-                               "--poll-seconds", "0.5"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+    env = _worker_env(
+        plain_server,
+        t,
+        t.booking_id,
+        tmp_path / "worker-home",
+        ITO_FAULT_INJECTION=json.dumps({"loss_spike_at": 40}),
+    )
+    worker = subprocess.Popen(
+        [str(BIN / "ito-worker"), "--booking", t.booking_id, "--poll-seconds", "0.5"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         waiting = _wait_state(t, run_id, {"awaiting_approval", *TERMINAL}, timeout=300)
         assert waiting["state"] == "awaiting_approval", waiting
@@ -413,13 +522,25 @@ def test_a_loss_spike_waits_for_a_confirmed_restart_and_never_acts_alone(
         assert wrong.code == "confirmation_mismatch"
         assert _state(t, run_id)["state"] == "awaiting_approval"
 
-        ref = t.ito("confirm", "--action", "restart", "--run", run_id, "--checkpoint", "30"
-                    ).data["confirmation_ref"]
-        assert t.ito("runs", "restart", run_id, "--confirmation-ref", ref,
-                     "--idempotency-key", "restart-1").code == "confirmation_pending"
+        ref = t.ito("confirm", "--action", "restart", "--run", run_id, "--checkpoint", "30").data[
+            "confirmation_ref"
+        ]
+        assert (
+            t.ito(
+                "runs",
+                "restart",
+                run_id,
+                "--confirmation-ref",
+                ref,
+                "--idempotency-key",
+                "restart-1",
+            ).code
+            == "confirmation_pending"
+        )
         assert t.ito("approve", ref, key="approver").rc == 0
-        restarted = t.ito("runs", "restart", run_id, "--confirmation-ref", ref,
-                          "--idempotency-key", "restart-1")
+        restarted = t.ito(
+            "runs", "restart", run_id, "--confirmation-ref", ref, "--idempotency-key", "restart-1"
+        )
         assert restarted.rc == 0 and restarted.data["state"] == "recovering"
         final = _wait_state(t, run_id, TERMINAL, timeout=300)
     finally:
@@ -442,8 +563,9 @@ def test_a_killed_rank_is_restarted_by_torchrun_and_the_run_still_succeeds(
     document["curriculum"][0]["tokens"] = 120_000  # ~117 steps: time to kill mid-stage
     manifest.write_text(json.dumps(document))
     run_id = _create(t, manifest, "rank-1")
-    wait_until(lambda: t.ito("runs", "checkpoints", run_id).data["checkpoints"], timeout=300,
-               interval=0.5)
+    wait_until(
+        lambda: t.ito("runs", "checkpoints", run_id).data["checkpoints"], timeout=300, interval=0.5
+    )
     ranks = [line for line in _processes_of(run_id) if "torchrun" not in line]
     assert ranks, _processes_of(run_id)
     os.kill(int(ranks[-1].split()[0]), signal.SIGKILL)
@@ -475,14 +597,32 @@ def test_a_budget_stop_checkpoints_the_running_job_and_fails_it_budget_exceeded(
     document["budget"] = {"ceiling_usd": ceiling, "max_incremental_cost_usd": ceiling}
     manifest.write_text(json.dumps(document))
     ref = t.approved_confirmation(manifest, booking_id=booking)
-    run_id = t.ito("train", "--booking", booking, "--manifest", str(manifest),
-                   "--confirmation-ref", ref, "--idempotency-key", "budget-1").data["run_id"]
+    run_id = t.ito(
+        "train",
+        "--booking",
+        booking,
+        "--manifest",
+        str(manifest),
+        "--confirmation-ref",
+        ref,
+        "--idempotency-key",
+        "budget-1",
+    ).data["run_id"]
 
-    env = _worker_env(budget_server, t, booking, tmp_path / "worker-home",
-                      ITO_FAULT_INJECTION=json.dumps({"min_step_seconds": 0.5}))
-    worker = subprocess.Popen([str(BIN / "ito-worker"), "--booking", booking, "--once"],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+    env = _worker_env(
+        budget_server,
+        t,
+        booking,
+        tmp_path / "worker-home",
+        ITO_FAULT_INJECTION=json.dumps({"min_step_seconds": 0.5}),
+    )
+    worker = subprocess.Popen(
+        [str(BIN / "ito-worker"), "--booking", booking, "--once"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         final = _wait_state(t, run_id, TERMINAL, timeout=300)
         assert worker.wait(timeout=60) == 0
@@ -503,4 +643,3 @@ def test_a_budget_stop_checkpoints_the_running_job_and_fails_it_budget_exceeded(
     telemetry = t.ito("telemetry", "--run", run_id).data
     assert 0 < telemetry["cost_usd"] <= ceiling
     assert telemetry["wall_seconds_held"] >= estimate_s - 280 - 2
-

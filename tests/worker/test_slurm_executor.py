@@ -51,8 +51,14 @@ class ShellExecutor(SlurmExecutor):
 def launch_in(workdir: Path, *, nodes: int = 2, gpus_per_node: int = 1) -> LaunchSpec:
     spec = workdir / "spec.json"
     spec.write_text("{}")
-    return LaunchSpec(run_id=f"r{uuid.uuid4().hex[:8]}", attempt=1, spec_path=spec,
-                      workdir=workdir, nodes=nodes, gpus_per_node=gpus_per_node)
+    return LaunchSpec(
+        run_id=f"r{uuid.uuid4().hex[:8]}",
+        attempt=1,
+        spec_path=spec,
+        workdir=workdir,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+    )
 
 
 def wait_for_exit(executor: SlurmExecutor, timeout_s: float = JOB_TIMEOUT_S) -> int:
@@ -87,12 +93,15 @@ def job_output(workdir: Path, executor: SlurmExecutor) -> str:
 
 @pytest.mark.slow
 def test_two_node_job_runs_once_on_each_node_and_completion_maps_to_zero(
-        slurm_cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    slurm_cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("ITO_WORKER_KEY", "must-not-reach-the-job")
     executor = ShellExecutor(
         'echo "$SLURMD_NODENAME" > "node-$SLURM_NODEID.txt"; '
         'env | grep "^ITO_" > "ito-env-$SLURM_NODEID.txt" || true; '
-        'echo "$PATH" > "path-$SLURM_NODEID.txt"', slurm_cluster)
+        'echo "$PATH" > "path-$SLURM_NODEID.txt"',
+        slurm_cluster,
+    )
     executor.start(launch_in(tmp_path))
 
     assert wait_for_exit(executor) == 0, job_output(tmp_path, executor)
@@ -107,7 +116,8 @@ def test_two_node_job_runs_once_on_each_node_and_completion_maps_to_zero(
 
 @pytest.mark.slow
 def test_a_failing_node_command_maps_to_its_nonzero_exit_code(
-        slurm_cluster: Cluster, tmp_path: Path) -> None:
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
     executor = ShellExecutor('if [ "$SLURM_NODEID" = 1 ]; then exit 3; fi', slurm_cluster)
     executor.start(launch_in(tmp_path))
 
@@ -117,20 +127,25 @@ def test_a_failing_node_command_maps_to_its_nonzero_exit_code(
 
 @pytest.mark.slow
 def test_kill_cancels_a_running_job_and_leaves_no_process_of_it(
-        slurm_cluster: Cluster, tmp_path: Path) -> None:
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
     marker = f"ito-slurm-test-{uuid.uuid4().hex}"
     python = sys.executable
     executor = ShellExecutor(
         f": {marker}; {python} -c 'import os, time\n"
-        "open(\"up-\" + os.environ[\"SLURM_NODEID\"], \"w\").close()\n"
+        'open("up-" + os.environ["SLURM_NODEID"], "w").close()\n'
         f"while True: time.sleep(0.1)' {marker} & wait",
-        slurm_cluster)
+        slurm_cluster,
+    )
     executor.start(launch_in(tmp_path))
 
     # Each node runs a bash and its python child (which wrote up-<node>), both named by the
     # marker; srun's command line holds it too.
-    wait_until(lambda: len(list(tmp_path.glob("up-*"))) == 2 and len(pgrep(marker)) >= 4,
-               JOB_TIMEOUT_S, "the job's processes on both nodes")
+    wait_until(
+        lambda: len(list(tmp_path.glob("up-*"))) == 2 and len(pgrep(marker)) >= 4,
+        JOB_TIMEOUT_S,
+        "the job's processes on both nodes",
+    )
     assert executor.poll() is None
 
     executor.kill()  # returns once the job is gone (bounded by the executor's own timeouts)
@@ -140,10 +155,12 @@ def test_kill_cancels_a_running_job_and_leaves_no_process_of_it(
 
 @pytest.mark.slow
 def test_kill_reaches_torchrun_workers_that_run_in_sessions_of_their_own(
-        slurm_cluster: Cluster, tmp_path: Path) -> None:
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
     marker = f"ito-slurm-test-{uuid.uuid4().hex}"
     script = tmp_path / f"{marker}.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import os
         import time
 
@@ -151,11 +168,15 @@ def test_kill_reaches_torchrun_workers_that_run_in_sessions_of_their_own(
             open(f"up-{os.environ['RANK']}", "w").close()
             while True:
                 time.sleep(0.1)
-        """))
+        """)
+    )
     executor = SlurmExecutor(entry=(str(script),), slurm_conf=slurm_cluster.conf)
     executor.start(launch_in(tmp_path, nodes=2, gpus_per_node=2))
-    wait_until(lambda: len(list(tmp_path.glob("up-*"))) == 4, JOB_TIMEOUT_S,
-               "four torchrun workers on two nodes")
+    wait_until(
+        lambda: len(list(tmp_path.glob("up-*"))) == 4,
+        JOB_TIMEOUT_S,
+        "four torchrun workers on two nodes",
+    )
     assert len(pgrep(marker)) >= 6  # srun, two torchruns, two workers under each
 
     executor.kill()
@@ -165,9 +186,11 @@ def test_kill_reaches_torchrun_workers_that_run_in_sessions_of_their_own(
 
 @pytest.mark.slow
 def test_torchrun_rendezvous_spans_both_nodes_and_gloo_all_reduce_sums_every_rank(
-        slurm_cluster: Cluster, tmp_path: Path) -> None:
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
     script = tmp_path / "all_reduce.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import os
 
         import torch
@@ -181,7 +204,8 @@ def test_torchrun_rendezvous_spans_both_nodes_and_gloo_all_reduce_sums_every_ran
             with open(f"rank-{rank}.txt", "w") as out:
                 out.write(f"{world} {value.item()} {os.environ['SLURM_NODEID']}")
             dist.destroy_process_group()
-        """))
+        """)
+    )
     executor = SlurmExecutor(entry=(str(script),), slurm_conf=slurm_cluster.conf)
     executor.start(launch_in(tmp_path, nodes=2, gpus_per_node=2))
 
@@ -192,39 +216,59 @@ def test_torchrun_rendezvous_spans_both_nodes_and_gloo_all_reduce_sums_every_ran
     assert "rendezvous at 127.0.0.1:" in job_output(tmp_path, executor)
 
 
-@pytest.mark.parametrize(("status", "expected"), [
-    (JobStatus("COMPLETED", 0), 0),
-    (JobStatus("FAILED", 3), 3),
-    (JobStatus("FAILED", 0, 9), 1),
-    (JobStatus("NODE_FAIL", 0), 1),
-    (JobStatus("TIMEOUT", 0), 1),
-    (JobStatus("OUT_OF_MEMORY", 0, 9), 1),
-    (JobStatus("CANCELLED", 0, 15), CANCELLED_EXIT),
-    (JobStatus("UNKNOWN", 1), 1),
-])
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (JobStatus("COMPLETED", 0), 0),
+        (JobStatus("FAILED", 3), 3),
+        (JobStatus("FAILED", 0, 9), 1),
+        (JobStatus("NODE_FAIL", 0), 1),
+        (JobStatus("TIMEOUT", 0), 1),
+        (JobStatus("OUT_OF_MEMORY", 0, 9), 1),
+        (JobStatus("CANCELLED", 0, 15), CANCELLED_EXIT),
+        (JobStatus("UNKNOWN", 1), 1),
+    ],
+)
 def test_a_finished_job_state_maps_to_an_exit_code_and_only_completed_is_success(
-        status: JobStatus, expected: int) -> None:
+    status: JobStatus, expected: int
+) -> None:
     assert not status.active
     assert exit_code_for(status) == expected
 
 
 def test_the_job_environment_drops_ito_variables_and_puts_the_venv_first() -> None:
-    env = job_environment({"ITO_API_KEY": "secret", "ITO_HOME": "/x", "PATH": "/usr/bin",
-                           "HOME": "/root"})
+    env = job_environment(
+        {"ITO_API_KEY": "secret", "ITO_HOME": "/x", "PATH": "/usr/bin", "HOME": "/root"}
+    )
     assert not any(name.startswith("ITO_") for name in env)
     assert env["PATH"].split(os.pathsep) == [str(Path(sys.executable).parent), "/usr/bin"]
     assert env["HOME"] == "/root"
 
 
 def test_each_node_runs_torchrun_with_the_booked_shape_and_a_per_attempt_rendezvous(
-        tmp_path: Path) -> None:
-    launch = LaunchSpec(run_id="run-7", attempt=2, spec_path=tmp_path / "spec.json",
-                        workdir=tmp_path, nodes=2, gpus_per_node=8, max_restarts=3)
+    tmp_path: Path,
+) -> None:
+    launch = LaunchSpec(
+        run_id="run-7",
+        attempt=2,
+        spec_path=tmp_path / "spec.json",
+        workdir=tmp_path,
+        nodes=2,
+        gpus_per_node=8,
+        max_restarts=3,
+    )
     script = SlurmExecutor().batch_script(launch)
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    for part in (torchrun, '--nnodes="$SLURM_NNODES"', '--node-rank="$SLURM_NODEID"',
-                 "--nproc-per-node=8", "--max-restarts=3", "--rdzv-backend=c10d",
-                 '--rdzv-endpoint="$RDZV_ENDPOINT"', "--rdzv-id=run-7-2",
-                 f"-m ito.pipeline.run --spec {tmp_path / 'spec.json'}"):
+    for part in (
+        torchrun,
+        '--nnodes="$SLURM_NNODES"',
+        '--node-rank="$SLURM_NODEID"',
+        "--nproc-per-node=8",
+        "--max-restarts=3",
+        "--rdzv-backend=c10d",
+        '--rdzv-endpoint="$RDZV_ENDPOINT"',
+        "--rdzv-id=run-7-2",
+        f"-m ito.pipeline.run --spec {tmp_path / 'spec.json'}",
+    ):
         assert part in script
     assert 'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1' in script

@@ -15,8 +15,15 @@ from ito.worker.settings import WorkerSettings
 
 @pytest.fixture(autouse=True)
 def clean(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("ITO_API_URL", "ITO_API_KEY", "ITO_HOME", "ITO_TIMEOUT", "ITO_CONNECT_TIMEOUT",
-                 "ITO_FAULT_INJECTION", "ITO_ALLOW_FILE_TOKEN"):
+    for name in (
+        "ITO_API_URL",
+        "ITO_API_KEY",
+        "ITO_HOME",
+        "ITO_TIMEOUT",
+        "ITO_CONNECT_TIMEOUT",
+        "ITO_FAULT_INJECTION",
+        "ITO_ALLOW_FILE_TOKEN",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 

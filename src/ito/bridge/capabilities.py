@@ -35,8 +35,7 @@ __all__ = [
 
 CONTRACT_VERSION = "ito.cli.capabilities.v1"
 MAX_COMMANDS = 128
-COMMAND_FIELDS = frozenset({"name", "availability", "auth", "network", "side_effect",
-                            "authority"})
+COMMAND_FIELDS = frozenset({"name", "availability", "auth", "network", "side_effect", "authority"})
 ENUMS: dict[str, frozenset[str]] = {
     "availability": frozenset({"supported", "unsupported"}),
     "auth": frozenset({"none", "required", "device_bootstrap"}),
@@ -49,32 +48,65 @@ _SIDE_EFFECT = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 REQUIRED_TRAINING_OPERATIONS: tuple[str, ...] = (
     # The gates (§5.8) as the client reaches them: fresh eligibility, the inspection that
     # creates nothing, the human confirmation, the run creation.
-    "bookings eligibility", "plan", "confirm", "train",
+    "bookings eligibility",
+    "plan",
+    "confirm",
+    "train",
     # The lifecycle (§5.9): follow, stop and clean up what was started.
-    "status", "runs list", "runs show", "runs logs", "runs metrics", "runs checkpoints",
-    "runs watch", "runs cancel", "runs cleanup", "runs restart",
+    "status",
+    "runs list",
+    "runs show",
+    "runs logs",
+    "runs metrics",
+    "runs checkpoints",
+    "runs watch",
+    "runs cancel",
+    "runs cleanup",
+    "runs restart",
 )
 """Every one must be advertised ``supported`` before any training verb is forwarded."""
 
 EFFECT_POLICY: dict[str, dict[str, str]] = {
-    "confirm": {"auth": "required", "network": "ito_api",
-                "side_effect": "confirmation_request", "authority": "none"},
-    "train": {"auth": "required", "network": "ito_api", "side_effect": "workload_start",
-              "authority": "entitled_workload"},
-    "runs cancel": {"auth": "required", "network": "ito_api", "side_effect": "workload_cancel",
-                    "authority": "entitled_workload"},
-    "runs cleanup": {"auth": "required", "network": "ito_api",
-                     "side_effect": "workload_cleanup", "authority": "entitled_workload"},
-    "runs restart": {"auth": "required", "network": "ito_api",
-                     "side_effect": "workload_restart", "authority": "entitled_workload"},
+    "confirm": {
+        "auth": "required",
+        "network": "ito_api",
+        "side_effect": "confirmation_request",
+        "authority": "none",
+    },
+    "train": {
+        "auth": "required",
+        "network": "ito_api",
+        "side_effect": "workload_start",
+        "authority": "entitled_workload",
+    },
+    "runs cancel": {
+        "auth": "required",
+        "network": "ito_api",
+        "side_effect": "workload_cancel",
+        "authority": "entitled_workload",
+    },
+    "runs cleanup": {
+        "auth": "required",
+        "network": "ito_api",
+        "side_effect": "workload_cleanup",
+        "authority": "entitled_workload",
+    },
+    "runs restart": {
+        "auth": "required",
+        "network": "ito_api",
+        "side_effect": "workload_restart",
+        "authority": "entitled_workload",
+    },
 }
 """The reviewed tuple of each effectful operation; any other checked operation must have
 ``side_effect: none`` and ``authority: none``."""
 
 
 def _invalid(reason: str) -> ItoError:
-    return ItoError("capability_unavailable",
-                    f"the canonical client's capability contract is not usable: {reason}")
+    return ItoError(
+        "capability_unavailable",
+        f"the canonical client's capability contract is not usable: {reason}",
+    )
 
 
 def parse_contract(stdout: bytes) -> dict[str, dict[str, str]]:
@@ -83,18 +115,30 @@ def parse_contract(stdout: bytes) -> dict[str, dict[str, str]]:
         envelope = json.loads(stdout.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise _invalid("the client did not print a JSON envelope") from None
-    if not isinstance(envelope, dict) or set(envelope) != {"ok", "live_api_contacted",
-                                                           "notice", "data"}:
+    if not isinstance(envelope, dict) or set(envelope) != {
+        "ok",
+        "live_api_contacted",
+        "notice",
+        "data",
+    }:
         raise _invalid("not a success envelope")
-    if (envelope["ok"] is not True or envelope["live_api_contacted"] is not False
-            or not isinstance(envelope["notice"], str) or not envelope["notice"]):
+    if (
+        envelope["ok"] is not True
+        or envelope["live_api_contacted"] is not False
+        or not isinstance(envelope["notice"], str)
+        or not envelope["notice"]
+    ):
         raise _invalid("discovery must be a local-only success")
     data = envelope["data"]
     if not isinstance(data, dict) or data.get("contract_version") != CONTRACT_VERSION:
         raise _invalid(f"contract_version is not {CONTRACT_VERSION}")
     cli = data.get("cli")
-    if (not isinstance(cli, dict) or cli.get("name") != "ito"
-            or not isinstance(cli.get("version"), str) or not cli["version"]):
+    if (
+        not isinstance(cli, dict)
+        or cli.get("name") != "ito"
+        or not isinstance(cli.get("version"), str)
+        or not cli["version"]
+    ):
         raise _invalid("unexpected client identity")
     commands = data.get("commands")
     if not isinstance(commands, list) or not 1 <= len(commands) <= MAX_COMMANDS:
@@ -127,17 +171,23 @@ def authorize_training(advertised: dict[str, dict[str, str]], invoked: str) -> N
     """Refuse with ``capability_unavailable`` unless every required operation and ``invoked``
     are supported and labelled as reviewed."""
     needed = list(dict.fromkeys((*REQUIRED_TRAINING_OPERATIONS, invoked)))
-    missing = [name for name in needed
-               if advertised.get(name, {}).get("availability") != "supported"]
+    missing = [
+        name for name in needed if advertised.get(name, {}).get("availability") != "supported"
+    ]
     if missing:
-        raise ItoError("capability_unavailable",
-                       "the canonical client does not yet support every gate and lifecycle "
-                       "operation a training verb needs; nothing was forwarded",
-                       unsupported=missing)
+        raise ItoError(
+            "capability_unavailable",
+            "the canonical client does not yet support every gate and lifecycle "
+            "operation a training verb needs; nothing was forwarded",
+            unsupported=missing,
+        )
     for name in needed:
         command = advertised[name]
         expected = EFFECT_POLICY.get(name, {"side_effect": "none", "authority": "none"})
         if any(command[field] != value for field, value in expected.items()):
-            raise ItoError("capability_unavailable",
-                           f"the canonical client labels {name!r} outside ECC's reviewed "
-                           "policy; nothing was forwarded", operation=name)
+            raise ItoError(
+                "capability_unavailable",
+                f"the canonical client labels {name!r} outside ECC's reviewed "
+                "policy; nothing was forwarded",
+                operation=name,
+            )

@@ -82,8 +82,7 @@ VERBS: dict[str, Verb] = {
 TRAINING_VERBS = frozenset(name for name, verb in VERBS.items() if verb.training)
 _SUBCOMMAND_VERBS = frozenset({"runs", "bookings", "manifest"})
 _MUTATIONS = frozenset({"train", "confirm", "runs cancel", "runs cleanup"})
-_SECRET_OPTIONS = frozenset({"--api-key", "--token", "--password", "--secret", "--bearer",
-                             "--key"})
+_SECRET_OPTIONS = frozenset({"--api-key", "--token", "--password", "--secret", "--bearer", "--key"})
 _VERB_SHAPE = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
 
 TIMEOUT_ENV = "ECC_ITO_TIMEOUT"
@@ -145,8 +144,11 @@ class Request:
     @property
     def streaming(self) -> bool:
         """Shows output while it runs (device login, followed logs, watch)."""
-        return (self.verb == "login" or self.invoked == "runs watch"
-                or (self.invoked == "runs logs" and "--follow" in self.argv))
+        return (
+            self.verb == "login"
+            or self.invoked == "runs watch"
+            or (self.invoked == "runs logs" and "--follow" in self.argv)
+        )
 
 
 def main() -> None:
@@ -177,9 +179,12 @@ def parse(argv: list[str], environ: Mapping[str, str]) -> Request | None:
     if "--help" in argv or "-h" in argv or rest in ([], ["ito"]):
         return None
     if environ.get("ECC_DRY_RUN") == "1" or any(
-            arg == "--dry-run" or arg.startswith("--dry-run=") for arg in argv):
-        raise ItoError("capability_unavailable", "Itô training has no paper or dry-run success "
-                       "mode. No CLI operation was invoked.")
+        arg == "--dry-run" or arg.startswith("--dry-run=") for arg in argv
+    ):
+        raise ItoError(
+            "capability_unavailable",
+            "Itô training has no paper or dry-run success mode. No CLI operation was invoked.",
+        )
     for position, arg in enumerate(argv, start=1):
         if arg.split("=", 1)[0].lower() in _SECRET_OPTIONS or scan_text(arg):
             raise ItoError("secret_in_arguments", position=position)
@@ -192,22 +197,30 @@ def parse(argv: list[str], environ: Mapping[str, str]) -> Request | None:
     if verb not in VERBS:
         raise ItoError("invalid_arguments", _unknown_verb(verb))
     if verb == "auth" and "--no-browser" in args:
-        raise ItoError("invalid_arguments",
-                       "--no-browser is valid only for ecc ito login; auth is validation-only")
+        raise ItoError(
+            "invalid_arguments",
+            "--no-browser is valid only for ecc ito login; auth is validation-only",
+        )
     invoked = verb
     if verb in _SUBCOMMAND_VERBS and args and not args[0].startswith("-"):
         invoked = f"{verb} {args[0]}"
     elif verb in TRAINING_VERBS and verb in _SUBCOMMAND_VERBS:
         raise ItoError("invalid_arguments", f"'ecc ito {verb}' needs a subcommand")
-    return Request(verb=verb, invoked=invoked, json_mode=json_mode,
-                   argv=(["--json"] if json_mode else []) + [verb, *args])
+    return Request(
+        verb=verb,
+        invoked=invoked,
+        json_mode=json_mode,
+        argv=(["--json"] if json_mode else []) + [verb, *args],
+    )
 
 
 def _unknown_verb(verb: str) -> str:
     allowed = ", ".join(VERBS)
     if verb in ("approve", "reject"):
-        return (f"'{verb}' is not a bridge verb: approving or rejecting a confirmation is a "
-                f"human's act, out of band. ECC permits only {allowed}.")
+        return (
+            f"'{verb}' is not a bridge verb: approving or rejecting a confirmation is a "
+            f"human's act, out of band. ECC permits only {allowed}."
+        )
     shown = verb if verb and len(verb) <= 32 and set(verb) <= _VERB_SHAPE else "(invalid)"
     return f"unsupported Itô command '{shown}'; ECC permits only {allowed}"
 
@@ -221,8 +234,10 @@ def _timeout(environ: Mapping[str, str]) -> float:
     except ValueError:
         value = -1.0
     if not 0 < value <= MAX_TIMEOUT_S:
-        raise ItoError("client_not_configured",
-                       f"{TIMEOUT_ENV} must be a number of seconds in (0, {MAX_TIMEOUT_S:.0f}]")
+        raise ItoError(
+            "client_not_configured",
+            f"{TIMEOUT_ENV} must be a number of seconds in (0, {MAX_TIMEOUT_S:.0f}]",
+        )
     return value
 
 
@@ -230,24 +245,34 @@ def _probe(client: str, environ: Mapping[str, str], request: Request, timeout: f
     """``<client> capabilities --json`` without credentials; refuses unless it allows
     ``request``."""
     limit = min(CAPABILITY_TIMEOUT_S, timeout)
-    outcome = run_bounded([client, "capabilities", "--json"], probe_environment(environ),
-                          timeout=limit, max_bytes=_PROBE_MAX_BYTES)
+    outcome = run_bounded(
+        [client, "capabilities", "--json"],
+        probe_environment(environ),
+        timeout=limit,
+        max_bytes=_PROBE_MAX_BYTES,
+    )
     if outcome.timed_out:
-        raise ItoError("capability_unavailable",
-                       f"the capability probe did not finish within {limit:g} s")
+        raise ItoError(
+            "capability_unavailable", f"the capability probe did not finish within {limit:g} s"
+        )
     if outcome.overflowed or outcome.returncode != 0:
-        raise ItoError("capability_unavailable",
-                       "the canonical client rejected credential-free capability discovery")
+        raise ItoError(
+            "capability_unavailable",
+            "the canonical client rejected credential-free capability discovery",
+        )
     authorize_training(parse_contract(outcome.stdout), request.invoked)
 
 
-def _forward(client: str, environ: Mapping[str, str], request: Request,
-             timeout: float) -> int:
+def _forward(client: str, environ: Mapping[str, str], request: Request, timeout: float) -> int:
     verb = VERBS[request.verb]
-    environment = child_environment(environ, credentials=verb.credentials,
-                                    api_key=verb.api_key)
-    outcome = run_bounded([client, *request.argv], environment, timeout=timeout,
-                          stream=request.streaming, inherit_stdin=request.verb == "login")
+    environment = child_environment(environ, credentials=verb.credentials, api_key=verb.api_key)
+    outcome = run_bounded(
+        [client, *request.argv],
+        environment,
+        timeout=timeout,
+        stream=request.streaming,
+        inherit_stdin=request.verb == "login",
+    )
     if outcome.returncode is None or outcome.returncode < 0 or outcome.overflowed:
         return _stopped(outcome, request, timeout)
     with contextlib.suppress(BrokenPipeError):
@@ -264,8 +289,10 @@ def _stopped(outcome: Outcome, request: Request, timeout: float) -> int:
     if outcome.timed_out:
         code, what = "transport_timeout", f"did not finish within {timeout:g} s and was stopped"
     elif outcome.overflowed:
-        code, what = ("client_executable_invalid",
-                      "wrote more output than the bridge accepts and was stopped")
+        code, what = (
+            "client_executable_invalid",
+            "wrote more output than the bridge accepts and was stopped",
+        )
     else:
         code, what = "internal_error", f"was killed by signal {-(outcome.returncode or 0)}"
     details: dict[str, str] = {}
@@ -275,10 +302,18 @@ def _stopped(outcome: Outcome, request: Request, timeout: float) -> int:
         if key is not None:
             details["idempotency_key"] = key
     live = VERBS[request.verb].credentials
-    notice = ("a request it sent may have reached the API; look the result up (ecc ito status) "
-              "before retrying" if live else "this verb contacts no API; nothing was sent")
-    return _refuse(ItoError(code, f"the canonical client {what}", **details), request.json_mode,
-                   live_api_contacted=live, notice=notice)
+    notice = (
+        "a request it sent may have reached the API; look the result up (ecc ito status) "
+        "before retrying"
+        if live
+        else "this verb contacts no API; nothing was sent"
+    )
+    return _refuse(
+        ItoError(code, f"the canonical client {what}", **details),
+        request.json_mode,
+        live_api_contacted=live,
+        notice=notice,
+    )
 
 
 def _option(argv: list[str], name: str) -> str | None:

@@ -27,11 +27,28 @@ __all__ = [
 
 SYSTEM_KEYS: tuple[str, ...] = (
     # ECC's list, less its Windows-only names.
-    "CI", "DISPLAY", "FORCE_COLOR", "HOME", "LANG", "LC_ALL", "NO_COLOR", "PATH", "SHELL",
-    "TEMP", "TERM", "TMP", "TMPDIR", "WAYLAND_DISPLAY", "XDG_RUNTIME_DIR",
+    "CI",
+    "DISPLAY",
+    "FORCE_COLOR",
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "NO_COLOR",
+    "PATH",
+    "SHELL",
+    "TEMP",
+    "TERM",
+    "TMP",
+    "TMPDIR",
+    "WAYLAND_DISPLAY",
+    "XDG_RUNTIME_DIR",
     # Added here: who the user is, and where a Linux keyring (Secret Service over D-Bus, or
     # keyring's own config and data) is found. None of them is a credential.
-    "USER", "LOGNAME", "DBUS_SESSION_BUS_ADDRESS", "XDG_CONFIG_HOME", "XDG_DATA_HOME",
+    "USER",
+    "LOGNAME",
+    "DBUS_SESSION_BUS_ADDRESS",
+    "XDG_CONFIG_HOME",
+    "XDG_DATA_HOME",
 )
 """Passed to every child, the probe included; plus every ``LC_*``."""
 
@@ -60,8 +77,9 @@ def probe_environment(source: Mapping[str, str]) -> dict[str, str]:
     return _system(source)
 
 
-def child_environment(source: Mapping[str, str], *, credentials: bool,
-                      api_key: bool) -> dict[str, str]:
+def child_environment(
+    source: Mapping[str, str], *, credentials: bool, api_key: bool
+) -> dict[str, str]:
     """For the forwarded call. ``credentials``: the verb talks to the Itô API; ``api_key``:
     it may also receive ``ITO_API_KEY`` (never true for login or logout)."""
     safe = _system(source)

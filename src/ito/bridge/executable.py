@@ -40,11 +40,13 @@ def resolve_client(environ: Mapping[str, str]) -> str:
             "client_not_configured",
             f"{EXECUTABLE_OVERRIDE} is not set. ECC never resolves the credential-bearing 'ito' "
             "client from PATH: set it to the explicit absolute path of the installed "
-            "canonical client (for example <venv>/bin/ito).")
+            "canonical client (for example <venv>/bin/ito).",
+        )
     if not os.path.isabs(configured):
-        raise ItoError("client_executable_invalid",
-                       f"{EXECUTABLE_OVERRIDE} must be an absolute path explicitly configured "
-                       "by the operator")
+        raise ItoError(
+            "client_executable_invalid",
+            f"{EXECUTABLE_OVERRIDE} must be an absolute path explicitly configured by the operator",
+        )
     resolved = _usable(configured, "the canonical client")
     interpreter = _interpreter(resolved)
     if interpreter is not None:
@@ -57,18 +59,23 @@ def _usable(candidate: str, what: str) -> str:
         resolved = os.path.realpath(candidate, strict=True)
         info = os.stat(resolved)
     except (OSError, RuntimeError):
-        raise ItoError("client_executable_invalid",
-                       f"{EXECUTABLE_OVERRIDE}: {what} does not resolve to an existing "
-                       "file") from None
+        raise ItoError(
+            "client_executable_invalid",
+            f"{EXECUTABLE_OVERRIDE}: {what} does not resolve to an existing file",
+        ) from None
     if not stat.S_ISREG(info.st_mode):
-        raise ItoError("client_executable_invalid",
-                       f"{EXECUTABLE_OVERRIDE}: {what} is not a regular file")
+        raise ItoError(
+            "client_executable_invalid", f"{EXECUTABLE_OVERRIDE}: {what} is not a regular file"
+        )
     if not info.st_mode & 0o111 or not os.access(resolved, os.X_OK):
-        raise ItoError("client_executable_invalid",
-                       f"{EXECUTABLE_OVERRIDE}: {what} is not executable")
+        raise ItoError(
+            "client_executable_invalid", f"{EXECUTABLE_OVERRIDE}: {what} is not executable"
+        )
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise ItoError("client_executable_invalid",
-                       f"{EXECUTABLE_OVERRIDE}: {what} is writable by group or others")
+        raise ItoError(
+            "client_executable_invalid",
+            f"{EXECUTABLE_OVERRIDE}: {what} is writable by group or others",
+        )
     return resolved
 
 
@@ -78,14 +85,18 @@ def _interpreter(path: str) -> str | None:
         with open(path, "rb") as handle:
             head = handle.read(_SHEBANG_BYTES)
     except OSError:
-        raise ItoError("client_executable_invalid",
-                       f"{EXECUTABLE_OVERRIDE}: the canonical client is not readable") from None
+        raise ItoError(
+            "client_executable_invalid",
+            f"{EXECUTABLE_OVERRIDE}: the canonical client is not readable",
+        ) from None
     if not head.startswith(b"#!"):
         return None
     words = head[2:].split(b"\n", 1)[0].split()
     interpreter = os.fsdecode(words[0]) if words else ""
     if not os.path.isabs(interpreter) or os.path.basename(interpreter) == "env":
-        raise ItoError("client_executable_invalid",
-                       f"{EXECUTABLE_OVERRIDE}: refusing a shim whose interpreter would be "
-                       "found through PATH; its #! line must name an absolute interpreter")
+        raise ItoError(
+            "client_executable_invalid",
+            f"{EXECUTABLE_OVERRIDE}: refusing a shim whose interpreter would be "
+            "found through PATH; its #! line must name an absolute interpreter",
+        )
     return interpreter

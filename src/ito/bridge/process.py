@@ -48,8 +48,7 @@ class _Streams:
     stream: bool
     max_bytes: int
     counts: dict[str, int] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
-    chunks: dict[str, list[bytes]] = field(
-        default_factory=lambda: {"stdout": [], "stderr": []})
+    chunks: dict[str, list[bytes]] = field(default_factory=lambda: {"stdout": [], "stderr": []})
 
     def take(self, name: str, chunk: bytes) -> bool:
         """Account for ``chunk``; False once the bound is passed."""
@@ -66,17 +65,30 @@ class _Streams:
         return True
 
 
-def run_bounded(argv: list[str], env: dict[str, str], *, timeout: float,
-                max_bytes: int = MAX_OUTPUT_BYTES, stream: bool = False,
-                inherit_stdin: bool = False) -> Outcome:
+def run_bounded(
+    argv: list[str],
+    env: dict[str, str],
+    *,
+    timeout: float,
+    max_bytes: int = MAX_OUTPUT_BYTES,
+    stream: bool = False,
+    inherit_stdin: bool = False,
+) -> Outcome:
     """Run ``argv`` (no shell) with exactly ``env``; never longer than ``timeout`` seconds."""
     process = subprocess.Popen(
-        argv, env=env, shell=False, close_fds=True, start_new_session=True,
+        argv,
+        env=env,
+        shell=False,
+        close_fds=True,
+        start_new_session=True,
         stdin=None if inherit_stdin else subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
-        return _supervise(process, _Streams(stream=stream, max_bytes=max_bytes),
-                          time.monotonic() + timeout)
+        return _supervise(
+            process, _Streams(stream=stream, max_bytes=max_bytes), time.monotonic() + timeout
+        )
     finally:
         if process.poll() is None:
             _kill(process)
@@ -85,8 +97,7 @@ def run_bounded(argv: list[str], env: dict[str, str], *, timeout: float,
                 pipe.close()
 
 
-def _supervise(process: subprocess.Popen[bytes], streams: _Streams,
-               deadline: float) -> Outcome:
+def _supervise(process: subprocess.Popen[bytes], streams: _Streams, deadline: float) -> Outcome:
     assert process.stdout is not None and process.stderr is not None
     selector = selectors.DefaultSelector()
     pipes = {process.stdout.fileno(): "stdout", process.stderr.fileno(): "stderr"}
@@ -123,12 +134,20 @@ def _supervise(process: subprocess.Popen[bytes], streams: _Streams,
     except subprocess.TimeoutExpired:
         _kill(process)
         return Outcome(None, timed_out=True)
-    return Outcome(returncode, b"".join(streams.chunks["stdout"]),
-                   b"".join(streams.chunks["stderr"]))
+    return Outcome(
+        returncode, b"".join(streams.chunks["stdout"]), b"".join(streams.chunks["stderr"])
+    )
 
 
-def _read(fd: int, name: str, streams: _Streams, pipes: dict[int, str],
-          selector: selectors.BaseSelector, *, drain: bool) -> bool:
+def _read(
+    fd: int,
+    name: str,
+    streams: _Streams,
+    pipes: dict[int, str],
+    selector: selectors.BaseSelector,
+    *,
+    drain: bool,
+) -> bool:
     """Read what ``fd`` has now (all of it when ``drain``); False on overflow."""
     while True:
         try:

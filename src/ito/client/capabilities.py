@@ -53,8 +53,14 @@ def capabilities() -> dict[str, Any]:
         "contract_version": CONTRACT_VERSION,
         "cli": {"name": "ito", "version": __version__},
         "commands": [
-            {"name": name, "availability": "supported" if ok else "unsupported", "auth": auth,
-             "network": network, "side_effect": effect, "authority": authority}
+            {
+                "name": name,
+                "availability": "supported" if ok else "unsupported",
+                "auth": auth,
+                "network": network,
+                "side_effect": effect,
+                "authority": authority,
+            }
             for name, ok, auth, network, effect, authority in _COMMANDS
         ],
     }

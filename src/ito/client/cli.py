@@ -27,14 +27,18 @@ from ito.core.secret_scan import scan_text
 from ito.settings import mask_url
 from ito.transport import DEFAULT_MAX_RESPONSE_BYTES
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="ito-training client. Add --json anywhere for the JSON envelope.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="ito-training client. Add --json anywhere for the JSON envelope.",
+)
 manifest_app = typer.Typer(no_args_is_help=True, help="Create and check manifests locally.")
 runs_app = typer.Typer(no_args_is_help=True, help="This account's runs.")
 bookings_app = typer.Typer(no_args_is_help=True, help="This account's bookings.")
 app.add_typer(manifest_app, name="manifest")
 app.add_typer(runs_app, name="runs")
 app.add_typer(bookings_app, name="bookings")
+
 
 def _local_fail(error: ItoError) -> NoReturn:
     Output.fail(error, live_api_contacted=False)
@@ -44,17 +48,26 @@ def _read(path: str) -> SecureRead:
     try:
         return read_manifest_securely(path)
     except ItoError as exc:
-        Output.fail(exc, live_api_contacted=False, notice="the manifest was refused before "
-                    "anything was sent; nothing was created")
+        Output.fail(
+            exc,
+            live_api_contacted=False,
+            notice="the manifest was refused before anything was sent; nothing was created",
+        )
 
 
 # --- local commands ------------------------------------------------------------------------------
 
+
 @app.command()
 def capabilities() -> None:
     """The static capability contract (no credentials, no network)."""
-    Output.finish(ok_envelope(capability_contract(), "capabilities of this client; nothing "
-                              "was sent", live_api_contacted=False))
+    Output.finish(
+        ok_envelope(
+            capability_contract(),
+            "capabilities of this client; nothing was sent",
+            live_api_contacted=False,
+        )
+    )
 
 
 @app.command()
@@ -63,13 +76,20 @@ def config() -> None:
     set/not set, the credential in use only by its public prefix)."""
     cfg: ClientConfig = load_config()
     token, source = resolve_token(cfg.api_url, cfg)
-    Output.finish(ok_envelope({
-        "api_url": mask_url(cfg.api_url), "connect_timeout_s": cfg.connect_timeout,
-        "timeout_s": cfg.timeout, "max_response_bytes": DEFAULT_MAX_RESPONSE_BYTES,
-        "settings": cfg.effective(),
-        "credential": {"source": source,
-                       "key_prefix": _public_prefix(token)},
-    }, "configuration from the environment; nothing was sent", live_api_contacted=False))
+    Output.finish(
+        ok_envelope(
+            {
+                "api_url": mask_url(cfg.api_url),
+                "connect_timeout_s": cfg.connect_timeout,
+                "timeout_s": cfg.timeout,
+                "max_response_bytes": DEFAULT_MAX_RESPONSE_BYTES,
+                "settings": cfg.effective(),
+                "credential": {"source": source, "key_prefix": _public_prefix(token)},
+            },
+            "configuration from the environment; nothing was sent",
+            live_api_contacted=False,
+        )
+    )
 
 
 def _public_prefix(token: str | None) -> str | None:
@@ -108,22 +128,34 @@ def manifest_init(
     names = ["manifest.json", *built.files]
     existing = [n for n in names if (directory / n).exists()]
     if existing and not force:
-        _local_fail(ItoError("invalid_arguments", "files already exist; pass --force to "
-                             "overwrite", existing=existing))
+        _local_fail(
+            ItoError(
+                "invalid_arguments",
+                "files already exist; pass --force to overwrite",
+                existing=existing,
+            )
+        )
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     raw = json.dumps(built.manifest, indent=2).encode() + b"\n"
     for name, content in [("manifest.json", raw), *built.files.items()]:
         _write_private(directory / name, content)
-    Output.finish(ok_envelope(
-        {"manifest": str(directory / "manifest.json"), "manifest_id": manifest_digest(raw),
-         "files": sorted(built.files), "recipe": recipe,
-         "needs": built.manifest["resources"]},
-        f"wrote the {recipe} manifest and its data; nothing was sent", live_api_contacted=False))
+    Output.finish(
+        ok_envelope(
+            {
+                "manifest": str(directory / "manifest.json"),
+                "manifest_id": manifest_digest(raw),
+                "files": sorted(built.files),
+                "recipe": recipe,
+                "needs": built.manifest["resources"],
+            },
+            f"wrote the {recipe} manifest and its data; nothing was sent",
+            live_api_contacted=False,
+        )
+    )
 
 
 def _write_private(path: Path, content: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "wb") as handle:
         handle.write(content)
     os.chmod(path, 0o600)
@@ -139,13 +171,17 @@ def manifest_validate(path: str) -> None:
         manifest = parse_manifest(read.raw)
     except ItoError as exc:
         _local_fail(exc)
-    Output.finish(ok_envelope({"manifest_id": read.digest, "valid": True,
-                               "summary": manifest_summary(manifest)},
-                              "the manifest is valid; nothing was sent",
-                              live_api_contacted=False))
+    Output.finish(
+        ok_envelope(
+            {"manifest_id": read.digest, "valid": True, "summary": manifest_summary(manifest)},
+            "the manifest is valid; nothing was sent",
+            live_api_contacted=False,
+        )
+    )
 
 
 # --- API commands --------------------------------------------------------------------------------
+
 
 def _ops() -> Operations:
     config = load_config()
@@ -155,8 +191,9 @@ def _ops() -> Operations:
 
 @app.command()
 def login(
-    no_browser: Annotated[bool, typer.Option("--no-browser", help="Print the URL instead of "
-                                             "opening a browser.")] = False,
+    no_browser: Annotated[
+        bool, typer.Option("--no-browser", help="Print the URL instead of opening a browser.")
+    ] = False,
 ) -> None:
     """Sign in with the device authorization grant; the token goes to the OS keyring."""
     from ito.client.login import device_login
@@ -185,8 +222,9 @@ def auth() -> None:
 @app.command()
 def status(
     run: Annotated[str | None, typer.Option(help="A run id.")] = None,
-    idempotency_key: Annotated[str | None, typer.Option(help="The key a run was created "
-                                                        "with.")] = None,
+    idempotency_key: Annotated[
+        str | None, typer.Option(help="The key a run was created with.")
+    ] = None,
 ) -> None:
     """This account's bookings and recent runs, or one run."""
     Output.finish(_ops().status(run=run, idempotency_key=idempotency_key))
@@ -226,12 +264,21 @@ def confirm(
     manifest: Annotated[str | None, typer.Option(help="Manifest path (train).")] = None,
     run: Annotated[str | None, typer.Option(help="Run id (cancel, cleanup, restart).")] = None,
     checkpoint: Annotated[int | None, typer.Option(help="Checkpoint step (restart).")] = None,
-    ttl_seconds: Annotated[int | None, typer.Option(help="Shorter expiry than the "
-                                                    "server's default.")] = None,
+    ttl_seconds: Annotated[
+        int | None, typer.Option(help="Shorter expiry than the server's default.")
+    ] = None,
 ) -> None:
     """Request a single-use confirmation; a human approves it out of band."""
-    Output.finish(_ops().confirm(action, booking=booking, manifest=manifest, run=run,
-                                 checkpoint=checkpoint, ttl_seconds=ttl_seconds))
+    Output.finish(
+        _ops().confirm(
+            action,
+            booking=booking,
+            manifest=manifest,
+            run=run,
+            checkpoint=checkpoint,
+            ttl_seconds=ttl_seconds,
+        )
+    )
 
 
 @app.command()
@@ -276,8 +323,9 @@ def runs_show(run: str) -> None:
 def runs_logs(
     run: str,
     since: Annotated[int, typer.Option(help="Cursor: only lines after it.")] = 0,
-    follow: Annotated[bool, typer.Option("--follow", help="Keep printing until the run "
-                                         "ends.")] = False,
+    follow: Annotated[
+        bool, typer.Option("--follow", help="Keep printing until the run ends.")
+    ] = False,
 ) -> None:
     """Log lines of a run, in stable cursor order."""
     ops = _ops()
@@ -306,8 +354,7 @@ def runs_checkpoints(run: str) -> None:
 @runs_app.command("cancel")
 def runs_cancel(
     run: str,
-    confirmation_ref: Annotated[str, typer.Option(help="An approved run.cancel "
-                                                  "confirmation.")],
+    confirmation_ref: Annotated[str, typer.Option(help="An approved run.cancel confirmation.")],
     idempotency_key: Annotated[str, typer.Option(help="Your stable retry key.")],
 ) -> None:
     """Cancel a run (needs its own confirmation and idempotency key)."""
@@ -317,8 +364,7 @@ def runs_cancel(
 @runs_app.command("cleanup")
 def runs_cleanup(
     run: str,
-    confirmation_ref: Annotated[str, typer.Option(help="An approved run.cleanup "
-                                                  "confirmation.")],
+    confirmation_ref: Annotated[str, typer.Option(help="An approved run.cleanup confirmation.")],
     idempotency_key: Annotated[str, typer.Option(help="Your stable retry key.")],
 ) -> None:
     """Delete a finished run's checkpoints and scratch data (never the booking)."""
@@ -328,8 +374,9 @@ def runs_cleanup(
 @runs_app.command("restart")
 def runs_restart(
     run: str,
-    confirmation_ref: Annotated[str, typer.Option(help="An approved "
-                                                  "run.restart_from_checkpoint confirmation.")],
+    confirmation_ref: Annotated[
+        str, typer.Option(help="An approved run.restart_from_checkpoint confirmation.")
+    ],
     idempotency_key: Annotated[str, typer.Option(help="Your stable retry key.")],
 ) -> None:
     """Restart a run that awaits approval from its proposed checkpoint."""
@@ -345,8 +392,7 @@ def runs_watch(
     --json."""
     from ito.client.follow import watch_run
 
-    Output.finish(watch_run(_ops(), run, interval=max(interval, 0.2),
-                            json_mode=Output.json_mode))
+    Output.finish(watch_run(_ops(), run, interval=max(interval, 0.2), json_mode=Output.json_mode))
 
 
 @app.command()

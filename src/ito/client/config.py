@@ -55,8 +55,9 @@ class ClientConfig(ItoSettings):
 
     def transport(self, token: str | None) -> Transport:
         """The one HTTP transport (:mod:`ito.transport`) to this API with ``token``."""
-        return Transport(self.api_url, token, connect_timeout=self.connect_timeout,
-                         timeout=self.timeout)
+        return Transport(
+            self.api_url, token, connect_timeout=self.connect_timeout, timeout=self.timeout
+        )
 
 
 def load_config() -> ClientConfig:
@@ -75,5 +76,6 @@ def build(kind: type[_C]) -> _C:
         return kind()
     except ValidationError as exc:
         names = sorted({env_name(str(e["loc"][0])) for e in exc.errors() if e["loc"]})
-        raise ItoError("client_not_configured",
-                       f"{', '.join(names) or 'a setting'} is not valid") from None
+        raise ItoError(
+            "client_not_configured", f"{', '.join(names) or 'a setting'} is not valid"
+        ) from None

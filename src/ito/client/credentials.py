@@ -57,9 +57,12 @@ class TokenStore:
         try:
             keyring.set_password(KEYRING_SERVICE, self.api_url, token)
         except Exception:
-            raise ItoError("client_not_configured", "no usable OS keyring; set "
-                           "ITO_ALLOW_FILE_TOKEN=1 to store the token in a private file "
-                           "instead") from None
+            raise ItoError(
+                "client_not_configured",
+                "no usable OS keyring; set "
+                "ITO_ALLOW_FILE_TOKEN=1 to store the token in a private file "
+                "instead",
+            ) from None
 
     def delete(self) -> bool:
         if self.file_allowed:
@@ -78,11 +81,14 @@ class TokenStore:
     def _check_dir(self, directory: Path) -> None:
         st = os.lstat(directory)
         if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-            raise ItoError("client_not_configured", "the credentials directory is not a plain "
-                           "directory")
+            raise ItoError(
+                "client_not_configured", "the credentials directory is not a plain directory"
+            )
         if st.st_mode & 0o077 or st.st_uid != os.getuid():
-            raise ItoError("client_not_configured", "the credentials directory must be 0700 "
-                           "and ours; refusing to use it")
+            raise ItoError(
+                "client_not_configured",
+                "the credentials directory must be 0700 and ours; refusing to use it",
+            )
 
     def _load_file(self) -> str | None:
         directory = self.path.parent
@@ -94,13 +100,16 @@ class TokenStore:
         except FileNotFoundError:
             return None
         except OSError:
-            raise ItoError("client_not_configured", "the token file cannot be opened "
-                           "safely") from None
+            raise ItoError(
+                "client_not_configured", "the token file cannot be opened safely"
+            ) from None
         with os.fdopen(fd) as handle:
             st = os.fstat(handle.fileno())
             if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077 or st.st_uid != os.getuid():
-                raise ItoError("client_not_configured", "the token file must be a 0600 "
-                               "regular file of ours; refusing to use it")
+                raise ItoError(
+                    "client_not_configured",
+                    "the token file must be a 0600 regular file of ours; refusing to use it",
+                )
             return handle.read().strip() or None
 
     def _save_file(self, token: str) -> None:
@@ -120,8 +129,10 @@ def _keyring() -> Any:
     return keyring
 
 
-def resolve_token(api_url: str, config: ClientConfig | None = None,
-                  ) -> tuple[str | None, str | None]:
+def resolve_token(
+    api_url: str,
+    config: ClientConfig | None = None,
+) -> tuple[str | None, str | None]:
     """(token, source): ``ITO_API_KEY`` first, then the stored login."""
     config = config or load_config()
     if config.api_key is not None and config.api_key.get_secret_value():

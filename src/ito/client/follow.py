@@ -21,8 +21,9 @@ __all__ = ["follow_logs", "watch_run"]
 TERMINAL = {"succeeded", "failed", "gate_failed", "cancelled"}
 
 
-def follow_logs(ops: Operations, run: str, since: int, *, json_mode: bool,
-                interval: float = 1.0) -> Envelope:
+def follow_logs(
+    ops: Operations, run: str, since: int, *, json_mode: bool, interval: float = 1.0
+) -> Envelope:
     cursor = since
     while True:
         answer = ops.logs(run, since=cursor)
@@ -41,8 +42,10 @@ def follow_logs(ops: Operations, run: str, since: int, *, json_mode: bool,
             return status
         state = RunView.model_validate(status["data"]).state
         if state in TERMINAL and not page.lines:
-            return ok_envelope({"run_id": run, "state": state, "next_cursor": cursor},
-                               f"the run is {state}; no more lines")
+            return ok_envelope(
+                {"run_id": run, "state": state, "next_cursor": cursor},
+                f"the run is {state}; no more lines",
+            )
         if not page.lines:
             time.sleep(interval)
 
@@ -61,16 +64,28 @@ def watch_run(ops: Operations, run: str, *, interval: float, json_mode: bool) ->
             if key != last:
                 last = key
                 if json_mode:
-                    sys.stdout.write(json.dumps(ok_envelope(
-                        {"run_id": run, "state": data["state"], "stage": data["stage"],
-                         "step": step}, f"run is {data['state']}")) + "\n")
+                    sys.stdout.write(
+                        json.dumps(
+                            ok_envelope(
+                                {
+                                    "run_id": run,
+                                    "state": data["state"],
+                                    "stage": data["stage"],
+                                    "step": step,
+                                },
+                                f"run is {data['state']}",
+                            )
+                        )
+                        + "\n"
+                    )
                     sys.stdout.flush()
                 elif progress is not None:
                     progress.update(data, step)
             if data["state"] in TERMINAL:
-                return ok_envelope({"run_id": run, "state": data["state"],
-                                    "stage": data["stage"], "step": step},
-                                   f"the run ended: {data['state']}")
+                return ok_envelope(
+                    {"run_id": run, "state": data["state"], "stage": data["stage"], "step": step},
+                    f"the run ended: {data['state']}",
+                )
             time.sleep(interval)
     finally:
         if progress is not None:
@@ -91,8 +106,9 @@ class _Progress:
     def __init__(self) -> None:
         from rich.progress import BarColumn, Progress, TextColumn
 
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
-                                 TextColumn("{task.fields[detail]}"))
+        self.progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[detail]}")
+        )
         self.progress.start()
         self.tasks: dict[str, Any] = {}
 
@@ -106,7 +122,7 @@ class _Progress:
         if task is not None:
             self.progress.update(task, detail=f"{data['state']} step {step or 0}")
         if stage in stages:
-            for name in stages[:stages.index(stage)]:
+            for name in stages[: stages.index(stage)]:
                 self.progress.update(self.tasks[name], completed=1, detail="done")
         if data["state"] == "succeeded":
             for task_id in self.tasks.values():

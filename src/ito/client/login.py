@@ -27,22 +27,32 @@ __all__ = ["device_login", "logout"]
 SLOW_DOWN_STEP_SECONDS = 5.0
 
 
-def device_login(config: ClientConfig, *, open_browser: bool,
-                 announce: Callable[[str], None],
-                 sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+def device_login(
+    config: ClientConfig,
+    *,
+    open_browser: bool,
+    announce: Callable[[str], None],
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
     store = TokenStore(config.api_url, config)
     anonymous = config.transport(None)
     try:
-        grant = anonymous.request("POST", "/v1/device/code",
-                                  json={"client_name": "ito CLI"}, mutation=True)["data"]
+        grant = anonymous.request(
+            "POST", "/v1/device/code", json={"client_name": "ito CLI"}, mutation=True
+        )["data"]
     except ApiRefusal as refusal:
         return refusal.envelope
     except TransportFailure as failure:
-        return error_envelope(failure, "the login could not start; nothing was stored",
-                              live_api_contacted=failure.live_api_contacted)
+        return error_envelope(
+            failure,
+            "the login could not start; nothing was stored",
+            live_api_contacted=failure.live_api_contacted,
+        )
 
-    announce(f"To sign in, open {grant['verification_uri']} and enter the code "
-             f"{grant['user_code']}\n(or open {grant['verification_uri_complete']})")
+    announce(
+        f"To sign in, open {grant['verification_uri']} and enter the code "
+        f"{grant['user_code']}\n(or open {grant['verification_uri_complete']})"
+    )
     if open_browser:
         import webbrowser
 
@@ -56,20 +66,27 @@ def device_login(config: ClientConfig, *, open_browser: bool,
     while True:
         sleep(interval)
         if time.monotonic() > deadline:
-            return error_envelope(ItoError("device_code_expired"), "the login expired; nothing "
-                                  "was stored", live_api_contacted=True)
+            return error_envelope(
+                ItoError("device_code_expired"),
+                "the login expired; nothing was stored",
+                live_api_contacted=True,
+            )
         try:
-            token = anonymous.request("POST", "/v1/device/token",
-                                      json={"device_code": grant["device_code"]},
-                                      mutation=True)["data"]
+            token = anonymous.request(
+                "POST",
+                "/v1/device/token",
+                json={"device_code": grant["device_code"]},
+                mutation=True,
+            )["data"]
         except ApiRefusal as refusal:
             if refusal.code == "authorization_pending":
                 continue
             if refusal.code == "slow_down":
                 interval += SLOW_DOWN_STEP_SECONDS
                 continue
-            return refusal.envelope | {"notice": "the login ended without a credential; "
-                                                 "nothing was stored"}
+            return refusal.envelope | {
+                "notice": "the login ended without a credential; nothing was stored"
+            }
         except TransportFailure:
             continue  # polling is idempotent; the deadline bounds it
         break
@@ -77,11 +94,20 @@ def device_login(config: ClientConfig, *, open_browser: bool,
     try:
         store.save(token["access_token"])
     except ItoError as exc:
-        return error_envelope(exc, "the login was approved but the token could not be stored "
-                              "safely; it was discarded", live_api_contacted=True)
-    return ok_envelope({"key_prefix": token["key_prefix"], "account_id": token["account_id"],
-                        "role": token.get("role"), "stored_in": store.kind},
-                       f"logged in; the credential is stored in the {store.kind}")
+        return error_envelope(
+            exc,
+            "the login was approved but the token could not be stored safely; it was discarded",
+            live_api_contacted=True,
+        )
+    return ok_envelope(
+        {
+            "key_prefix": token["key_prefix"],
+            "account_id": token["account_id"],
+            "role": token.get("role"),
+            "stored_in": store.kind,
+        },
+        f"logged in; the credential is stored in the {store.kind}",
+    )
 
 
 def logout(config: ClientConfig) -> dict[str, Any]:
@@ -89,21 +115,32 @@ def logout(config: ClientConfig) -> dict[str, Any]:
     try:
         token = store.load()
     except ItoError as exc:
-        return error_envelope(exc, "the stored credential could not be read; nothing changed",
-                              live_api_contacted=False)
+        return error_envelope(
+            exc,
+            "the stored credential could not be read; nothing changed",
+            live_api_contacted=False,
+        )
     if not token:
-        return ok_envelope({"logged_out": False}, "no stored login for this API; nothing to do",
-                           live_api_contacted=False)
+        return ok_envelope(
+            {"logged_out": False},
+            "no stored login for this API; nothing to do",
+            live_api_contacted=False,
+        )
     client = config.transport(token)
     try:
         client.request("POST", "/v1/credentials/self/revoke", mutation=True)
     except ApiRefusal as refusal:
         if refusal.code not in ("credential_revoked", "not_authenticated"):
-            return refusal.envelope | {"notice": "remote revocation failed; the local "
-                                                 "credential was kept"}
+            return refusal.envelope | {
+                "notice": "remote revocation failed; the local credential was kept"
+            }
     except TransportFailure as failure:
-        return error_envelope(failure, "remote revocation failed; the local credential "
-                              "was kept", live_api_contacted=failure.live_api_contacted)
+        return error_envelope(
+            failure,
+            "remote revocation failed; the local credential was kept",
+            live_api_contacted=failure.live_api_contacted,
+        )
     store.delete()
-    return ok_envelope({"logged_out": True}, "the credential was revoked on the server and "
-                       "deleted here")
+    return ok_envelope(
+        {"logged_out": True}, "the credential was revoked on the server and deleted here"
+    )

@@ -31,8 +31,12 @@ from ito.transport import ApiRefusal, Transport, TransportFailure
 __all__ = ["ACTIONS", "Envelope", "Operations"]
 
 Envelope = dict[str, Any]
-ACTIONS = {"train": "train.create", "cancel": "run.cancel", "cleanup": "run.cleanup",
-           "restart": "run.restart_from_checkpoint"}
+ACTIONS = {
+    "train": "train.create",
+    "cancel": "run.cancel",
+    "cleanup": "run.cleanup",
+    "restart": "run.restart_from_checkpoint",
+}
 _F = TypeVar("_F", bound=Callable[..., Envelope])
 _ID_KINDS = {"run": "run", "booking": "bkg", "confirmation": "cfr"}
 
@@ -52,8 +56,11 @@ def _operation(method: _F) -> _F:
         except _Stop as stop:
             return stop.envelope
         except ItoError as exc:
-            return error_envelope(exc, "refused before anything was sent; nothing was created",
-                                  live_api_contacted=False)
+            return error_envelope(
+                exc,
+                "refused before anything was sent; nothing was created",
+                live_api_contacted=False,
+            )
 
     wrapper.__name__ = method.__name__
     wrapper.__doc__ = method.__doc__
@@ -61,8 +68,13 @@ def _operation(method: _F) -> _F:
 
 
 def _local_refusal(error: ItoError, notice: str | None = None) -> _Stop:
-    return _Stop(error_envelope(error, notice or "refused before anything was sent; nothing "
-                                "was created", live_api_contacted=False))
+    return _Stop(
+        error_envelope(
+            error,
+            notice or "refused before anything was sent; nothing was created",
+            live_api_contacted=False,
+        )
+    )
 
 
 def _id(value: str, kind: str) -> str:
@@ -70,9 +82,13 @@ def _id(value: str, kind: str) -> str:
     anything is sent. The value is not echoed: it may be anything."""
     prefix = _ID_KINDS[kind]
     if not is_public_id(value, prefix):
-        raise _local_refusal(ItoError(
-            "invalid_arguments", f"the {kind} id must look like {prefix}_ followed by 24 "
-            "characters a-z and 2-7", argument=kind))
+        raise _local_refusal(
+            ItoError(
+                "invalid_arguments",
+                f"the {kind} id must look like {prefix}_ followed by 24 characters a-z and 2-7",
+                argument=kind,
+            )
+        )
     return value
 
 
@@ -89,8 +105,7 @@ def _transport_stop(failure: TransportFailure, mutation: bool) -> _Stop:
         notice = "the request may have been applied but no answer came back"
     else:
         notice = "the API did not answer in time; nothing was changed"
-    return _Stop(error_envelope(failure, notice,
-                                live_api_contacted=failure.live_api_contacted))
+    return _Stop(error_envelope(failure, notice, live_api_contacted=failure.live_api_contacted))
 
 
 class Operations:
@@ -104,12 +119,13 @@ class Operations:
 
     def _client(self) -> Transport:
         if not self.token:
-            raise _local_refusal(ItoError("not_authenticated", "no credential: set ITO_API_KEY "
-                                          "or run 'ito login'"), "nothing was sent")
+            raise _local_refusal(
+                ItoError("not_authenticated", "no credential: set ITO_API_KEY or run 'ito login'"),
+                "nothing was sent",
+            )
         return self.config.transport(self.token)
 
-    def _call(self, method: str, path: str, *, mutation: bool = False,
-              **kwargs: Any) -> Envelope:
+    def _call(self, method: str, path: str, *, mutation: bool = False, **kwargs: Any) -> Envelope:
         client = self._client()
         try:
             return client.request(method, path, mutation=mutation, **kwargs)
@@ -130,8 +146,9 @@ class Operations:
             parse_manifest(read.raw)
             return read
         except ItoError as exc:
-            raise _local_refusal(exc, "the manifest was refused before anything was sent; "
-                                 "nothing was created") from None
+            raise _local_refusal(
+                exc, "the manifest was refused before anything was sent; nothing was created"
+            ) from None
 
     # --- reads ----------------------------------------------------------------------------
 
@@ -144,18 +161,23 @@ class Operations:
     def status(self, run: str | None = None, idempotency_key: str | None = None) -> Envelope:
         """This account's bookings and recent runs, or one run."""
         if run is not None and idempotency_key is not None:
-            raise _local_refusal(ItoError("invalid_arguments", "give a run or an idempotency "
-                                          "key, not both"))
+            raise _local_refusal(
+                ItoError("invalid_arguments", "give a run or an idempotency key, not both")
+            )
         if run is not None:
             return self._call("GET", _path("runs", _id(run, "run")))
         if idempotency_key is not None:
-            runs = self._call("GET", "/v1/runs",
-                              params={"idempotency_key": idempotency_key})["data"]["runs"]
+            runs = self._call("GET", "/v1/runs", params={"idempotency_key": idempotency_key})[
+                "data"
+            ]["runs"]
             if not runs:
-                raise _Stop(error_envelope(ItoError("run_not_found", "no run has this "
-                                                    "idempotency key"),
-                                           "no run was found; nothing was changed",
-                                           live_api_contacted=True))
+                raise _Stop(
+                    error_envelope(
+                        ItoError("run_not_found", "no run has this idempotency key"),
+                        "no run was found; nothing was changed",
+                        live_api_contacted=True,
+                    )
+                )
             return ok_envelope(runs[0], f"run {runs[0]['run_id']} is {runs[0]['state']}")
         return self._call("GET", "/v1/status")
 
@@ -170,8 +192,7 @@ class Operations:
         return self._call("GET", _path(*segments))
 
     @_operation
-    def runs(self, run: str | None = None, booking: str | None = None,
-             limit: int = 50) -> Envelope:
+    def runs(self, run: str | None = None, booking: str | None = None, limit: int = 50) -> Envelope:
         """Runs of this account (newest first), or one run with its events."""
         if run is not None:
             return self._call("GET", _path("runs", _id(run, "run")))
@@ -184,33 +205,46 @@ class Operations:
     def plan(self, booking: str, manifest: str) -> Envelope:
         """What creating the run would do, and cost. Creates nothing."""
         read = self._read(manifest)
-        return self._call("POST", "/v1/plans", params={"booking_id": booking},
-                          content=read.raw)
+        return self._call("POST", "/v1/plans", params={"booking_id": booking}, content=read.raw)
 
     # --- requests and mutations -----------------------------------------------------------
 
     @_operation
-    def confirm(self, action: str, booking: str | None = None, manifest: str | None = None,
-                run: str | None = None, checkpoint: int | None = None,
-                ttl_seconds: int | None = None) -> Envelope:
+    def confirm(
+        self,
+        action: str,
+        booking: str | None = None,
+        manifest: str | None = None,
+        run: str | None = None,
+        checkpoint: int | None = None,
+        ttl_seconds: int | None = None,
+    ) -> Envelope:
         """Request a single-use confirmation; a human approves it out of band."""
         if action not in ACTIONS:
-            raise _local_refusal(ItoError("invalid_arguments",
-                                          f"action must be one of {sorted(ACTIONS)}"))
+            raise _local_refusal(
+                ItoError("invalid_arguments", f"action must be one of {sorted(ACTIONS)}")
+            )
         body: dict[str, Any] = {"action": ACTIONS[action]}
         if ttl_seconds is not None:
             body["ttl_seconds"] = ttl_seconds
         if action == "train":
             if not booking or not manifest or run:
-                raise _local_refusal(ItoError("invalid_arguments", "a train confirmation "
-                                              "needs a booking and a manifest"))
+                raise _local_refusal(
+                    ItoError(
+                        "invalid_arguments", "a train confirmation needs a booking and a manifest"
+                    )
+                )
             read = self._read(manifest)
-            body |= {"booking_id": booking, "manifest_id": read.digest,
-                     "manifest_b64": base64.b64encode(read.raw).decode()}
+            body |= {
+                "booking_id": booking,
+                "manifest_id": read.digest,
+                "manifest_b64": base64.b64encode(read.raw).decode(),
+            }
         else:
             if not run or booking or manifest:
-                raise _local_refusal(ItoError("invalid_arguments",
-                                              f"a {action} confirmation names a run only"))
+                raise _local_refusal(
+                    ItoError("invalid_arguments", f"a {action} confirmation names a run only")
+                )
             body["run_id"] = run
             if checkpoint is not None:
                 body["checkpoint_step"] = checkpoint
@@ -220,21 +254,26 @@ class Operations:
     def decide(self, ref: str, approve: bool) -> Envelope:
         """Approve or reject a confirmation (approver credential only; never an MCP tool)."""
         verb = "approve" if approve else "reject"
-        return self._call("POST", _path("confirmations", _id(ref, "confirmation"), verb),
-                          mutation=True)
+        return self._call(
+            "POST", _path("confirmations", _id(ref, "confirmation"), verb), mutation=True
+        )
 
     @_operation
-    def train(self, booking: str, manifest: str, confirmation_ref: str,
-              idempotency_key: str) -> Envelope:
+    def train(
+        self, booking: str, manifest: str, confirmation_ref: str, idempotency_key: str
+    ) -> Envelope:
         """Create a run behind the five gates; a retry with the same key returns the same run."""
         from ito.core.gates import validate_idempotency_key
 
         validate_idempotency_key(idempotency_key)
         read = self._read(manifest)
         client = self._client()
-        body: dict[str, Any] = {"booking_id": booking, "manifest_id": read.digest,
-                                "confirmation_ref": confirmation_ref,
-                                "idempotency_key": idempotency_key}
+        body: dict[str, Any] = {
+            "booking_id": booking,
+            "manifest_id": read.digest,
+            "confirmation_ref": confirmation_ref,
+            "idempotency_key": idempotency_key,
+        }
         try:
             client.request("GET", _path("manifests", read.digest))
         except ApiRefusal as refusal:
@@ -266,24 +305,38 @@ class Operations:
         if runs:
             run = runs[0]
             return ok_envelope(
-                {"booking_id": run["booking_id"], "run_id": run["run_id"],
-                 "manifest_id": run["manifest_id"], "idempotency_key": key,
-                 "state": run["state"], "stage": run["stage"], "replayed": True,
-                 "recovered_after_lost_response": True},
+                {
+                    "booking_id": run["booking_id"],
+                    "run_id": run["run_id"],
+                    "manifest_id": run["manifest_id"],
+                    "idempotency_key": key,
+                    "state": run["state"],
+                    "stage": run["stage"],
+                    "replayed": True,
+                    "recovered_after_lost_response": True,
+                },
                 "the response was lost; the run was found by its idempotency key (no second "
-                "run was created)")
-        raise _Stop(error_envelope(
-            ItoError("transport_ambiguous", idempotency_key=key),
-            "the request may have been applied; retry with the same idempotency key to get the "
-            "one run", live_api_contacted=True))
+                "run was created)",
+            )
+        raise _Stop(
+            error_envelope(
+                ItoError("transport_ambiguous", idempotency_key=key),
+                "the request may have been applied; retry with the same idempotency key to get the "
+                "one run",
+                live_api_contacted=True,
+            )
+        )
 
     # --- lifecycle ------------------------------------------------------------------------
 
     @_operation
     def logs(self, run: str, since: int | None = None, limit: int = 500) -> Envelope:
         """Log lines of a run after the cursor ``since``, in stable order."""
-        return self._call("GET", _path("runs", _id(run, "run"), "logs"),
-                          params={"since": since or 0, "limit": limit})
+        return self._call(
+            "GET",
+            _path("runs", _id(run, "run"), "logs"),
+            params={"since": since or 0, "limit": limit},
+        )
 
     @_operation
     def metrics(self, run: str, name: str | None = None, since: int | None = None) -> Envelope:
@@ -329,11 +382,19 @@ class Operations:
                 raise _transport_stop(failure, mutation=True) from None
         # The answer was lost: the run's state says whether the action was applied.
         state = self._call("GET", _path("runs", run))["data"]
-        raise _Stop(error_envelope(
-            ItoError("transport_ambiguous", idempotency_key=key, run_state=state["state"],
-                     cleanup_state=state["cleanup_state"]),
-            f"the {verb} may have been applied (the run is now {state['state']}); retry with "
-            "the same idempotency key", live_api_contacted=True))
+        raise _Stop(
+            error_envelope(
+                ItoError(
+                    "transport_ambiguous",
+                    idempotency_key=key,
+                    run_state=state["state"],
+                    cleanup_state=state["cleanup_state"],
+                ),
+                f"the {verb} may have been applied (the run is now {state['state']}); retry with "
+                "the same idempotency key",
+                live_api_contacted=True,
+            )
+        )
 
     @_operation
     def telemetry(self, booking: str | None = None, run: str | None = None) -> Envelope:

@@ -83,8 +83,9 @@ def _refuse_symlink_components(path: str) -> None:
         except FileNotFoundError:
             raise ItoError("manifest_not_found", "no file at the manifest path") from None
         except OSError:
-            raise ItoError("manifest_not_regular_file", "the manifest path cannot be "
-                           "inspected") from None
+            raise ItoError(
+                "manifest_not_regular_file", "the manifest path cannot be inspected"
+            ) from None
         if stat.S_ISLNK(mode):
             raise ItoError("manifest_symlink")
 
@@ -98,17 +99,21 @@ def _check_directories(path: str) -> None:
         try:
             st = os.lstat(directory)
         except OSError:
-            raise ItoError("manifest_not_regular_file", "the manifest path cannot be "
-                           "inspected") from None
+            raise ItoError(
+                "manifest_not_regular_file", "the manifest path cannot be inspected"
+            ) from None
         if st.st_uid not in (me, 0):
-            raise ItoError("manifest_wrong_owner", "a directory on the manifest path is owned "
-                           "by another user")
+            raise ItoError(
+                "manifest_wrong_owner", "a directory on the manifest path is owned by another user"
+            )
         if not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             continue
         shared_tmp = st.st_uid == 0 and st.st_mode & stat.S_ISVTX
         if directory == parent or not shared_tmp:
-            raise ItoError("manifest_unsafe_permissions", "a directory on the manifest path is "
-                           "writable by group or others")
+            raise ItoError(
+                "manifest_unsafe_permissions",
+                "a directory on the manifest path is writable by group or others",
+            )
 
 
 def _check_descriptor(st: os.stat_result, path: str, max_bytes: int) -> None:
@@ -117,8 +122,7 @@ def _check_descriptor(st: os.stat_result, path: str, max_bytes: int) -> None:
     if st.st_uid not in (os.getuid(), 0):
         raise ItoError("manifest_wrong_owner")
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise ItoError("manifest_unsafe_permissions",
-                       "the manifest is writable by group or others")
+        raise ItoError("manifest_unsafe_permissions", "the manifest is writable by group or others")
     if st.st_size > max_bytes:
         raise ItoError("manifest_too_large", max_bytes=max_bytes)
 
@@ -136,5 +140,9 @@ def _read_all(fd: int, limit: int) -> bytes:
 
 
 def _same(a: os.stat_result, b: os.stat_result) -> bool:
-    return (a.st_dev, a.st_ino, a.st_size, a.st_mtime_ns) == \
-        (b.st_dev, b.st_ino, b.st_size, b.st_mtime_ns)
+    return (a.st_dev, a.st_ino, a.st_size, a.st_mtime_ns) == (
+        b.st_dev,
+        b.st_ino,
+        b.st_size,
+        b.st_mtime_ns,
+    )

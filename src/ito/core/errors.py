@@ -42,8 +42,11 @@ REGISTRY: dict[str, ErrorSpec] = {
     "client_not_configured": _s(400, "the client is not configured"),
     "client_executable_invalid": _s(400, "the canonical client executable is not usable"),
     "invalid_arguments": _s(422, "the arguments are invalid"),
-    "secret_in_arguments": _s(422, "an argument looks like a credential; pass secrets only "
-                              "through ITO_API_KEY or the stored login"),
+    "secret_in_arguments": _s(
+        422,
+        "an argument looks like a credential; pass secrets only "
+        "through ITO_API_KEY or the stored login",
+    ),
     "manifest_path_not_absolute": _s(422, "the manifest path must be absolute"),
     "manifest_symlink": _s(422, "a component of the manifest path is a symbolic link"),
     "manifest_not_regular_file": _s(422, "the manifest is not a regular file"),
@@ -53,13 +56,24 @@ REGISTRY: dict[str, ErrorSpec] = {
     "manifest_changed": _s(409, "the manifest changed while it was being read"),
     "not_authenticated": _s(401, "no valid credential was presented"),
     "transport_timeout": _s(504, "the API did not answer within the deadline", True),
-    "transport_ambiguous": _s(504, "the request may have reached the API but no answer came back;"
-                              " retry with the same idempotency key", True),
+    "transport_ambiguous": _s(
+        504,
+        "the request may have reached the API but no answer came back;"
+        " retry with the same idempotency key",
+        True,
+    ),
     "transport_unreachable": _s(503, "the API could not be reached; nothing was sent", True),
-    "transport_bad_response": _s(502, "the API's answer was not a readable envelope (an error "
-                                 "page of a proxy, a truncated or oversized body)", True),
-    "api_answer_invalid": _s(502, "the API's answer does not match the model this side "
-                             "expects (a client and server of different versions?)"),
+    "transport_bad_response": _s(
+        502,
+        "the API's answer was not a readable envelope (an error "
+        "page of a proxy, a truncated or oversized body)",
+        True,
+    ),
+    "api_answer_invalid": _s(
+        502,
+        "the API's answer does not match the model this side "
+        "expects (a client and server of different versions?)",
+    ),
     # --- server side -------------------------------------------------------------------------
     "credential_revoked": _s(401, "this credential has been revoked"),
     "forbidden_scope": _s(403, "this credential's role does not allow this operation"),
@@ -72,12 +86,14 @@ REGISTRY: dict[str, ErrorSpec] = {
     "booking_revoked": _s(410, "the booking was revoked"),
     "booking_released": _s(410, "the booking was released"),
     "booking_mismatch": _s(422, "the booking does not match what the request needs"),
-    "booking_term_insufficient": _s(422, "the estimated run does not fit in the booking's "
-                                    "remaining term"),
+    "booking_term_insufficient": _s(
+        422, "the estimated run does not fit in the booking's remaining term"
+    ),
     "manifest_not_found": _s(404, "manifest not found"),
     "manifest_invalid": _s(422, "the manifest does not match the schema"),
-    "manifest_contains_secret": _s(422, "the manifest contains something that looks like a "
-                                   "credential"),
+    "manifest_contains_secret": _s(
+        422, "the manifest contains something that looks like a credential"
+    ),
     "manifest_digest_mismatch": _s(422, "the manifest digest does not match"),
     "confirmation_not_found": _s(404, "confirmation not found"),
     "confirmation_pending": _s(409, "the confirmation has not been approved yet", True),
@@ -86,8 +102,9 @@ REGISTRY: dict[str, ErrorSpec] = {
     "confirmation_consumed": _s(409, "the confirmation was already used"),
     "confirmation_mismatch": _s(422, "the confirmation is bound to something else"),
     "confirmation_not_pending": _s(409, "the confirmation is no longer pending"),
-    "self_approval_forbidden": _s(403, "the approver must be a different principal from the "
-                                  "requester"),
+    "self_approval_forbidden": _s(
+        403, "the approver must be a different principal from the requester"
+    ),
     "idempotency_key_invalid": _s(422, "the idempotency key must be 1-255 printable characters"),
     "idempotency_key_reused": _s(422, "this idempotency key was used for a different request"),
     "idempotency_in_progress": _s(409, "a request with this idempotency key is in progress", True),
@@ -116,8 +133,9 @@ REGISTRY: dict[str, ErrorSpec] = {
     "device_code_not_pending": _s(409, "this device code was already approved or denied"),
     "user_exists": _s(409, "a user with this email already exists"),
     "store_busy": _s(503, "the store is busy; retry", True),
-    "store_not_migrated": _s(503, "the database schema is not at the expected version; run "
-                             "'ito-server migrate'"),
+    "store_not_migrated": _s(
+        503, "the database schema is not at the expected version; run 'ito-server migrate'"
+    ),
     "internal_error": _s(500, "internal error", True),
 }
 

@@ -77,9 +77,12 @@ def eligibility_record(booking: BookingView, now: datetime) -> dict[str, Any]:
         "eligible": True,
         "account_id": booking.account_id,
         "booking_id": booking.id,
-        "topology": {"gpu": booking.gpu, "nodes": booking.nodes,
-                     "gpus_per_node": booking.gpus_per_node,
-                     "gpu_memory_gb": booking.gpu_memory_gb},
+        "topology": {
+            "gpu": booking.gpu,
+            "nodes": booking.nodes,
+            "gpus_per_node": booking.gpus_per_node,
+            "gpu_memory_gb": booking.gpu_memory_gb,
+        },
         "region": booking.region,
         "fabric": booking.fabric,
         "term": {"start": booking.term_start.isoformat(), "end": booking.term_end.isoformat()},
@@ -101,13 +104,18 @@ def check_resources(
     """Gate 5: fabric, capacity, data policy, checkpoint storage, term and budget."""
     res = manifest.resources
     if booking.gpu not in res.accelerators:
-        raise ItoError("booking_mismatch", f"the booking's {booking.gpu} is not among the "
-                       "manifest's accepted accelerators", accepted=list(res.accelerators),
-                       booked=booking.gpu)
+        raise ItoError(
+            "booking_mismatch",
+            f"the booking's {booking.gpu} is not among the manifest's accepted accelerators",
+            accepted=list(res.accelerators),
+            booked=booking.gpu,
+        )
     if booking.nodes < res.nodes or booking.gpus_per_node < res.gpus_per_node:
-        raise ItoError("capacity_insufficient",
-                       needed={"nodes": res.nodes, "gpus_per_node": res.gpus_per_node},
-                       booked={"nodes": booking.nodes, "gpus_per_node": booking.gpus_per_node})
+        raise ItoError(
+            "capacity_insufficient",
+            needed={"nodes": res.nodes, "gpus_per_node": res.gpus_per_node},
+            booked={"nodes": booking.nodes, "gpus_per_node": booking.gpus_per_node},
+        )
     if booking.nodes > 1 and (booking.fabric == "nvlink" or booking.fabric not in res.fabrics):
         raise ItoError("fabric_incompatible", booked=booking.fabric, accepted=list(res.fabrics))
     size = SIZES[manifest.model.size]
@@ -115,26 +123,43 @@ def check_resources(
     # Fully sharded states (FSDP/ZeRO-3) divide the 16 B/param over every accelerator.
     per_gpu_gb = size.parameters * CHECKPOINT_BYTES_PER_PARAMETER / accelerators / 1e9
     if per_gpu_gb > booking.gpu_memory_gb:
-        raise ItoError("capacity_insufficient", "the model's sharded training state does not fit "
-                       "in the booked accelerator memory", per_gpu_gb=round(per_gpu_gb, 2),
-                       gpu_memory_gb=booking.gpu_memory_gb)
+        raise ItoError(
+            "capacity_insufficient",
+            "the model's sharded training state does not fit in the booked accelerator memory",
+            per_gpu_gb=round(per_gpu_gb, 2),
+            gpu_memory_gb=booking.gpu_memory_gb,
+        )
 
     _check_data_policy(manifest)
     uri, checkpoint_bytes = _check_checkpoint_storage(manifest, booking, run_id_hint)
 
-    estimate = estimate_cost(manifest, accelerator=booking.gpu, nodes=booking.nodes,
-                             gpus_per_node=booking.gpus_per_node,
-                             rate_usd_per_gpu_hour=booking.rate_usd_per_gpu_hour)
+    estimate = estimate_cost(
+        manifest,
+        accelerator=booking.gpu,
+        nodes=booking.nodes,
+        gpus_per_node=booking.gpus_per_node,
+        rate_usd_per_gpu_hour=booking.rate_usd_per_gpu_hour,
+    )
     if now + timedelta(seconds=estimate.seconds) > booking.term_end:
-        raise ItoError("booking_term_insufficient", estimated_seconds=estimate.seconds,
-                       term_end=booking.term_end.isoformat())
+        raise ItoError(
+            "booking_term_insufficient",
+            estimated_seconds=estimate.seconds,
+            term_end=booking.term_end.isoformat(),
+        )
     if not estimate.within_ceiling:
-        raise ItoError("budget_exceeded", "the cost estimate exceeds the budget ceiling",
-                       cost_usd=estimate.cost_usd, ceiling_usd=estimate.ceiling_usd)
+        raise ItoError(
+            "budget_exceeded",
+            "the cost estimate exceeds the budget ceiling",
+            cost_usd=estimate.cost_usd,
+            ceiling_usd=estimate.ceiling_usd,
+        )
     if not estimate.within_incremental:
-        raise ItoError("budget_exceeded", "the cost estimate exceeds the maximum incremental cost",
-                       cost_usd=estimate.cost_usd,
-                       max_incremental_cost_usd=estimate.max_incremental_cost_usd)
+        raise ItoError(
+            "budget_exceeded",
+            "the cost estimate exceeds the maximum incremental cost",
+            cost_usd=estimate.cost_usd,
+            max_incremental_cost_usd=estimate.max_incremental_cost_usd,
+        )
     return ResourceCheck(estimate=estimate, checkpoint_uri=uri, checkpoint_bytes=checkpoint_bytes)
 
 
@@ -144,19 +169,31 @@ def _check_data_policy(manifest: Manifest) -> None:
     violations: list[dict[str, str]] = []
     for i, ref in enumerate(manifest.data):
         if ref.license not in policy.allowed_licenses:
-            violations.append({"path": f"$.data[{i}].license",
-                               "reason": f"licence {ref.license!r} is not allowed"})
+            violations.append(
+                {
+                    "path": f"$.data[{i}].license",
+                    "reason": f"licence {ref.license!r} is not allowed",
+                }
+            )
         if ref.role == "eval":
             continue
         deco = ref.decontamination
         if deco is None:
-            violations.append({"path": f"$.data[{i}].decontamination",
-                               "reason": "training data needs decontamination provenance"})
+            violations.append(
+                {
+                    "path": f"$.data[{i}].decontamination",
+                    "reason": "training data needs decontamination provenance",
+                }
+            )
             continue
         missing = sorted(eval_ids - set(deco.eval_suites))
         if missing:
-            violations.append({"path": f"$.data[{i}].decontamination.eval_suites",
-                               "reason": f"not decontaminated against {missing}"})
+            violations.append(
+                {
+                    "path": f"$.data[{i}].decontamination.eval_suites",
+                    "reason": f"not decontaminated against {missing}",
+                }
+            )
     if violations:
         raise ItoError("data_policy_violation", violations=violations)
 
@@ -174,8 +211,12 @@ def _check_checkpoint_storage(
     needed = size.parameters * CHECKPOINT_BYTES_PER_PARAMETER * (manifest.checkpoint.keep_last + 1)
     quota = int(booking.storage_quota_gb * 1e9)
     if needed > quota:
-        raise ItoError("checkpoint_storage_invalid", "checkpoints would exceed the storage quota",
-                       needed_bytes=needed, quota_bytes=quota)
+        raise ItoError(
+            "checkpoint_storage_invalid",
+            "checkpoints would exceed the storage quota",
+            needed_bytes=needed,
+            quota_bytes=quota,
+        )
     return uri, needed
 
 
@@ -184,7 +225,8 @@ def validate_idempotency_key(key: str) -> None:
         raise ItoError("idempotency_key_invalid")
 
 
-def idempotency_fingerprint(action: str, target: str, manifest_digest: str | None,
-                            confirmation_ref: str) -> str:
+def idempotency_fingerprint(
+    action: str, target: str, manifest_digest: str | None, confirmation_ref: str
+) -> str:
     material = json.dumps([action, target, manifest_digest, confirmation_ref])
     return hashlib.sha256(material.encode()).hexdigest()

@@ -223,8 +223,10 @@ class CheckpointPolicy(_Strict):
 
 
 class DataPolicy(_Strict):
-    allowed_licenses: Annotated[list[Annotated[str, Field(min_length=1, max_length=64)]],
-                                Field(min_length=1, max_length=MAX_LICENSES)]
+    allowed_licenses: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=64)]],
+        Field(min_length=1, max_length=MAX_LICENSES),
+    ]
     max_contamination: Annotated[float, Field(ge=0, le=1)]
     """Largest accepted fraction of eval items found in training data."""
 
@@ -245,16 +247,19 @@ class Manifest(_Strict):
     curriculum: Annotated[list[CurriculumStage], Field(min_length=1, max_length=3)]
     post_training: PostTraining
     eval_batteries: Annotated[
-        dict[Ident, Annotated[list[EvalSpec],
-                              Field(min_length=1, max_length=MAX_EVALS_PER_BATTERY)]],
-        Field(max_length=MAX_BATTERIES)]
+        dict[
+            Ident, Annotated[list[EvalSpec], Field(min_length=1, max_length=MAX_EVALS_PER_BATTERY)]
+        ],
+        Field(max_length=MAX_BATTERIES),
+    ]
     ladder: Ladder
     checkpoint: CheckpointPolicy
     data_policy: DataPolicy
     budget: Budget
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=False,
-                              allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid", strict=True, frozen=True, populate_by_name=False, allow_inf_nan=False
+    )
 
     def data_by_id(self) -> dict[str, DataRef]:
         return {ref.id: ref for ref in self.data}
@@ -278,22 +283,32 @@ def parse_manifest(raw: bytes) -> Manifest:
     try:
         return _parse(raw)
     except RecursionError:
-        raise ItoError("manifest_invalid", "the manifest nests too deeply",
-                       errors=[{"path": "$", "message": "nesting too deep"}]) from None
+        raise ItoError(
+            "manifest_invalid",
+            "the manifest nests too deeply",
+            errors=[{"path": "$", "message": "nesting too deep"}],
+        ) from None
 
 
 def _parse(raw: bytes) -> Manifest:
     try:
         text = raw.decode("utf-8")
-        document = json.loads(text, object_pairs_hook=_no_duplicate_keys,
-                              parse_constant=_no_constant)
+        document = json.loads(
+            text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constant
+        )
     except _DuplicateKey:
         # The key itself is not echoed: it might be the very credential being smuggled.
-        raise ItoError("manifest_invalid", "the manifest repeats a JSON key",
-                       errors=[{"path": "$", "message": "duplicate key"}]) from None
+        raise ItoError(
+            "manifest_invalid",
+            "the manifest repeats a JSON key",
+            errors=[{"path": "$", "message": "duplicate key"}],
+        ) from None
     except (UnicodeDecodeError, ValueError):
-        raise ItoError("manifest_invalid", "the manifest is not UTF-8 JSON",
-                       errors=[{"path": "$", "message": "not valid UTF-8 JSON"}]) from None
+        raise ItoError(
+            "manifest_invalid",
+            "the manifest is not UTF-8 JSON",
+            errors=[{"path": "$", "message": "not valid UTF-8 JSON"}],
+        ) from None
     # Before anything else looks at the document: a credential anywhere (any key, any string,
     # any depth) is refused as such, and never reaches a schema error.
     findings = scan_document(document)
@@ -309,9 +324,11 @@ def _parse(raw: bytes) -> Manifest:
     if unsafe:
         # JSON escapes (\u0000, \u202e) get past the parser's own refusal of raw controls; such
         # text cannot be stored (PostgreSQL) or shown to an approver as it is (ito.core.text).
-        raise ItoError("manifest_invalid", "the manifest carries a control, bidirectional "
-                       "override or other refused character",
-                       errors=[{"path": p, "message": "refused character"} for p in unsafe])
+        raise ItoError(
+            "manifest_invalid",
+            "the manifest carries a control, bidirectional override or other refused character",
+            errors=[{"path": p, "message": "refused character"} for p in unsafe],
+        )
     if not isinstance(document, dict):
         raise ItoError("manifest_invalid", errors=[{"path": "$", "message": "must be an object"}])
     oversized = _oversized_container(document)
@@ -323,8 +340,9 @@ def _parse(raw: bytes) -> Manifest:
         raise ItoError("manifest_invalid", errors=_validation_errors(exc)) from None
     problems = _cross_field_problems(manifest)
     if problems:
-        raise ItoError("manifest_invalid",
-                       errors=[{"path": p, "message": m} for p, m in problems[:MAX_ERRORS]])
+        raise ItoError(
+            "manifest_invalid", errors=[{"path": p, "message": m} for p, m in problems[:MAX_ERRORS]]
+        )
     return manifest
 
 
@@ -356,13 +374,19 @@ def _oversized_path(document: dict[str, Any]) -> dict[str, str] | None:
         if isinstance(value, dict):
             if len(value) > MAX_OBJECT_KEYS:
                 return {"path": path, "message": f"more than {MAX_OBJECT_KEYS} keys"}
-            stack.extend((child, path + (f".{key}" if _PLAIN_KEY.fullmatch(key) else "[<key>]"))
-                         for key, child in value.items() if isinstance(child, dict | list))
+            stack.extend(
+                (child, path + (f".{key}" if _PLAIN_KEY.fullmatch(key) else "[<key>]"))
+                for key, child in value.items()
+                if isinstance(child, dict | list)
+            )
         elif isinstance(value, list):
             if len(value) > MAX_ARRAY_ITEMS:
                 return {"path": path, "message": f"more than {MAX_ARRAY_ITEMS} items"}
-            stack.extend((child, f"{path}[{index}]") for index, child in enumerate(value)
-                         if isinstance(child, dict | list))
+            stack.extend(
+                (child, f"{path}[{index}]")
+                for index, child in enumerate(value)
+                if isinstance(child, dict | list)
+            )
     return None
 
 
@@ -419,8 +443,12 @@ def _cross_field_problems(m: Manifest) -> list[tuple[str, str]]:
         if ref.decontamination is not None:
             for j, suite in enumerate(ref.decontamination.eval_suites):
                 if suite not in eval_ids:
-                    problems.append((f"$.data[{i}].decontamination.eval_suites[{j}]",
-                                     f"{suite!r} is not an eval data id"))
+                    problems.append(
+                        (
+                            f"$.data[{i}].decontamination.eval_suites[{j}]",
+                            f"{suite!r} is not an eval data id",
+                        )
+                    )
 
     size = SIZES[m.model.size]
     seen_stages: list[str] = []
@@ -433,13 +461,20 @@ def _cross_field_problems(m: Manifest) -> list[tuple[str, str]]:
         seen_stages.append(stage.stage)
         problems += _check_data(by_id, stage.data, {"pretrain", "midtrain"}, f"{path}.data")
         if stage.seq_len > size.max_seq_len:
-            problems.append((f"{path}.seq_len",
-                             f"exceeds the {m.model.size} model's {size.max_seq_len} positions"))
+            problems.append(
+                (
+                    f"{path}.seq_len",
+                    f"exceeds the {m.model.size} model's {size.max_seq_len} positions",
+                )
+            )
         problems += _check_battery(m, stage.battery, f"{path}.battery")
 
     post = m.post_training
-    for name, recipe, role in (("sft", post.sft, "sft"), ("dpo", post.dpo, "dpo"),
-                               ("rlvr", post.rlvr, "rlvr")):
+    for name, recipe, role in (
+        ("sft", post.sft, "sft"),
+        ("dpo", post.dpo, "dpo"),
+        ("rlvr", post.rlvr, "rlvr"),
+    ):
         if recipe is None:
             continue
         path = f"$.post_training.{name}"
@@ -450,8 +485,12 @@ def _cross_field_problems(m: Manifest) -> list[tuple[str, str]]:
         if dapo.clip_low > dapo.clip_high:
             problems.append(("$.post_training.rlvr.dapo.clip_high", "must be ≥ clip_low"))
         if dapo.overlong.soft_tokens >= dapo.overlong.max_tokens:
-            problems.append(("$.post_training.rlvr.dapo.overlong.soft_tokens",
-                             "must be smaller than max_tokens"))
+            problems.append(
+                (
+                    "$.post_training.rlvr.dapo.overlong.soft_tokens",
+                    "must be smaller than max_tokens",
+                )
+            )
 
     for name, battery in m.eval_batteries.items():
         for i, spec in enumerate(battery):
@@ -474,11 +513,16 @@ def _cross_field_problems(m: Manifest) -> list[tuple[str, str]]:
         problems.append(("$.resources.fabrics", "nvlink does not join nodes"))
     res = m.resources
     if (res.nodes * res.gpus_per_node) % res.replica_groups:
-        problems.append(("$.resources.replica_groups",
-                         "must divide the accelerators (nodes × gpus_per_node)"))
+        problems.append(
+            ("$.resources.replica_groups", "must divide the accelerators (nodes × gpus_per_node)")
+        )
     elif res.replica_groups > 1 and res.nodes > 1 and res.nodes % res.replica_groups:
-        problems.append(("$.resources.replica_groups",
-                         "across nodes, each replica group takes whole nodes: must divide nodes"))
+        problems.append(
+            (
+                "$.resources.replica_groups",
+                "across nodes, each replica group takes whole nodes: must divide nodes",
+            )
+        )
     return problems
 
 
@@ -491,8 +535,12 @@ def _check_data(
         if ref is None:
             problems.append((f"{path}[{j}]", f"no data with id {data_id!r}"))
         elif ref.role not in roles:
-            problems.append((f"{path}[{j}]",
-                             f"data {data_id!r} has role {ref.role!r}, expected {sorted(roles)}"))
+            problems.append(
+                (
+                    f"{path}[{j}]",
+                    f"data {data_id!r} has role {ref.role!r}, expected {sorted(roles)}",
+                )
+            )
     return problems
 
 
@@ -507,13 +555,18 @@ def manifest_summary(m: Manifest) -> dict[str, Any]:
     post = [name for name in ("sft", "dpo", "rlvr") if getattr(m.post_training, name) is not None]
     return {
         "name": m.name,
-        "model": {"family": m.model.family, "size": m.model.size, "revision": m.model.revision,
-                  "parameters": SIZES[m.model.size].parameters},
+        "model": {
+            "family": m.model.family,
+            "size": m.model.size,
+            "revision": m.model.revision,
+            "parameters": SIZES[m.model.size].parameters,
+        },
         "resources": m.resources.model_dump(),
         "stages": [s.stage for s in m.curriculum] + post,
         "curriculum_tokens": sum(s.tokens for s in m.curriculum),
-        "data": [{"id": d.id, "role": d.role, "license": d.license, "custom": d.custom}
-                 for d in m.data],
+        "data": [
+            {"id": d.id, "role": d.role, "license": d.license, "custom": d.custom} for d in m.data
+        ],
         "budget": m.budget.model_dump(),
         "checkpoint": m.checkpoint.model_dump(),
     }

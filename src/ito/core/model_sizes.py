@@ -40,14 +40,39 @@ class ModelSize:
 SIZES: dict[str, ModelSize] = {
     size.name: size
     for size in (
-        ModelSize("tiny", layers=2, hidden=64, heads=4, kv_heads=4, ffn=172, vocab=512,
-                  max_seq_len=1024),
-        ModelSize("150m", layers=12, hidden=768, heads=12, kv_heads=12, ffn=2048, vocab=32000,
-                  max_seq_len=4096),
-        ModelSize("1b", layers=16, hidden=2048, heads=32, kv_heads=8, ffn=8192, vocab=128256,
-                  max_seq_len=8192),
-        ModelSize("8b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256,
-                  max_seq_len=8192),
+        ModelSize(
+            "tiny", layers=2, hidden=64, heads=4, kv_heads=4, ffn=172, vocab=512, max_seq_len=1024
+        ),
+        ModelSize(
+            "150m",
+            layers=12,
+            hidden=768,
+            heads=12,
+            kv_heads=12,
+            ffn=2048,
+            vocab=32000,
+            max_seq_len=4096,
+        ),
+        ModelSize(
+            "1b",
+            layers=16,
+            hidden=2048,
+            heads=32,
+            kv_heads=8,
+            ffn=8192,
+            vocab=128256,
+            max_seq_len=8192,
+        ),
+        ModelSize(
+            "8b",
+            layers=32,
+            hidden=4096,
+            heads=32,
+            kv_heads=8,
+            ffn=14336,
+            vocab=128256,
+            max_seq_len=8192,
+        ),
     )
 }
 

@@ -147,15 +147,20 @@ class DoneEvent(_Event):
 
 
 ReportedEvent = Annotated[
-    LogEvent | StageEvent | MetricEvent | CheckpointEvent | GateEvent | RestartEvent
-    | SpikeEvent,
+    LogEvent | StageEvent | MetricEvent | CheckpointEvent | GateEvent | RestartEvent | SpikeEvent,
     Field(discriminator="type"),
 ]
 """What the worker reports to the server: every event but ``done``."""
 
 PipelineEvent = Annotated[
-    LogEvent | StageEvent | MetricEvent | CheckpointEvent | GateEvent | RestartEvent
-    | SpikeEvent | DoneEvent,
+    LogEvent
+    | StageEvent
+    | MetricEvent
+    | CheckpointEvent
+    | GateEvent
+    | RestartEvent
+    | SpikeEvent
+    | DoneEvent,
     Field(discriminator="type"),
 ]
 """A line of the events file."""

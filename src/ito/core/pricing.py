@@ -82,28 +82,51 @@ def estimate_cost(
     stages: list[StageEstimate] = []
 
     def add(stage: str, tokens: int, seq_len: int, flops: float) -> None:
-        stages.append(StageEstimate(stage, tokens, seq_len, flops,
-                                    flops / throughput + STAGE_OVERHEAD_SECONDS))
+        stages.append(
+            StageEstimate(
+                stage, tokens, seq_len, flops, flops / throughput + STAGE_OVERHEAD_SECONDS
+            )
+        )
 
     stages.append(StageEstimate("data_prep", 0, 0, 0.0, DATA_PREP_SECONDS))
     if manifest.ladder.enabled:
         proxy = SIZES[manifest.ladder.proxy_size]
         # Two proxy runs: the reference mix with and without the custom data (§7.4).
-        add("ladder", 2 * manifest.ladder.tokens, last_seq,
-            2 * manifest.ladder.tokens * proxy.flops_per_token(last_seq))
+        add(
+            "ladder",
+            2 * manifest.ladder.tokens,
+            last_seq,
+            2 * manifest.ladder.tokens * proxy.flops_per_token(last_seq),
+        )
     for stage in manifest.curriculum:
-        add(stage.stage, stage.tokens, stage.seq_len,
-            stage.tokens * size.flops_per_token(stage.seq_len))
+        add(
+            stage.stage,
+            stage.tokens,
+            stage.seq_len,
+            stage.tokens * size.flops_per_token(stage.seq_len),
+        )
     post = manifest.post_training
     if post.sft is not None:
-        add("sft", post.sft.max_tokens, last_seq,
-            post.sft.max_tokens * size.flops_per_token(last_seq))
+        add(
+            "sft",
+            post.sft.max_tokens,
+            last_seq,
+            post.sft.max_tokens * size.flops_per_token(last_seq),
+        )
     if post.dpo is not None:
-        add("dpo", post.dpo.max_tokens, last_seq,
-            post.dpo.max_tokens * size.flops_per_token(last_seq) * DPO_FACTOR)
+        add(
+            "dpo",
+            post.dpo.max_tokens,
+            last_seq,
+            post.dpo.max_tokens * size.flops_per_token(last_seq) * DPO_FACTOR,
+        )
     if post.rlvr is not None:
-        add("rlvr", post.rlvr.max_tokens, last_seq,
-            post.rlvr.max_tokens * size.flops_per_token(last_seq) * RLVR_FACTOR)
+        add(
+            "rlvr",
+            post.rlvr.max_tokens,
+            last_seq,
+            post.rlvr.max_tokens * size.flops_per_token(last_seq) * RLVR_FACTOR,
+        )
 
     seconds = sum(s.seconds for s in stages)
     gpu_hours = seconds / 3600.0 * count

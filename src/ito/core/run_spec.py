@@ -16,8 +16,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 __all__ = ["FAULT_INJECTION_FIELDS", "FailAtSpec", "RestartFromSpec", "RunSpecDocument"]
 
 _STEP_MAX = 2**31 - 1
-FAULT_INJECTION_FIELDS = frozenset({"fail_at", "loss_spike_at", "max_steps_per_stage",
-                                    "min_step_seconds", "pause_at_step"})
+FAULT_INJECTION_FIELDS = frozenset(
+    {"fail_at", "loss_spike_at", "max_steps_per_stage", "min_step_seconds", "pause_at_step"}
+)
 """The fields ``ITO_FAULT_INJECTION`` may set."""
 
 
@@ -64,8 +65,10 @@ class RunSpecDocument(_Spec):
     events_path: AbsolutePath
     storage_root: AbsolutePath | None = None
     """The booking's storage root (resolved); ``checkpoint_dir`` lies strictly below it."""
-    stages: Annotated[list[Annotated[str, Field(min_length=1, max_length=30)]],
-                      Field(max_length=64)] | None = None
+    stages: (
+        Annotated[list[Annotated[str, Field(min_length=1, max_length=30)]], Field(max_length=64)]
+        | None
+    ) = None
     """Curriculum stages to run, in order; ``None``: the whole curriculum."""
     max_steps_per_stage: PositiveStep | None = None
     fail_at: FailAtSpec | None = None
@@ -79,8 +82,11 @@ class RunSpecDocument(_Spec):
         if self.storage_root is not None:
             root = posixpath.normpath(self.storage_root)
             below = posixpath.normpath(self.checkpoint_dir)
-            inside = (".." not in self.checkpoint_dir.split("/") and below != root
-                      and below.startswith(root.rstrip("/") + "/"))
+            inside = (
+                ".." not in self.checkpoint_dir.split("/")
+                and below != root
+                and below.startswith(root.rstrip("/") + "/")
+            )
             if not inside:
                 raise ValueError("checkpoint_dir must lie strictly below storage_root")
         return self

@@ -65,7 +65,11 @@ from detect_secrets.plugins.square_oauth import SquareOAuthDetector
 from detect_secrets.plugins.twilio import TwilioKeyDetector
 
 __all__ = [
-    "MAX_JUDGED_RUNS", "MIN_ENTROPY_LENGTH", "detector_hits", "high_entropy_kind", "is_uri",
+    "MAX_JUDGED_RUNS",
+    "MIN_ENTROPY_LENGTH",
+    "detector_hits",
+    "high_entropy_kind",
+    "is_uri",
     "shannon_entropy",
 ]
 
@@ -79,17 +83,25 @@ one document; a document with more is refused (``too_many_random_strings``). Jud
 microseconds of Python; a reviewed manifest holds a handful (digests are hex, and exempt)."""
 
 _REGEX_DETECTORS: tuple[RegexBasedDetector, ...] = (
-    AzureStorageKeyDetector(), BasicAuthDetector(), DiscordBotTokenDetector(),
-    GitHubTokenDetector(), GitLabTokenDetector(), PrivateKeyDetector(),
-    PypiTokenDetector(), SendGridDetector(), SquareOAuthDetector(), TwilioKeyDetector(),
+    AzureStorageKeyDetector(),
+    BasicAuthDetector(),
+    DiscordBotTokenDetector(),
+    GitHubTokenDetector(),
+    GitLabTokenDetector(),
+    PrivateKeyDetector(),
+    PypiTokenDetector(),
+    SendGridDetector(),
+    SquareOAuthDetector(),
+    TwilioKeyDetector(),
 )
 # Literal text every match of a detector's expression holds (checked in the library's
 # expressions below): an expression whose anchors are all absent from the text is not run. An
 # expression not listed here (a new version of the library) is always run.
 _ANCHORS: dict[str, tuple[str, ...]] = {
     "AccountKey=[a-zA-Z0-9+\\/=]{88}": ("AccountKey=",),
-    "://[^:/\\?\\#\\[\\]@!\\$\\&'\\(\\)\\*\\+,;=\\s]+:([^:/\\?\\#\\[\\]@!\\$\\&'\\(\\)\\*\\+,;=\\s]+)@":
-        ("://",),
+    "://[^:/\\?\\#\\[\\]@!\\$\\&'\\(\\)\\*\\+,;=\\s]+:([^:/\\?\\#\\[\\]@!\\$\\&'\\(\\)\\*\\+,;=\\s]+)@": (  # noqa: E501
+        "://",
+    ),
     "[MNO][a-zA-Z\\d_-]{23,25}\\.[a-zA-Z\\d_-]{6}\\.[a-zA-Z\\d_-]{27}": (".",),
     "(ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9_]{36}": ("gh",),
     "(glpat|gldt|glft|glsoat|glrt)-[A-Za-z0-9_\\-]{20,50}(?!\\w)": ("gl",),
@@ -99,10 +111,18 @@ _ANCHORS: dict[str, tuple[str, ...]] = {
     "glptt-[A-Za-z0-9_\\-]{40}(?!\\w)": ("glptt-",),
     "glagent-[A-Za-z0-9_\\-]{50,1024}(?!\\w)": ("glagent-",),
     "gloas-[A-Za-z0-9_\\-]{64}(?!\\w)": ("gloas-",),
-    **{key: (key,) for key in (  # PrivateKeyDetector: plain literals
-        "BEGIN DSA PRIVATE KEY", "BEGIN EC PRIVATE KEY", "BEGIN OPENSSH PRIVATE KEY",
-        "BEGIN PGP PRIVATE KEY BLOCK", "BEGIN PRIVATE KEY", "BEGIN RSA PRIVATE KEY",
-        "BEGIN SSH2 ENCRYPTED PRIVATE KEY")},
+    **{
+        key: (key,)
+        for key in (  # PrivateKeyDetector: plain literals
+            "BEGIN DSA PRIVATE KEY",
+            "BEGIN EC PRIVATE KEY",
+            "BEGIN OPENSSH PRIVATE KEY",
+            "BEGIN PGP PRIVATE KEY BLOCK",
+            "BEGIN PRIVATE KEY",
+            "BEGIN RSA PRIVATE KEY",
+            "BEGIN SSH2 ENCRYPTED PRIVATE KEY",
+        )
+    },
     "PuTTY-User-Key-File-2": ("PuTTY-User-Key-File-2",),
     "pypi-AgEIcHlwaS5vcmc[A-Za-z0-9-_]{70,}": ("pypi-AgEIcHlwaS5vcmc",),
     "pypi-AgENdGVzdC5weXBpLm9yZw[A-Za-z0-9-_]{70,}": ("pypi-AgENdGVzdC5weXBpLm9yZw",),
@@ -119,8 +139,8 @@ _HEX_RUN = re.compile(r"[0-9a-fA-F]+")
 _URI_START = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,31}://")
 _HEX_SUB_RUN = re.compile(rf"[0-9a-fA-F]{{{MIN_ENTROPY_LENGTH},}}")
 # Largest number of distinct characters whose log2 does not exceed the limit.
-_BASE64_MIN_DISTINCT = int(2 ** _BASE64.entropy_limit)
-_HEX_MIN_DISTINCT = int(2 ** _HEX.entropy_limit)
+_BASE64_MIN_DISTINCT = int(2**_BASE64.entropy_limit)
+_HEX_MIN_DISTINCT = int(2**_HEX.entropy_limit)
 _UPPER, _LOWER, _DIGIT = re.compile("[A-Z]"), re.compile("[a-z]"), re.compile("[0-9]")
 _SEGMENT = re.compile(rf"[^/]{{{MIN_ENTROPY_LENGTH},}}")
 
@@ -132,8 +152,9 @@ def _kind(secret_type: str) -> str:
 _DETECTOR_KINDS = {type(d): _kind(d.secret_type) for d in _REGEX_DETECTORS}
 
 
-def detector_hits(text: str, in_uri: Callable[[int], bool] = lambda _: False
-                  ) -> Iterator[tuple[int, str]]:
+def detector_hits(
+    text: str, in_uri: Callable[[int], bool] = lambda _: False
+) -> Iterator[tuple[int, str]]:
     """(position, kind) of every credential the detectors find in ``text``; ``in_uri`` says
     whether the character at a position belongs to a URI (its path segments are judged one by
     one)."""

@@ -83,8 +83,11 @@ _EXACT: list[tuple[str, str, tuple[str, ...]]] = [
     ("api_token", r"github_pat_[A-Za-z0-9_]{30}", ("github_pat_",)),
     ("api_token", r"glpat-[A-Za-z0-9_-]{20}", ("glpat-",)),
     ("api_token", _word("xox[abposr]-", r"[A-Za-z0-9-]{10}"), ("xox",)),
-    ("api_token", r"hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9_]",
-     ("hooks.slack.com/",)),
+    (
+        "api_token",
+        r"hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9_]",
+        ("hooks.slack.com/",),
+    ),
     ("api_token", r"discord\.com/api/webhooks/\d+/[\w-]", ("discord.com/api/webhooks/",)),
     ("api_token", r"discordapp\.com/api/webhooks/\d+/[\w-]", ("discordapp.com/api/webhooks/",)),
     ("api_token", _word("sk_(?:live|test)_", r"[A-Za-z0-9]{16}"), ("sk_live_", "sk_test_")),
@@ -108,18 +111,49 @@ _EXACT: list[tuple[str, str, tuple[str, ...]]] = [
 _FOLDED: list[tuple[str, str, tuple[str, ...]]] = [
     ("bearer_token", _word("bearer", r"\s+[a-z0-9._~+/=-]{12}"), ("bearer",)),
     ("authorization_header", r"authorization\s*[:=]\s*[a-z]+\s+\S{8}", ("authorization",)),
-    *(("authorization_header", rf"{name}\s*:\s*\S{{8}}", (name,))
-      for name in ("api-key", "x-auth-token", "cookie")),
+    *(
+        ("authorization_header", rf"{name}\s*:\s*\S{{8}}", (name,))
+        for name in ("api-key", "x-auth-token", "cookie")
+    ),
     ("cloud_key", r"accountkey=[a-z0-9+/=]{20}", ("accountkey=",)),
     ("cloud_key", r"sharedaccesskey=[a-z0-9+/=]{20}", ("sharedaccesskey=",)),
     ("cloud_key", r"sharedaccesssignature=\S{8}", ("sharedaccesssignature=",)),
-    *(("signed_url", _param(name), (name + "=",)) for name in (
-        "x-amz-signature", "x-amz-credential", "x-amz-security-token", "x-goog-signature",
-        "x-goog-credential", "googleaccessid", "sig", "signature", "access_token", "token",
-        "api_key", "apikey", "password", "client_secret")),
-    *(("secret_assignment", rf"{re.escape(name)}\s*[=:]\s*\S{{4}}", (name,)) for name in (
-        "secret_access_key", "session_token", "secret_key", "password", "passwd", "api_key",
-        "api-key", "apikey", "access_token", "access-token", "client_secret", "client-secret")),
+    *(
+        ("signed_url", _param(name), (name + "=",))
+        for name in (
+            "x-amz-signature",
+            "x-amz-credential",
+            "x-amz-security-token",
+            "x-goog-signature",
+            "x-goog-credential",
+            "googleaccessid",
+            "sig",
+            "signature",
+            "access_token",
+            "token",
+            "api_key",
+            "apikey",
+            "password",
+            "client_secret",
+        )
+    ),
+    *(
+        ("secret_assignment", rf"{re.escape(name)}\s*[=:]\s*\S{{4}}", (name,))
+        for name in (
+            "secret_access_key",
+            "session_token",
+            "secret_key",
+            "password",
+            "passwd",
+            "api_key",
+            "api-key",
+            "apikey",
+            "access_token",
+            "access-token",
+            "client_secret",
+            "client-secret",
+        )
+    ),
 ]
 _VALUE_PATTERNS: list[tuple[str, re.Pattern[str], bool, tuple[str, ...]]] = [
     *((kind, re.compile(pattern), False, anchors) for kind, pattern, anchors in _EXACT),
@@ -213,7 +247,7 @@ def _basic_spans(plain: str, folded: str) -> Iterator[int]:
     """Start of every RFC 7617 Basic credential (``user:password`` inside)."""
     for match in _BASIC.finditer(folded):
         try:
-            decoded = base64.b64decode(plain[match.start(1):match.end(1)], validate=True)
+            decoded = base64.b64decode(plain[match.start(1) : match.end(1)], validate=True)
         except (binascii.Error, ValueError):
             continue
         if b":" in decoded:
@@ -269,8 +303,9 @@ class _Path:
         parts: list[str] = []
         node: _Path | None = self
         while node is not None:
-            parts.append(_key_segment(node.parent, node.segment, redacted) if node.key
-                         else node.segment)
+            parts.append(
+                _key_segment(node.parent, node.segment, redacted) if node.key else node.segment
+            )
             node = node.parent
         return root + "".join(reversed(parts))
 
@@ -307,18 +342,28 @@ def _scan(value: Any, root: str, deep: bool) -> list[Finding]:
             keys.update(item)
             # Each key, then its value if it is a string: a pattern that runs across the
             # separator (``Basic`` then the credential) sees a key next to its value.
-            strings.extend([text for pair in item.items() for text in pair
-                            if isinstance(text, str)])
-            stack.extend([(child, _Path(node, key, key=True)) for key, child in item.items()
-                          if isinstance(child, dict | list)])
+            strings.extend(
+                [text for pair in item.items() for text in pair if isinstance(text, str)]
+            )
+            stack.extend(
+                [
+                    (child, _Path(node, key, key=True))
+                    for key, child in item.items()
+                    if isinstance(child, dict | list)
+                ]
+            )
         elif isinstance(item, list):
             spans.append((len(strings), node, item))
             texts = [child for child in item if isinstance(child, str)]
             strings.extend(texts)
             if len(texts) < len(item):
-                stack.extend([(child, _Path(node, f"[{index}]", key=False))
-                              for index, child in enumerate(item)
-                              if isinstance(child, dict | list)])
+                stack.extend(
+                    [
+                        (child, _Path(node, f"[{index}]", key=False))
+                        for index, child in enumerate(item)
+                        if isinstance(child, dict | list)
+                    ]
+                )
         elif isinstance(item, str):
             spans.append((len(strings), None, item))
             strings.append(item)
@@ -330,27 +375,41 @@ def _scan(value: Any, root: str, deep: bool) -> list[Finding]:
     if flagged:
         for node, item in objects:
             if not flagged.isdisjoint(item):
-                field_hits += [(node, key) for key, child in item.items()
-                               if key in flagged and child not in (None, "", [], {})]
+                field_hits += [
+                    (node, key)
+                    for key, child in item.items()
+                    if key in flagged and child not in (None, "", [], {})
+                ]
 
     def place(index: int) -> tuple[_Path | None, str | None, bool]:
         first, node, container = spans[bisect_right(spans, index, key=lambda span: span[0]) - 1]
         offset = index - first
         if isinstance(container, dict):
-            key, is_key = next(islice(((k, text is k) for k, v in container.items()
-                                       for text in (k, v) if isinstance(text, str)),
-                                      offset, None))
+            key, is_key = next(
+                islice(
+                    (
+                        (k, text is k)
+                        for k, v in container.items()
+                        for text in (k, v)
+                        if isinstance(text, str)
+                    ),
+                    offset,
+                    None,
+                )
+            )
             return node, key, is_key
         if isinstance(container, list):
-            position = next(islice((i for i, v in enumerate(container) if isinstance(v, str)),
-                                   offset, None))
+            position = next(
+                islice((i for i, v in enumerate(container) if isinstance(v, str)), offset, None)
+            )
             return node, f"[{position}]", False
         return None, None, False
 
     hits = _shape_hits(strings, deep)
     located = [(*place(i), kind) for i, kind in hits]
-    redacted = {(id(node), last) for node, last, is_key, _ in located
-                if is_key and last is not None}
+    redacted = {
+        (id(node), last) for node, last, is_key, _ in located if is_key and last is not None
+    }
 
     def render(node: _Path | None, last: str | None) -> str:
         head = node.render(root, redacted) if node is not None else root
@@ -376,8 +435,13 @@ def _shape_hits(strings: list[str], deep: bool) -> list[tuple[int, str]]:
     if not strings:
         return []
     # starts[i] = position of strings[i] in the joined text (lengths summed in C, not a loop).
-    starts = list(map(add, accumulate(map(len, strings), initial=0),
-                      range(0, len(_JOIN) * len(strings), len(_JOIN))))
+    starts = list(
+        map(
+            add,
+            accumulate(map(len, strings), initial=0),
+            range(0, len(_JOIN) * len(strings), len(_JOIN)),
+        )
+    )
     joined = _JOIN.join(strings)
 
     def owner(position: int) -> int:

@@ -36,8 +36,11 @@ class SpikeDetector:
         if len(self._losses) >= self.min_points:
             median = statistics.median(self._losses)
             mad = statistics.median(abs(x - median) for x in self._losses)
-            z = 0.6745 * (loss - median) / mad if mad > 0 else (
-                float("inf") if loss > median else 0.0)
+            z = (
+                0.6745 * (loss - median) / mad
+                if mad > 0
+                else (float("inf") if loss > median else 0.0)
+            )
             if z > self.threshold and loss >= self.min_ratio * median:
                 return z
         self._losses.append(loss)
@@ -53,4 +56,4 @@ class SpikeDetector:
         return list(self._losses)
 
     def restore(self, losses: list[float]) -> None:
-        self._losses = deque(float(x) for x in losses[-self.window:])
+        self._losses = deque(float(x) for x in losses[-self.window :])

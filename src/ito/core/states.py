@@ -90,8 +90,16 @@ class ConfirmationAction(StrEnum):
 _S = RunState
 ALLOWED_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
     _S.queued: frozenset({_S.running, _S.cancelling, _S.failed}),
-    _S.running: frozenset({_S.recovering, _S.awaiting_approval, _S.cancelling, _S.succeeded,
-                           _S.failed, _S.gate_failed}),
+    _S.running: frozenset(
+        {
+            _S.recovering,
+            _S.awaiting_approval,
+            _S.cancelling,
+            _S.succeeded,
+            _S.failed,
+            _S.gate_failed,
+        }
+    ),
     _S.recovering: frozenset({_S.running, _S.cancelling, _S.failed}),
     # A confirmed restart from checkpoint S re-queues the run as recovering (§7.3).
     _S.awaiting_approval: frozenset({_S.running, _S.recovering, _S.cancelling, _S.failed}),

@@ -43,8 +43,9 @@ __all__ = [
 ]
 
 _CODE = "checkpoint_storage_invalid"
-_URI = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<netloc>[^/]*)(?P<path>/.*)?\Z",
-                  re.DOTALL)
+_URI = re.compile(
+    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<netloc>[^/]*)(?P<path>/.*)?\Z", re.DOTALL
+)
 _MALFORMED_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 # '/', '.', '\' and '%' itself (a second decoding would turn %252e into '.').
 _FORBIDDEN_ESCAPE = re.compile(r"%(?:2f|2e|5c|25)", re.IGNORECASE)
@@ -52,14 +53,42 @@ _RUN_ID = re.compile(r"run_[a-z2-7]{16,}", re.IGNORECASE)
 """A segment that may be a server-minted run id (``ito.server.ids.new_id``: ``run_`` and 24
 lowercase base32 characters today); deliberately broader than the exact format."""
 _LOCAL_NETLOCS = ("", "localhost")
-_SYSTEM_TREES = frozenset({
-    "bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "root", "run",
-    "sbin", "sys", "usr"})
+_SYSTEM_TREES = frozenset(
+    {
+        "bin",
+        "boot",
+        "dev",
+        "etc",
+        "lib",
+        "lib32",
+        "lib64",
+        "libx32",
+        "proc",
+        "root",
+        "run",
+        "sbin",
+        "sys",
+        "usr",
+    }
+)
 """Top-level directories of the operating system: storage is refused at them and anywhere
 inside them (the worker would create, prune and delete there)."""
-_SYSTEM_DIRS = frozenset({
-    ("home",), ("media",), ("mnt",), ("opt",), ("srv",), ("tmp",), ("var",), ("var", "cache"),
-    ("var", "lib"), ("var", "log"), ("var", "spool"), ("var", "tmp")})
+_SYSTEM_DIRS = frozenset(
+    {
+        ("home",),
+        ("media",),
+        ("mnt",),
+        ("opt",),
+        ("srv",),
+        ("tmp",),
+        ("var",),
+        ("var", "cache"),
+        ("var", "lib"),
+        ("var", "log"),
+        ("var", "spool"),
+        ("var", "tmp"),
+    }
+)
 """Shared directories whose subdirectories make fine storage but which are not one booking's
 storage themselves."""
 
@@ -91,8 +120,12 @@ def _parse(uri: str, what: str) -> _Uri:
         raise _refuse(what, "is too long")
     if any(not 0x21 <= ord(ch) <= 0x7E for ch in uri):
         raise _refuse(what, "contains a space, control or non-ASCII character")
-    for ch, reason in (("\\", "contains a backslash"), ("?", "has a query"),
-                       ("#", "has a fragment"), (";", "has parameters")):
+    for ch, reason in (
+        ("\\", "contains a backslash"),
+        ("?", "has a query"),
+        ("#", "has a fragment"),
+        (";", "has parameters"),
+    ):
         if ch in uri:
             raise _refuse(what, reason)
     if _MALFORMED_ESCAPE.search(uri):
@@ -117,8 +150,13 @@ def _parse(uri: str, what: str) -> _Uri:
         split = urlsplit(uri)
     except ValueError:
         raise _refuse(what, "is not a well-formed URI") from None
-    if (split.scheme, split.netloc, split.path, split.query, split.fragment) != \
-            (scheme, netloc, path, "", ""):
+    if (split.scheme, split.netloc, split.path, split.query, split.fragment) != (
+        scheme,
+        netloc,
+        path,
+        "",
+        "",
+    ):
         raise _refuse(what, "is not a well-formed URI")
 
     raw = path.split("/")[1:] if path else []
@@ -134,10 +172,15 @@ def _parse(uri: str, what: str) -> _Uri:
             name = unquote(segment, errors="strict")
         except UnicodeDecodeError:
             raise _refuse(what, "percent-encodes bytes that are not UTF-8") from None
-        if name in (".", "..") or "/" in name or "\\" in name or \
-                any(ord(ch) < 0x20 or 0x7F <= ord(ch) <= 0x9F for ch in name):
-            raise _refuse(what, "has a segment that decodes to a control character or a "
-                          "path separator")
+        if (
+            name in (".", "..")
+            or "/" in name
+            or "\\" in name
+            or any(ord(ch) < 0x20 or 0x7F <= ord(ch) <= 0x9F for ch in name)
+        ):
+            raise _refuse(
+                what, "has a segment that decodes to a control character or a path separator"
+            )
         decoded.append(name)
     joined = "/" + "/".join(decoded)
     if posixpath.normpath(joined) != joined:
@@ -165,7 +208,7 @@ def contained_storage_uri(uri: str, root: str) -> str:
     either URI has a refused shape or ``uri`` lies outside ``root``.
     """
     base, target = _inside(uri, root)
-    return base.render(base.raw + target.raw[len(base.raw):])
+    return base.render(base.raw + target.raw[len(base.raw) :])
 
 
 def run_checkpoint_uri(storage: str, root: str, run_id: str) -> str:
@@ -197,6 +240,7 @@ def checkpoint_local_path(checkpoint_uri: str, storage_root: str, run_id: str) -
     root, parts = checkpoint_local_parts(checkpoint_uri, storage_root, run_id)
     return root.rstrip("/") + "/" + "/".join(parts)
 
+
 def booking_storage_uri(uri: str) -> str:
     """``uri`` normalised, when it can be a booking's checkpoint storage root: a well-formed
     ``file://`` URI (this host) of an absolute path that is not ``/``, not inside an operating
@@ -214,16 +258,19 @@ def booking_storage_uri(uri: str) -> str:
     return parsed.render(parsed.raw)
 
 
-def checkpoint_local_parts(checkpoint_uri: str, storage_root: str,
-                           run_id: str) -> tuple[str, tuple[str, ...]]:
+def checkpoint_local_parts(
+    checkpoint_uri: str, storage_root: str, run_id: str
+) -> tuple[str, tuple[str, ...]]:
     """:func:`checkpoint_local_path` split where the worker proves it on disk: the booking
     root's absolute, decoded local path and the decoded segments from it down to the run's
     directory (at least one, the last being ``run_id``)."""
     base, target = _inside(checkpoint_uri, storage_root)
     if target.scheme != "file":
-        raise _refuse("checkpoint storage", "is not file:// storage, the only kind this worker "
-                      "writes")
+        raise _refuse(
+            "checkpoint storage", "is not file:// storage, the only kind this worker writes"
+        )
     if len(target.decoded) <= len(base.decoded) or target.decoded[-1] != run_id:
-        raise _refuse("checkpoint storage", "is not this run's directory inside the booking's "
-                      "storage")
-    return "/" + "/".join(base.decoded), target.decoded[len(base.decoded):]
+        raise _refuse(
+            "checkpoint storage", "is not this run's directory inside the booking's storage"
+        )
+    return "/" + "/".join(base.decoded), target.decoded[len(base.decoded) :]

@@ -62,8 +62,7 @@ def json_text_may_be_unsafe(text: str) -> bool:
     if "\\" not in text:
         return False
     escapes = text.replace("\\\\", "")
-    return ("\\b" in escapes or "\\f" in escapes
-            or _UNSAFE_U_ESCAPE.search(escapes) is not None)
+    return "\\b" in escapes or "\\f" in escapes or _UNSAFE_U_ESCAPE.search(escapes) is not None
 
 
 def unsafe_json_paths(value: Any, path: str = "$", *, limit: int = 20) -> list[str]:
@@ -97,8 +96,10 @@ def escape_unsafe(value: Any, *, multiline: bool = True) -> Any:
     if isinstance(value, str):
         return _pattern(multiline).sub(lambda m: _escape(m.group()), value)
     if isinstance(value, dict):
-        return {escape_unsafe(str(k), multiline=multiline): escape_unsafe(v, multiline=multiline)
-                for k, v in value.items()}
+        return {
+            escape_unsafe(str(k), multiline=multiline): escape_unsafe(v, multiline=multiline)
+            for k, v in value.items()
+        }
     if isinstance(value, list | tuple):
         return [escape_unsafe(v, multiline=multiline) for v in value]
     return value

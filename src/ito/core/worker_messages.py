@@ -156,8 +156,9 @@ class CleanupJobs(_Answer):
 
 class CleanedBody(_Inbound):
     bytes_freed: Annotated[int, Field(ge=0, le=2**63 - 1)]
-    paths: Annotated[list[Annotated[str, Field(max_length=4096)]],
-                     Field(max_length=1000)] = Field(default_factory=list)
+    paths: Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=1000)] = Field(
+        default_factory=list
+    )
 
 
 class CleanedAnswer(_Answer):

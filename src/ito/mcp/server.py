@@ -163,52 +163,123 @@ def _run(required: bool = False) -> Param:
 
 
 _BOOKING = Param("booking", "string", "Booking id.", required=True)
-_MANIFEST = Param("manifest", "string", "Absolute path of the manifest file on this machine "
-                  "(read securely, DESIGN §6.1).", required=True)
-_CONFIRMATION = Param("confirmation_ref", "string", "Reference of a confirmation a human "
-                      "approved out of band.", required=True)
-_KEY = Param("idempotency_key", "string", "Idempotency key; retrying with the same key returns "
-             "the same result, never a second one.", required=True)
+_MANIFEST = Param(
+    "manifest",
+    "string",
+    "Absolute path of the manifest file on this machine (read securely, DESIGN §6.1).",
+    required=True,
+)
+_CONFIRMATION = Param(
+    "confirmation_ref",
+    "string",
+    "Reference of a confirmation a human approved out of band.",
+    required=True,
+)
+_KEY = Param(
+    "idempotency_key",
+    "string",
+    "Idempotency key; retrying with the same key returns the same result, never a second one.",
+    required=True,
+)
 
 TOOLS: tuple[ToolSpec, ...] = (
-    ToolSpec("ito_auth", "auth", "Validate the credential in use (ITO_API_KEY or the stored "
-             "login). Never starts a login."),
-    ToolSpec("ito_status", "status", "This account's bookings and recent runs; or one run, by "
-             "run id or by the idempotency key it was created with.",
-             (_run(), Param("idempotency_key", "string", "Idempotency key of a train request."))),
-    ToolSpec("ito_plan", "plan", "What creating the run would do and cost (parallelism plan, "
-             "estimate, gates). Creates nothing.", (_BOOKING, _MANIFEST)),
-    ToolSpec("ito_confirm", "confirm", "Request a single-use confirmation for an action. A human "
-             "approves it out of band; this tool cannot approve.",
-             (Param("action", "string", "What the confirmation is for.", required=True,
-                    enum=tuple(ACTIONS)),
-              Param("booking", "string", "Booking id (action train)."),
-              Param("manifest", "string", "Absolute manifest path (action train)."),
-              Param("run", "string", "Run id (actions cancel, cleanup, restart)."),
-              Param("checkpoint", "integer", "Checkpoint step to restart from (action "
-                    "restart).", minimum=0),
-              Param("ttl_seconds", "integer", "Lifetime of the confirmation in seconds.",
-                    minimum=1)),
-             read_only=False, idempotent=False),
-    ToolSpec("ito_train", "train", "Create a training run on a booking, behind the five gates "
-             "and an approved confirmation.", (_BOOKING, _MANIFEST, _CONFIRMATION, _KEY),
-             read_only=False),
-    ToolSpec("ito_runs", "runs", "This account's runs, newest first (optionally of one "
-             "booking), or one run with its events.",
-             (_run(), Param("booking", "string", "Only runs of this booking."),
-              Param("limit", "integer", "At most this many runs.", minimum=1))),
-    ToolSpec("ito_logs", "logs", "A run's logs, cursor-paginated in a stable order.",
-             (_run(required=True), Param("since", "string", "Cursor from a previous page."))),
-    ToolSpec("ito_metrics", "metrics", "A run's training metrics.",
-             (_run(required=True), Param("name", "string", "Only this metric (e.g. loss)."))),
-    ToolSpec("ito_checkpoints", "checkpoints", "A run's committed checkpoints.",
-             (_run(required=True),)),
-    ToolSpec("ito_cancel", "cancel", "Cancel a run, with an approved cancel confirmation.",
-             (_run(required=True), _CONFIRMATION, _KEY), read_only=False, destructive=True),
-    ToolSpec("ito_cleanup", "cleanup", "Delete a run's checkpoints and scratch data (the run "
-             "record and logs stay; the booking is untouched), with an approved cleanup "
-             "confirmation.", (_run(required=True), _CONFIRMATION, _KEY),
-             read_only=False, destructive=True),
+    ToolSpec(
+        "ito_auth",
+        "auth",
+        "Validate the credential in use (ITO_API_KEY or the stored login). Never starts a login.",
+    ),
+    ToolSpec(
+        "ito_status",
+        "status",
+        "This account's bookings and recent runs; or one run, by "
+        "run id or by the idempotency key it was created with.",
+        (_run(), Param("idempotency_key", "string", "Idempotency key of a train request.")),
+    ),
+    ToolSpec(
+        "ito_plan",
+        "plan",
+        "What creating the run would do and cost (parallelism plan, "
+        "estimate, gates). Creates nothing.",
+        (_BOOKING, _MANIFEST),
+    ),
+    ToolSpec(
+        "ito_confirm",
+        "confirm",
+        "Request a single-use confirmation for an action. A human "
+        "approves it out of band; this tool cannot approve.",
+        (
+            Param(
+                "action",
+                "string",
+                "What the confirmation is for.",
+                required=True,
+                enum=tuple(ACTIONS),
+            ),
+            Param("booking", "string", "Booking id (action train)."),
+            Param("manifest", "string", "Absolute manifest path (action train)."),
+            Param("run", "string", "Run id (actions cancel, cleanup, restart)."),
+            Param(
+                "checkpoint",
+                "integer",
+                "Checkpoint step to restart from (action restart).",
+                minimum=0,
+            ),
+            Param("ttl_seconds", "integer", "Lifetime of the confirmation in seconds.", minimum=1),
+        ),
+        read_only=False,
+        idempotent=False,
+    ),
+    ToolSpec(
+        "ito_train",
+        "train",
+        "Create a training run on a booking, behind the five gates and an approved confirmation.",
+        (_BOOKING, _MANIFEST, _CONFIRMATION, _KEY),
+        read_only=False,
+    ),
+    ToolSpec(
+        "ito_runs",
+        "runs",
+        "This account's runs, newest first (optionally of one "
+        "booking), or one run with its events.",
+        (
+            _run(),
+            Param("booking", "string", "Only runs of this booking."),
+            Param("limit", "integer", "At most this many runs.", minimum=1),
+        ),
+    ),
+    ToolSpec(
+        "ito_logs",
+        "logs",
+        "A run's logs, cursor-paginated in a stable order.",
+        (_run(required=True), Param("since", "string", "Cursor from a previous page.")),
+    ),
+    ToolSpec(
+        "ito_metrics",
+        "metrics",
+        "A run's training metrics.",
+        (_run(required=True), Param("name", "string", "Only this metric (e.g. loss).")),
+    ),
+    ToolSpec(
+        "ito_checkpoints", "checkpoints", "A run's committed checkpoints.", (_run(required=True),)
+    ),
+    ToolSpec(
+        "ito_cancel",
+        "cancel",
+        "Cancel a run, with an approved cancel confirmation.",
+        (_run(required=True), _CONFIRMATION, _KEY),
+        read_only=False,
+        destructive=True,
+    ),
+    ToolSpec(
+        "ito_cleanup",
+        "cleanup",
+        "Delete a run's checkpoints and scratch data (the run "
+        "record and logs stay; the booking is untouched), with an approved cleanup "
+        "confirmation.",
+        (_run(required=True), _CONFIRMATION, _KEY),
+        read_only=False,
+        destructive=True,
+    ),
 )
 _BY_NAME = {spec.name: spec for spec in TOOLS}
 # Approval is a human's act (DESIGN §5.5, §6.4): no tool may reach it.
@@ -224,8 +295,10 @@ def _arguments(spec: ToolSpec, arguments: dict[str, Any]) -> dict[str, Any]:
     known = {p.name for p in spec.params}
     unknown = sorted(set(arguments) - known)
     if unknown:
-        raise ItoError("invalid_arguments", f"{spec.name} takes no argument(s) {unknown}; "
-                       f"it takes {sorted(known)}")
+        raise ItoError(
+            "invalid_arguments",
+            f"{spec.name} takes no argument(s) {unknown}; it takes {sorted(known)}",
+        )
     kwargs: dict[str, Any] = {}
     for param in spec.params:
         value = arguments.get(param.name)
@@ -256,32 +329,42 @@ async def run_tool(name: str, arguments: dict[str, Any] | None) -> Envelope:
     """The §4 envelope of one tool call. Never raises for anything a caller can cause."""
     spec = _BY_NAME.get(name)
     if spec is None:
-        return _refusal(ItoError("invalid_arguments", f"unknown tool; the tools are "
-                                 f"{sorted(_BY_NAME)}"))
+        return _refusal(
+            ItoError("invalid_arguments", f"unknown tool; the tools are {sorted(_BY_NAME)}")
+        )
     arguments = arguments or {}
     findings = scan_json_value(arguments, "$")
     if findings:
         # Paths only (a credential used as a key is redacted by the scanner), never values.
-        return _refusal(ItoError("secret_in_arguments",
-                                 arguments=sorted({f.path for f in findings})),
-                        "refused before anything was sent; credentials are taken only from "
-                        "ITO_API_KEY or the stored login")
+        return _refusal(
+            ItoError("secret_in_arguments", arguments=sorted({f.path for f in findings})),
+            "refused before anything was sent; credentials are taken only from "
+            "ITO_API_KEY or the stored login",
+        )
     try:
         kwargs = _arguments(spec, arguments)
     except ItoError as exc:
         return _refusal(exc)
     if getattr(Operations, spec.operation, None) is None:
-        return _refusal(ItoError("capability_unavailable", f"{spec.name} needs the runtime's "
-                                 f"'{spec.operation}' operation, which this client does not "
-                                 "have yet"), "nothing was sent; this client cannot do this yet")
+        return _refusal(
+            ItoError(
+                "capability_unavailable",
+                f"{spec.name} needs the runtime's "
+                f"'{spec.operation}' operation, which this client does not "
+                "have yet",
+            ),
+            "nothing was sent; this client cannot do this yet",
+        )
     try:
         return await anyio.to_thread.run_sync(functools.partial(_execute, spec, kwargs))
     except Exception:
         # A defect, not a refusal: the request may or may not have left, so say so.
-        return error_envelope(ItoError("internal_error", f"{spec.name} failed unexpectedly"),
-                              "ito-mcp failed unexpectedly; the request may have reached the "
-                              "API — check with ito_status or ito_runs before retrying",
-                              live_api_contacted=True)
+        return error_envelope(
+            ItoError("internal_error", f"{spec.name} failed unexpectedly"),
+            "ito-mcp failed unexpectedly; the request may have reached the "
+            "API — check with ito_status or ito_runs before retrying",
+            live_api_contacted=True,
+        )
 
 
 def _result(envelope: Envelope) -> types.CallToolResult:
@@ -292,13 +375,15 @@ def _result(envelope: Envelope) -> types.CallToolResult:
     )
 
 
-async def _list_tools(ctx: ServerRequestContext[Any],
-                      params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+async def _list_tools(
+    ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+) -> types.ListToolsResult:
     return types.ListToolsResult(tools=[spec.tool() for spec in TOOLS])
 
 
-async def _call_tool(ctx: ServerRequestContext[Any],
-                     params: types.CallToolRequestParams) -> types.CallToolResult:
+async def _call_tool(
+    ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+) -> types.CallToolResult:
     return _result(await run_tool(params.name, params.arguments))
 
 
@@ -308,7 +393,7 @@ def build_server() -> Server[Any]:
         SERVER_NAME,
         version=__version__,
         instructions="Tools of the ito-training client. Each result is the ito JSON envelope. "
-                     "Approving a confirmation is a human's act and is not available here.",
+        "Approving a confirmation is a human's act and is not available here.",
         on_list_tools=_list_tools,
         on_call_tool=_call_tool,
     )

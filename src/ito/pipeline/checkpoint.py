@@ -129,8 +129,10 @@ def remove_uncommitted(root: Path | StoragePath) -> list[Path]:
 
 
 def rng_record() -> bytes:
-    state: dict[str, Any] = {"torch": torch.get_rng_state().tolist(),
-                             "python": _jsonable(random.getstate())}
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state().tolist(),
+        "python": _jsonable(random.getstate()),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state().tolist()
     return json.dumps(state).encode()
@@ -151,15 +153,21 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: bytes,
-           rng: bytes) -> dict[str, Any]:
+def _state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: bytes, rng: bytes
+) -> dict[str, Any]:
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    return {"model": model_sd, "optim": optim_sd, "trainer": trainer,
-            f"rng_rank{dist.get_rank()}": rng}
+    return {
+        "model": model_sd,
+        "optim": optim_sd,
+        "trainer": trainer,
+        f"rng_rank{dist.get_rank()}": rng,
+    }
 
 
-def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    group: dist.ProcessGroup) -> tuple[dict[str, Any], bytes | None]:
+def load_checkpoint(
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, group: dist.ProcessGroup
+) -> tuple[dict[str, Any], bytes | None]:
     """Load in place; returns the trainer record and this rank's RNG record (``None`` when the
     checkpoint was written by a world without this rank)."""
     rng_key = f"rng_rank{dist.get_rank()}"
@@ -168,8 +176,9 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     if rng_key not in saved_keys:
         del state[rng_key]
     load(state, checkpoint_id=str(path), process_group=group)
-    set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optim"])
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
     trainer: dict[str, Any] = json.loads(state["trainer"])
     rng = state.get(rng_key)
     return trainer, rng if isinstance(rng, bytes) else None
@@ -194,8 +203,13 @@ class _Pending:
 class Checkpointer:
     """Saves asynchronously, one save in flight at a time; rank 0 commits and prunes."""
 
-    def __init__(self, root: Path | StoragePath, keep_last: int, events: EventWriter,
-                 group: dist.ProcessGroup) -> None:
+    def __init__(
+        self,
+        root: Path | StoragePath,
+        keep_last: int,
+        events: EventWriter,
+        group: dist.ProcessGroup,
+    ) -> None:
         self.storage = _storage(root)
         """The run's checkpoint directory inside the booking's storage."""
         self.keep_last = keep_last
@@ -205,13 +219,26 @@ class Checkpointer:
         cuda = torch.cuda.is_available()
         # Pinned memory and non-blocking copies need an accelerator; on CPU the background
         # thread does a plain copy.
-        self._stager = DefaultStager(StagingOptions(
-            use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True,
-            use_non_blocking_copy=cuda))
+        self._stager = DefaultStager(
+            StagingOptions(
+                use_pinned_memory=cuda,
+                use_shared_memory=False,
+                use_async_staging=True,
+                use_non_blocking_copy=cuda,
+            )
+        )
         self._pending: _Pending | None = None
 
-    def save(self, *, stage: str, step: int, tokens_seen: int, model: torch.nn.Module,
-             optimizer: torch.optim.Optimizer, trainer: dict[str, Any]) -> None:
+    def save(
+        self,
+        *,
+        stage: str,
+        step: int,
+        tokens_seen: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        trainer: dict[str, Any],
+    ) -> None:
         # Waiting here for the previous save is a stall of training too: count it.
         start = time.monotonic()
         self.finish()
@@ -220,8 +247,12 @@ class Checkpointer:
             directory = stage_dir.subdir(name, create=True)
         try:
             state = _state(model, optimizer, json.dumps(trainer).encode(), rng_record())
-            response = async_save(state, checkpoint_id=str(directory.handle),
-                                  process_group=self.group, async_stager=self._stager)
+            response = async_save(
+                state,
+                checkpoint_id=str(directory.handle),
+                process_group=self.group,
+                async_stager=self._stager,
+            )
         except BaseException:
             directory.close()
             raise
@@ -230,8 +261,17 @@ class Checkpointer:
             upload: Future[Any] = response.upload_completion
         else:
             staging, upload = None, response
-        pending = _Pending(stage, step, directory.real, directory, tokens_seen, start,
-                           time.monotonic() - start, staging, upload)
+        pending = _Pending(
+            stage,
+            step,
+            directory.real,
+            directory,
+            tokens_seen,
+            start,
+            time.monotonic() - start,
+            staging,
+            upload,
+        )
         upload.add_done_callback(lambda _: setattr(pending, "finished_at", time.monotonic()))
         self._pending = pending
 
@@ -278,20 +318,34 @@ class Checkpointer:
         # the root without a link, or nothing is committed (and nothing pruned).
         with proven_dir(self.storage.child(pending.stage, name)) as again:
             if again.identity() != pending.directory.identity():
-                raise ItoError("checkpoint_storage_invalid", "checkpoint storage changed while "
-                               "a checkpoint was written", reason="step directory replaced")
+                raise ItoError(
+                    "checkpoint_storage_invalid",
+                    "checkpoint storage changed while a checkpoint was written",
+                    reason="step directory replaced",
+                )
             size = tree_bytes(again)
-            info = {"step": pending.step, "stage": pending.stage, "bytes": size,
-                    "seconds": round(finished - pending.started, 6),
-                    "blocking_seconds": round(pending.blocking, 6),
-                    "tokens_seen": pending.tokens_seen, "world_size": dist.get_world_size()}
+            info = {
+                "step": pending.step,
+                "stage": pending.stage,
+                "bytes": size,
+                "seconds": round(finished - pending.started, 6),
+                "blocking_seconds": round(pending.blocking, 6),
+                "tokens_seen": pending.tokens_seen,
+                "world_size": dist.get_world_size(),
+            }
             tmp = f".{COMMIT}.tmp"
             again.unlink(tmp, missing_ok=True)
             again.write_new(tmp, json.dumps(info).encode())
             again.replace(tmp, COMMIT)
-        self.events.emit("checkpoint", stage=pending.stage, step=pending.step,
-                         path=str(pending.path), bytes=size, seconds=info["seconds"],
-                         blocking_seconds=info["blocking_seconds"])
+        self.events.emit(
+            "checkpoint",
+            stage=pending.stage,
+            step=pending.step,
+            path=str(pending.path),
+            bytes=size,
+            seconds=info["seconds"],
+            blocking_seconds=info["blocking_seconds"],
+        )
         for old in committed_checkpoints(self.storage)[: -self.keep_last]:
             with proven_dir(self.storage.child(old.stage)) as stage_dir:
                 # The marker goes first so a crash mid-delete leaves an ignored directory, never

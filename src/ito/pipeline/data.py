@@ -41,8 +41,9 @@ def read_documents(ref: DataRef, workdir: Path) -> list[str]:
     else:
         uri = urlparse(ref.uri)
         if uri.scheme != "file":
-            raise ValueError(f"data {ref.id!r}: only file:// URIs are readable here, not "
-                             f"{uri.scheme}://")
+            raise ValueError(
+                f"data {ref.id!r}: only file:// URIs are readable here, not {uri.scheme}://"
+            )
         raw = Path(unquote(uri.path)).read_bytes()
         if hashlib.sha256(raw).hexdigest() != ref.sha256:
             raise ValueError(f"data {ref.id!r}: the file's sha256 does not match the manifest")
@@ -95,8 +96,9 @@ def pack(tokenizer: Tokenizer, docs: Sequence[str], seq_len: int) -> torch.Tenso
         stream.append(eos)
     rows = len(stream) // seq_len
     if rows == 0:
-        raise ValueError(f"the data holds {len(stream)} tokens, fewer than one sequence of "
-                         f"{seq_len}")
+        raise ValueError(
+            f"the data holds {len(stream)} tokens, fewer than one sequence of {seq_len}"
+        )
     return torch.tensor(stream[: rows * seq_len], dtype=torch.long).view(rows, seq_len)
 
 
@@ -112,7 +114,8 @@ class PackedData:
     def _order(self, epoch: int) -> torch.Tensor:
         if epoch not in self._orders:
             generator = torch.Generator().manual_seed(
-                (self.seed * 1_000_003 + self.stage_index * 10_007 + epoch) % (2**63))
+                (self.seed * 1_000_003 + self.stage_index * 10_007 + epoch) % (2**63)
+            )
             self._orders[epoch] = torch.randperm(len(self.sequences), generator=generator)
             for old in [e for e in self._orders if e < epoch - 1]:
                 del self._orders[old]  # steps only move forward; these are never read again

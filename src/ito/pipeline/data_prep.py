@@ -68,6 +68,7 @@ prompt is followed by its answer (``"503+511= 1014"``) in training and eval rows
 
 # --- pure helpers -----------------------------------------------------------------------------
 
+
 def normalise_text(text: str) -> str:
     """Unicode NFKC, every run of whitespace collapsed to one space, stripped."""
     return " ".join(unicodedata.normalize("NFKC", text).split())
@@ -78,8 +79,10 @@ def normalise_row(row: dict[str, Any]) -> dict[str, Any]:
     every top-level string field normalised. Other fields are kept as they are."""
     if "text" in row:
         return {**row, "text": normalise_text(row["text"])}
-    return {key: normalise_text(value) if isinstance(value, str) else value
-            for key, value in row.items()}
+    return {
+        key: normalise_text(value) if isinstance(value, str) else value
+        for key, value in row.items()
+    }
 
 
 def row_text(row: dict[str, Any]) -> str:
@@ -107,6 +110,7 @@ def shard_path(workdir: Path, data_id: str) -> Path:
 
 
 # --- the report -------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class DatasetReport:
@@ -140,15 +144,22 @@ class DatasetReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "id": self.id, "role": self.role, "uri": self.uri,
+            "id": self.id,
+            "role": self.role,
+            "uri": self.uri,
             "input_sha256": self.input_sha256,
-            "counts": {"input": self.input_rows, "empty_removed": self.empty_removed,
-                       "exact_dupes_removed": self.exact_dupes_removed,
-                       "near_dupes_removed": self.near_dupes_removed,
-                       "contaminated_removed": self.contaminated_removed,
-                       "output": self.output_rows},
-            "shard": self.shard, "output_sha256": self.output_sha256,
-            "output_bytes": self.output_bytes, "ngram": self.ngram,
+            "counts": {
+                "input": self.input_rows,
+                "empty_removed": self.empty_removed,
+                "exact_dupes_removed": self.exact_dupes_removed,
+                "near_dupes_removed": self.near_dupes_removed,
+                "contaminated_removed": self.contaminated_removed,
+                "output": self.output_rows,
+            },
+            "shard": self.shard,
+            "output_sha256": self.output_sha256,
+            "output_bytes": self.output_bytes,
+            "ngram": self.ngram,
             "decontaminated_against": list(self.decontaminated_against),
             "declared_report_sha256": self.declared_report_sha256,
         }
@@ -167,8 +178,12 @@ class EvalContamination:
         return self.contaminated / self.items if self.items else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "items": self.items, "contaminated": self.contaminated,
-                "fraction": self.fraction}
+        return {
+            "id": self.id,
+            "items": self.items,
+            "contaminated": self.contaminated,
+            "fraction": self.fraction,
+        }
 
 
 @dataclass(frozen=True)
@@ -199,13 +214,20 @@ class PrepReport:
             "schema": self.schema,
             "manifest_name": self.manifest_name,
             "parameters": {
-                "normalisation": {"unicode": "NFKC", "whitespace": "collapsed", "strip": True,
-                                  "fields": "text, else every top-level string field"},
-                "exact_dedup": {"key": "sha256 of the normalised row as canonical JSON",
-                                "scope": "each data set"},
+                "normalisation": {
+                    "unicode": "NFKC",
+                    "whitespace": "collapsed",
+                    "strip": True,
+                    "fields": "text, else every top-level string field",
+                },
+                "exact_dedup": {
+                    "key": "sha256 of the normalised row as canonical JSON",
+                    "scope": "each data set",
+                },
                 "near_dedup": {**self.near_dedup.to_dict(), "scope": "each training data set"},
                 "decontamination": {
-                    "method": "ngram", "default_n": DEFAULT_NGRAM,
+                    "method": "ngram",
+                    "default_n": DEFAULT_NGRAM,
                     "n_override": self.ngram_override,
                     "tokens": "whitespace-separated, casefolded",
                     "short_items": "eval items shorter than n tokens are matched whole",
@@ -220,6 +242,7 @@ class PrepReport:
 
 
 # --- preparation ------------------------------------------------------------------------------
+
 
 @dataclass
 class _Loaded:
@@ -252,8 +275,13 @@ def prepare_data(
     policy = manifest.data_policy
     for ref in manifest.data:
         if ref.license not in policy.allowed_licenses:
-            raise ItoError("data_policy_violation", f"data {ref.id!r} has a licence outside the "
-                           "data policy", reason="license", data_id=ref.id, license=ref.license)
+            raise ItoError(
+                "data_policy_violation",
+                f"data {ref.id!r} has a licence outside the data policy",
+                reason="license",
+                data_id=ref.id,
+                license=ref.license,
+            )
     loaded = [_load(ref) for ref in manifest.data]
 
     eval_sets = [d for d in loaded if d.ref.role == "eval"]
@@ -287,46 +315,72 @@ def prepare_data(
         data.rows = [data.rows[i] for k, i in enumerate(clean) if k not in near]
 
     evals = tuple(
-        EvalContamination(id=d.ref.id, items=len(d.rows),
-                          contaminated=sum(1 for i in contaminated_items
-                                           if eval_owner[i] == d.ref.id))
-        for d in eval_sets)
+        EvalContamination(
+            id=d.ref.id,
+            items=len(d.rows),
+            contaminated=sum(1 for i in contaminated_items if eval_owner[i] == d.ref.id),
+        )
+        for d in eval_sets
+    )
     for e in evals:
         if e.fraction > policy.max_contamination:
-            raise ItoError("data_policy_violation",
-                           f"{e.contaminated} of {e.items} items of eval data {e.id!r} were found "
-                           "in the training data", reason="contamination", data_id=e.id,
-                           fraction=e.fraction, max_contamination=policy.max_contamination)
+            raise ItoError(
+                "data_policy_violation",
+                f"{e.contaminated} of {e.items} items of eval data {e.id!r} were found "
+                "in the training data",
+                reason="contamination",
+                data_id=e.id,
+                fraction=e.fraction,
+                max_contamination=policy.max_contamination,
+            )
 
     shards = {d.ref.id: _serialise(d.rows) for d in loaded}
     report = PrepReport(
-        manifest_name=manifest.name, near_dedup=settings, ngram_override=ngram,
+        manifest_name=manifest.name,
+        near_dedup=settings,
+        ngram_override=ngram,
         max_contamination=policy.max_contamination,
-        datasets=tuple(_dataset_report(d, shards[d.ref.id], ngram_of.get(d.ref.id), eval_ids)
-                       for d in loaded),
-        evals=evals)
+        datasets=tuple(
+            _dataset_report(d, shards[d.ref.id], ngram_of.get(d.ref.id), eval_ids) for d in loaded
+        ),
+        evals=evals,
+    )
     _write(workdir, shards, report)
     return report
 
 
-def _dataset_report(data: _Loaded, shard: bytes, n: int | None,
-                    eval_ids: tuple[str, ...]) -> DatasetReport:
+def _dataset_report(
+    data: _Loaded, shard: bytes, n: int | None, eval_ids: tuple[str, ...]
+) -> DatasetReport:
     ref = data.ref
     is_eval = ref.role == "eval"
     report = DatasetReport(
-        id=ref.id, role=ref.role, uri=ref.uri, input_sha256=ref.sha256,
-        input_rows=data.input_rows, empty_removed=data.empty_removed,
+        id=ref.id,
+        role=ref.role,
+        uri=ref.uri,
+        input_sha256=ref.sha256,
+        input_rows=data.input_rows,
+        empty_removed=data.empty_removed,
         exact_dupes_removed=data.exact_dupes_removed,
         near_dupes_removed=data.near_dupes_removed,
-        contaminated_removed=data.contaminated_removed, output_rows=len(data.rows),
-        shard=f"{ref.id}.jsonl", output_sha256=hashlib.sha256(shard).hexdigest(),
-        output_bytes=len(shard), ngram=n,
+        contaminated_removed=data.contaminated_removed,
+        output_rows=len(data.rows),
+        shard=f"{ref.id}.jsonl",
+        output_sha256=hashlib.sha256(shard).hexdigest(),
+        output_bytes=len(shard),
+        ngram=n,
         decontaminated_against=() if is_eval else eval_ids,
-        declared_report_sha256=(ref.decontamination.report_sha256
-                                if ref.decontamination is not None else None))
-    assert report.input_rows == (report.empty_removed + report.exact_dupes_removed
-                                 + report.near_dupes_removed + report.contaminated_removed
-                                 + report.output_rows)
+        declared_report_sha256=(
+            ref.decontamination.report_sha256 if ref.decontamination is not None else None
+        ),
+    )
+    assert report.input_rows == (
+        report.empty_removed
+        + report.exact_dupes_removed
+        + report.near_dupes_removed
+        + report.contaminated_removed
+        + report.output_rows
+    )
     return report
 
 
@@ -334,28 +388,45 @@ def _load(ref: DataRef) -> _Loaded:
     raw = _read(ref)
     digest = hashlib.sha256(raw).hexdigest()
     if digest != ref.sha256:
-        raise ItoError("data_policy_violation", f"the bytes of data {ref.id!r} do not match the "
-                       "manifest's sha256", reason="sha256_mismatch", data_id=ref.id,
-                       expected=ref.sha256, actual=digest)
+        raise ItoError(
+            "data_policy_violation",
+            f"the bytes of data {ref.id!r} do not match the manifest's sha256",
+            reason="sha256_mismatch",
+            data_id=ref.id,
+            expected=ref.sha256,
+            actual=digest,
+        )
     rows = _parse(ref, raw)
     normalised = [normalise_row(row) for row in rows]
     non_empty = [row for row in normalised if row_text(row)]
     dupes = set(exact_duplicates(non_empty))
-    return _Loaded(ref=ref, rows=[r for i, r in enumerate(non_empty) if i not in dupes],
-                   input_rows=len(rows), empty_removed=len(normalised) - len(non_empty),
-                   exact_dupes_removed=len(dupes))
+    return _Loaded(
+        ref=ref,
+        rows=[r for i, r in enumerate(non_empty) if i not in dupes],
+        input_rows=len(rows),
+        empty_removed=len(normalised) - len(non_empty),
+        exact_dupes_removed=len(dupes),
+    )
 
 
 def _read(ref: DataRef) -> bytes:
     parts = urlsplit(ref.uri)
     if parts.scheme != "file":
-        raise ItoError("capability_unavailable", f"data {ref.id!r}: only file:// URIs can be "
-                       "read by this runtime", reason="uri_scheme", data_id=ref.id,
-                       scheme=parts.scheme)
+        raise ItoError(
+            "capability_unavailable",
+            f"data {ref.id!r}: only file:// URIs can be read by this runtime",
+            reason="uri_scheme",
+            data_id=ref.id,
+            scheme=parts.scheme,
+        )
     path = unquote(parts.path)
     if parts.netloc not in ("", "localhost") or not os.path.isabs(path):
-        raise ItoError("data_policy_violation", f"data {ref.id!r}: a file URI must name an "
-                       "absolute local path", reason="unreadable", data_id=ref.id)
+        raise ItoError(
+            "data_policy_violation",
+            f"data {ref.id!r}: a file URI must name an absolute local path",
+            reason="unreadable",
+            data_id=ref.id,
+        )
     try:
         # Never a device, FIFO or socket (``/dev/zero`` never ends, a FIFO never answers), and
         # never more than the bound: the whole file is held to be hashed and parsed.
@@ -363,21 +434,36 @@ def _read(ref: DataRef) -> bytes:
         with os.fdopen(fd, "rb") as handle:
             info = os.fstat(handle.fileno())
             if not stat.S_ISREG(info.st_mode):
-                raise ItoError("data_policy_violation", f"data {ref.id!r} is not a regular "
-                               "file", reason="not_regular_file", data_id=ref.id)
+                raise ItoError(
+                    "data_policy_violation",
+                    f"data {ref.id!r} is not a regular file",
+                    reason="not_regular_file",
+                    data_id=ref.id,
+                )
             if info.st_size > MAX_DATA_FILE_BYTES:
-                raise ItoError("data_policy_violation", f"data {ref.id!r} is larger than "
-                               f"{MAX_DATA_FILE_BYTES} bytes", reason="too_large",
-                               data_id=ref.id, max_bytes=MAX_DATA_FILE_BYTES)
+                raise ItoError(
+                    "data_policy_violation",
+                    f"data {ref.id!r} is larger than {MAX_DATA_FILE_BYTES} bytes",
+                    reason="too_large",
+                    data_id=ref.id,
+                    max_bytes=MAX_DATA_FILE_BYTES,
+                )
             raw = handle.read(MAX_DATA_FILE_BYTES + 1)
     except OSError as exc:
-        raise ItoError("data_policy_violation", f"data {ref.id!r} cannot be read "
-                       f"({exc.strerror or type(exc).__name__})", reason="unreadable",
-                       data_id=ref.id) from None
+        raise ItoError(
+            "data_policy_violation",
+            f"data {ref.id!r} cannot be read ({exc.strerror or type(exc).__name__})",
+            reason="unreadable",
+            data_id=ref.id,
+        ) from None
     if len(raw) > MAX_DATA_FILE_BYTES:  # it grew while being read
-        raise ItoError("data_policy_violation", f"data {ref.id!r} is larger than "
-                       f"{MAX_DATA_FILE_BYTES} bytes", reason="too_large", data_id=ref.id,
-                       max_bytes=MAX_DATA_FILE_BYTES)
+        raise ItoError(
+            "data_policy_violation",
+            f"data {ref.id!r} is larger than {MAX_DATA_FILE_BYTES} bytes",
+            reason="too_large",
+            data_id=ref.id,
+            max_bytes=MAX_DATA_FILE_BYTES,
+        )
     return raw
 
 
@@ -387,8 +473,13 @@ def _no_constant(name: str) -> Any:
 
 def _parse(ref: DataRef, raw: bytes) -> list[dict[str, Any]]:
     def malformed(line: int, why: str) -> ItoError:
-        return ItoError("data_policy_violation", f"data {ref.id!r} line {line}: {why}",
-                        reason="malformed", data_id=ref.id, line=line)
+        return ItoError(
+            "data_policy_violation",
+            f"data {ref.id!r} line {line}: {why}",
+            reason="malformed",
+            data_id=ref.id,
+            line=line,
+        )
 
     rows = []
     # Split on b"\n" only: str.splitlines would also split inside JSON strings holding U+2028.
@@ -408,8 +499,9 @@ def _parse(ref: DataRef, raw: bytes) -> list[dict[str, Any]]:
 
 
 def _serialise(rows: list[dict[str, Any]]) -> bytes:
-    return b"".join(json.dumps(row, sort_keys=True, ensure_ascii=False).encode() + b"\n"
-                    for row in rows)
+    return b"".join(
+        json.dumps(row, sort_keys=True, ensure_ascii=False).encode() + b"\n" for row in rows
+    )
 
 
 def _write(workdir: Path, shards: dict[str, bytes], report: PrepReport) -> None:

@@ -23,7 +23,7 @@ def match_tokens(text: str) -> list[str]:
 
 def ngrams(tokens: Sequence[str], n: int) -> set[tuple[str, ...]]:
     """Every contiguous ``n``-token window; empty when there are fewer than ``n`` tokens."""
-    return {tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)}
+    return {tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)}
 
 
 class EvalIndex:
@@ -57,7 +57,7 @@ class EvalIndex:
             if token not in first:
                 continue
             for length in self._lengths:
-                hit = patterns[length].get(tuple(tokens[i:i + length]))
+                hit = patterns[length].get(tuple(tokens[i : i + length]))
                 if hit is not None:
                     found.update(hit)
         return found

@@ -55,10 +55,16 @@ class NearDedup:
             raise ValueError("near_dedup.seed must be ≥ 0")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"method": "minhash_lsh", "scheme": "affine32", "threshold": self.threshold,
-                "shingle_words": self.shingle_words, "num_perm": self.num_perm,
-                "seed": self.seed, "bands": list(lsh_bands(self.threshold, self.num_perm)),
-                "verified_with": "exact_jaccard"}
+        return {
+            "method": "minhash_lsh",
+            "scheme": "affine32",
+            "threshold": self.threshold,
+            "shingle_words": self.shingle_words,
+            "num_perm": self.num_perm,
+            "seed": self.seed,
+            "bands": list(lsh_bands(self.threshold, self.num_perm)),
+            "verified_with": "exact_jaccard",
+        }
 
 
 def exact_key(row: dict[str, Any]) -> str:
@@ -85,7 +91,7 @@ def word_shingles(text: str, k: int) -> frozenset[str]:
     words = text.casefold().split()
     if len(words) <= k:
         return frozenset([" ".join(words)]) if words else frozenset()
-    return frozenset(" ".join(words[i:i + k]) for i in range(len(words) - k + 1))
+    return frozenset(" ".join(words[i : i + k]) for i in range(len(words) - k + 1))
 
 
 def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
@@ -114,8 +120,12 @@ def near_duplicates(texts: Sequence[str], settings: NearDedup) -> list[int]:
     """Indices of texts that are near duplicates of an earlier kept text, in input order."""
     shingles = [word_shingles(text, settings.shingle_words) for text in texts]
     # Sorted so the sketch never depends on set iteration order (string hashing is salted).
-    sketches = MinHash.bulk([sorted(s.encode() for s in sh) for sh in shingles],
-                            num_perm=settings.num_perm, seed=settings.seed, scheme="affine32")
+    sketches = MinHash.bulk(
+        [sorted(s.encode() for s in sh) for sh in shingles],
+        num_perm=settings.num_perm,
+        seed=settings.seed,
+        scheme="affine32",
+    )
     bands = lsh_bands(settings.threshold, settings.num_perm)
     lsh = MinHashLSH(num_perm=settings.num_perm, params=bands)
     dupes = []

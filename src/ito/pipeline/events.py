@@ -27,7 +27,8 @@ from ito.core.pipeline_events import LOG_MESSAGE_MAX_CHARS, PipelineEvent, pipel
 __all__ = ["EventWriter"]
 
 _MODELLED = frozenset(
-    model.model_fields["type"].default for model in get_args(get_args(PipelineEvent)[0]))
+    model.model_fields["type"].default for model in get_args(get_args(PipelineEvent)[0])
+)
 """The ``type`` values that have a model."""
 
 

@@ -35,9 +35,17 @@ class Lighthouse:
         self.log_path = log_path
 
     @classmethod
-    def start(cls, log_path: Path, *, bind_host: str = "127.0.0.1", min_replicas: int = 1,
-              join_timeout_ms: int = 1000, heartbeat_timeout_ms: int = 1000,
-              quorum_tick_ms: int = 50, start_timeout_s: float = 30.0) -> Lighthouse:
+    def start(
+        cls,
+        log_path: Path,
+        *,
+        bind_host: str = "127.0.0.1",
+        min_replicas: int = 1,
+        join_timeout_ms: int = 1000,
+        heartbeat_timeout_ms: int = 1000,
+        quorum_tick_ms: int = 50,
+        start_timeout_s: float = 30.0,
+    ) -> Lighthouse:
         exe = Path(sys.executable).with_name("torchft_lighthouse")
         command = str(exe) if exe.exists() else shutil.which("torchft_lighthouse")
         if command is None:
@@ -45,11 +53,23 @@ class Lighthouse:
         log = log_path.open("wb")
         try:
             process = subprocess.Popen(
-                [command, "--bind", f"{bind_host}:0", "--min_replicas", str(min_replicas),
-                 "--join_timeout_ms", str(join_timeout_ms),
-                 "--heartbeat_timeout_ms", str(heartbeat_timeout_ms),
-                 "--quorum_tick_ms", str(quorum_tick_ms)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+                [
+                    command,
+                    "--bind",
+                    f"{bind_host}:0",
+                    "--min_replicas",
+                    str(min_replicas),
+                    "--join_timeout_ms",
+                    str(join_timeout_ms),
+                    "--heartbeat_timeout_ms",
+                    str(heartbeat_timeout_ms),
+                    "--quorum_tick_ms",
+                    str(quorum_tick_ms),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         finally:
             log.close()
         # Port 0 lets the kernel pick; the lighthouse logs the port it got.

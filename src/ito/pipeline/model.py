@@ -68,8 +68,13 @@ def build_model(size: ModelSize, seed: int, mesh: DeviceMesh) -> LlamaForCausalL
 
 
 def build_optimizer(model: torch.nn.Module, size_name: str) -> torch.optim.AdamW:
-    return torch.optim.AdamW(model.parameters(), lr=PEAK_LR[size_name], betas=BETAS,
-                             weight_decay=WEIGHT_DECAY, foreach=True)
+    return torch.optim.AdamW(
+        model.parameters(),
+        lr=PEAK_LR[size_name],
+        betas=BETAS,
+        weight_decay=WEIGHT_DECAY,
+        foreach=True,
+    )
 
 
 def lr_factor(step: int, total_steps: int) -> float:

@@ -57,9 +57,15 @@ def to_local_tree(value: Any) -> Any:
 class ReplicaSync:
     """One rank's torchft Manager and the few operations the trainer needs of it."""
 
-    def __init__(self, *, replica_id: int, lighthouse: str, group: dist.ProcessGroup,
-                 state_dict: Callable[[], dict[str, Any]],
-                 load_state_dict: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(
+        self,
+        *,
+        replica_id: int,
+        lighthouse: str,
+        group: dist.ProcessGroup,
+        state_dict: Callable[[], dict[str, Any]],
+        load_state_dict: Callable[[dict[str, Any]], None],
+    ) -> None:
         from torchft import Manager, ProcessGroupGloo
 
         self.replica_id = replica_id
@@ -71,7 +77,8 @@ class ReplicaSync:
         where: list[Any] = [None]
         if rank == 0:
             self._store = dist.TCPStore(  # type: ignore[attr-defined]
-                host_name=host, port=0, is_master=True, wait_for_workers=False)
+                host_name=host, port=0, is_master=True, wait_for_workers=False
+            )
             where = [(host, int(self._store.port))]
         dist.broadcast_object_list(where, src=0, group=group)
         store_host, store_port = where[0]
@@ -80,13 +87,23 @@ class ReplicaSync:
         """How many times torchft loaded this rank's state from a peer."""
         timeout = timedelta(seconds=TIMEOUT_S)
         self.manager: Any = Manager(
-            pg=ProcessGroupGloo(timeout=timeout), min_replica_size=1,
-            load_state_dict=self._on_heal, state_dict=state_dict,
+            pg=ProcessGroupGloo(timeout=timeout),
+            min_replica_size=1,
+            load_state_dict=self._on_heal,
+            state_dict=state_dict,
             use_async_quorum=False,  # heal before the step's forward pass
-            timeout=timeout, quorum_timeout=timedelta(seconds=QUORUM_TIMEOUT_S),
-            connect_timeout=timeout, rank=rank, world_size=world, store_addr=store_host,
-            store_port=store_port, lighthouse_addr=lighthouse, hostname=host,
-            replica_id=f"ito_replica_{replica_id}", max_retries=MAX_RETRIES)
+            timeout=timeout,
+            quorum_timeout=timedelta(seconds=QUORUM_TIMEOUT_S),
+            connect_timeout=timeout,
+            rank=rank,
+            world_size=world,
+            store_addr=store_host,
+            store_port=store_port,
+            lighthouse_addr=lighthouse,
+            hostname=host,
+            replica_id=f"ito_replica_{replica_id}",
+            max_retries=MAX_RETRIES,
+        )
 
     def _on_heal(self, state: dict[str, Any]) -> None:
         self._load(state)
@@ -123,7 +140,7 @@ class ReplicaSync:
             return False
         offset = 0
         for t in tensors:
-            t.copy_(flat[offset:offset + t.numel()].view_as(t).to(t.dtype))
+            t.copy_(flat[offset : offset + t.numel()].view_as(t).to(t.dtype))
             offset += t.numel()
         return True
 

@@ -22,8 +22,12 @@ __all__ = ["main"]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ito.pipeline.run")
     parser.add_argument("--spec", required=True, type=Path, help="absolute path of spec.json")
-    parser.add_argument("--replica-id", type=int, default=None,
-                        help="this world's replica group (runs with several replica groups)")
+    parser.add_argument(
+        "--replica-id",
+        type=int,
+        default=None,
+        help="this world's replica group (runs with several replica groups)",
+    )
     parser.add_argument("--lighthouse", default=None, help="the torchft lighthouse's URL")
     args = parser.parse_args(argv)
 
@@ -39,10 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     groups = spec.manifest.resources.replica_groups
     if groups > 1 or args.replica_id is not None:
         if args.replica_id is None or args.lighthouse is None or not 0 <= args.replica_id < groups:
-            parser.error(f"this run has {groups} replica group(s): pass --replica-id in "
-                         f"[0, {groups}) and --lighthouse")
-        spec = dataclasses.replace(spec, replica=Replica(args.replica_id, groups,
-                                                         args.lighthouse))
+            parser.error(
+                f"this run has {groups} replica group(s): pass --replica-id in "
+                f"[0, {groups}) and --lighthouse"
+            )
+        spec = dataclasses.replace(spec, replica=Replica(args.replica_id, groups, args.lighthouse))
     if torch.cuda.is_available():
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local_rank)
@@ -58,9 +63,12 @@ def main(argv: list[str] | None = None) -> int:
         if restarts:
             # torchrun restarted the ranks after a failure: an interruption the desk must see.
             events.emit("restart", restarts=restarts)
-        events.log("info", f"run {spec.run_id} attempt {spec.attempt}: "
-                           f"{dist.get_world_size()} ranks on {device.type}, "
-                           f"stages {', '.join(spec.stages)}")
+        events.log(
+            "info",
+            f"run {spec.run_id} attempt {spec.attempt}: "
+            f"{dist.get_world_size()} ranks on {device.type}, "
+            f"stages {', '.join(spec.stages)}",
+        )
         Trainer(spec, events, device, ckpt_group).run()
     except ItoError as exc:
         # A refusal with a stable code (the checkpoint storage failing its proof on disk):
@@ -96,12 +104,17 @@ def _init_process_group(backend: str) -> None:
         dist.init_process_group(backend, timeout=timeout)
         return
     store = dist.TCPStore(  # type: ignore[attr-defined]
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-        timeout=timeout)
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
+    )
     generation = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     isolated = dist.PrefixStore(f"ito/gen{generation}", store)  # type: ignore[attr-defined]
-    dist.init_process_group(backend, store=isolated, rank=int(os.environ["RANK"]),
-                            world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
+    dist.init_process_group(
+        backend,
+        store=isolated,
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=timeout,
+    )
 
 
 if __name__ == "__main__":

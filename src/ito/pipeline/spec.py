@@ -106,8 +106,9 @@ class RunSpec:
         """``checkpoint_dir`` as its root and the components below it."""
         if self.storage_root is None:
             return StoragePath(self.checkpoint_dir)
-        return StoragePath(self.storage_root,
-                           self.checkpoint_dir.relative_to(self.storage_root).parts)
+        return StoragePath(
+            self.storage_root, self.checkpoint_dir.relative_to(self.storage_root).parts
+        )
 
     @property
     def stop_path(self) -> Path:
@@ -132,9 +133,12 @@ def load_spec(path: Path) -> RunSpec:
             raise ValueError(f"spec.stages[{i}]: {name!r} is not a curriculum stage")
     fail_at = None
     if doc.fail_at is not None:
-        fail_at = FailAt(rank=doc.fail_at.rank, step=doc.fail_at.step,
-                         replica=doc.fail_at.replica,
-                         rejoin_after_steps=doc.fail_at.rejoin_after_steps)
+        fail_at = FailAt(
+            rank=doc.fail_at.rank,
+            step=doc.fail_at.step,
+            replica=doc.fail_at.replica,
+            rejoin_after_steps=doc.fail_at.rejoin_after_steps,
+        )
     restart = None
     if doc.restart_from is not None:
         restart = RestartFrom(step=doc.restart_from.step, skip_steps=doc.restart_from.skip_steps)

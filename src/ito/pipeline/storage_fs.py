@@ -115,8 +115,12 @@ class ProvenDir:
 
     def write_new(self, name: str, data: bytes) -> None:
         """Create ``name`` here (it must not exist, not even as a link) and write ``data``."""
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600, dir_fd=self.fd)
+        fd = os.open(
+            name,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+            dir_fd=self.fd,
+        )
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
@@ -194,8 +198,11 @@ def _why(parent: int, name: str, exc: OSError) -> ItoError:
             link = stat.S_ISLNK(os.lstat(name, dir_fd=parent).st_mode)
         except OSError:
             link = False
-        return _refuse("contains a symbolic link" if link else "contains a non-directory "
-                       "where a directory was expected")
+        return _refuse(
+            "contains a symbolic link"
+            if link
+            else "contains a non-directory where a directory was expected"
+        )
     return _refuse("cannot be opened", errno=exc.errno)
 
 

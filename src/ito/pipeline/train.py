@@ -77,8 +77,7 @@ class LeaderEvents:
     """The events of a run with several replica groups: every group trains every step, only the
     quorum's leader reports it (logs come from every group, tagged with it)."""
 
-    def __init__(self, events: EventWriter, replica_id: int,
-                 leading: Callable[[], bool]) -> None:
+    def __init__(self, events: EventWriter, replica_id: int, leading: Callable[[], bool]) -> None:
         self._events, self._replica_id, self._leading = events, replica_id, leading
 
     def emit(self, type_: str, **fields: object) -> None:
@@ -109,6 +108,7 @@ class PendingStep:
     replicas: int | None = None
     """Replica groups that took part (runs with several)."""
 
+
 @dataclass(frozen=True)
 class StagePlan:
     config: CurriculumStage
@@ -120,8 +120,13 @@ class StagePlan:
 
 
 class Trainer:
-    def __init__(self, spec: RunSpec, events: EventWriter, device: torch.device,
-                 ckpt_group: dist.ProcessGroup) -> None:
+    def __init__(
+        self,
+        spec: RunSpec,
+        events: EventWriter,
+        device: torch.device,
+        ckpt_group: dist.ProcessGroup,
+    ) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
         self.spec = spec
@@ -150,9 +155,12 @@ class Trainer:
         mesh = init_device_mesh(device.type, (self.world,))
         self.model = build_model(self.size, self.seed, mesh)
         self.optimizer = build_optimizer(self.model, spec.manifest.model.size)
-        self.checkpointer = Checkpointer(spec.checkpoint_storage,
-                                         spec.manifest.checkpoint.keep_last,
-                                         self.events, ckpt_group)  # type: ignore[arg-type]
+        self.checkpointer = Checkpointer(
+            spec.checkpoint_storage,
+            spec.manifest.checkpoint.keep_last,
+            self.events,  # type: ignore[arg-type]
+            ckpt_group,
+        )
         self.peak = peak_flops()
         self.fault_armed = False
         self.pause_armed = False
@@ -170,12 +178,15 @@ class Trainer:
         if self.rank == 0:
             with proven_dir(storage, create=True) as root:
                 if TOKENIZER_FILE not in root.entries():
-                    ids = list(dict.fromkeys(d for s in self.spec.manifest.curriculum
-                                             for d in s.data))
+                    ids = list(
+                        dict.fromkeys(d for s in self.spec.manifest.curriculum for d in s.data)
+                    )
                     texts = (t for i in ids for t in self._split(i)[0])
                     build_tokenizer(texts, self.size.vocab, root.handle)
-                    self.events.log("info", f"tokenizer trained on {', '.join(ids)} "
-                                            f"(vocabulary {self.size.vocab})")
+                    self.events.log(
+                        "info",
+                        f"tokenizer trained on {', '.join(ids)} (vocabulary {self.size.vocab})",
+                    )
         dist.barrier(group=self.ckpt_group)
         with proven_dir(storage) as root:
             return load_tokenizer(root.handle)
@@ -183,13 +194,13 @@ class Trainer:
     def _split(self, data_id: str) -> tuple[list[str], list[str]]:
         if data_id not in self._splits:
             ref = self.refs[data_id]
-            self._splits[data_id] = split_heldout(read_documents(ref, self.spec.workdir),
-                                                  ref.role)
+            self._splits[data_id] = split_heldout(read_documents(ref, self.spec.workdir), ref.role)
         return self._splits[data_id]
 
     def _plans(self) -> list[StagePlan]:
         by_name: dict[str, tuple[int, CurriculumStage]] = {
-            s.stage: (i, s) for i, s in enumerate(self.spec.manifest.curriculum)}
+            s.stage: (i, s) for i, s in enumerate(self.spec.manifest.curriculum)
+        }
         plans, first = [], 0
         for name in self.spec.stages:
             index, config = by_name[name]
@@ -206,8 +217,9 @@ class Trainer:
         if self.rank == 0:
             # With replica groups a live peer may be writing one of them right now: they are
             # only ever skipped (no COMMIT), never deleted from here.
-            for path in (remove_uncommitted(self.spec.checkpoint_storage)
-                         if self.replica is None else []):
+            for path in (
+                remove_uncommitted(self.spec.checkpoint_storage) if self.replica is None else []
+            ):
                 self.events.log("warning", f"ignored uncommitted checkpoint {path}")
             committed = committed_checkpoints(self.spec.checkpoint_storage)
             restart = self.spec.restart_from
@@ -244,49 +256,75 @@ class Trainer:
             if stage_name not in names:
                 raise ValueError(f"checkpoint {path} is of stage {stage_name!r}, not in this run")
             # Read through the directory proven on disk, as it is written.
-            with proven_dir(checkpoint_location(self.spec.checkpoint_storage, stage_name,
-                                                resumed_step)) as step_dir:
-                trainer_state, rng = load_checkpoint(step_dir.handle, self.model,
-                                                     self.optimizer, self.ckpt_group)
+            with proven_dir(
+                checkpoint_location(self.spec.checkpoint_storage, stage_name, resumed_step)
+            ) as step_dir:
+                trainer_state, rng = load_checkpoint(
+                    step_dir.handle, self.model, self.optimizer, self.ckpt_group
+                )
             if rng is not None:
                 restore_rng(rng)
             start_pos, stage_step, tokens_seen = self._resume_position(trainer_state)
             self.events.log("info", f"resumed from {path} (step {resumed_step})")
             if self.spec.restart_from is not None and self._restart_applies():
                 self.data_offset += self.spec.restart_from.skip_steps
-                self.events.log("info", f"approved restart: skipping "
-                                        f"{self.spec.restart_from.skip_steps} batch(es) of data")
+                self.events.log(
+                    "info",
+                    f"approved restart: skipping "
+                    f"{self.spec.restart_from.skip_steps} batch(es) of data",
+                )
         self.fault_armed = self._fault_armed(resumed_step)
-        self.pause_armed = (self.spec.pause_at_step is not None and self.spec.attempt == 1
-                            and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-                            and resumed_step < self.spec.pause_at_step)
-        self.spike_armed = (self.spec.loss_spike_at is not None and self.spec.attempt == 1
-                            and resumed_step < self.spec.loss_spike_at)
+        self.pause_armed = (
+            self.spec.pause_at_step is not None
+            and self.spec.attempt == 1
+            and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+            and resumed_step < self.spec.pause_at_step
+        )
+        self.spike_armed = (
+            self.spec.loss_spike_at is not None
+            and self.spec.attempt == 1
+            and resumed_step < self.spec.loss_spike_at
+        )
         if self.replica is None:
             return self._run_stages(start_pos, stage_step, tokens_seen, trainer_state)
         self.position = trainer_state
-        self.sync = ReplicaSync(replica_id=self.replica.id, lighthouse=self.replica.lighthouse,
-                                group=self.ckpt_group, state_dict=self._heal_state,
-                                load_state_dict=self._heal_load)
+        self.sync = ReplicaSync(
+            replica_id=self.replica.id,
+            lighthouse=self.replica.lighthouse,
+            group=self.ckpt_group,
+            state_dict=self._heal_state,
+            load_state_dict=self._heal_load,
+        )
         self.sync.set_step(max(resumed_step, 0))
         try:
             while True:
                 try:
                     status = self._run_stages(start_pos, stage_step, tokens_seen, trainer_state)
                     # Every group logs what it ends with: equal digests, equal models.
-                    self.events.log("info", f"rank {self.rank} parameters digest "
-                                            f"{self._digest()} at step {self.sync.step}")
+                    self.events.log(
+                        "info",
+                        f"rank {self.rank} parameters digest "
+                        f"{self._digest()} at step {self.sync.step}",
+                    )
                     return status
                 except Rejoin as rejoin:
                     trainer_state = rejoin.args[0]
                     start_pos, stage_step, tokens_seen = self._resume_position(trainer_state)
-                    self.events.log("info", f"healed from a live replica group at step "
-                                            f"{trainer_state['step']}; continuing with it")
+                    self.events.log(
+                        "info",
+                        f"healed from a live replica group at step "
+                        f"{trainer_state['step']}; continuing with it",
+                    )
         finally:
             self.sync.shutdown()
 
-    def _run_stages(self, start_pos: int, stage_step: int, tokens_seen: int,
-                    trainer_state: dict[str, object] | None) -> str:
+    def _run_stages(
+        self,
+        start_pos: int,
+        stage_step: int,
+        tokens_seen: int,
+        trainer_state: dict[str, object] | None,
+    ) -> str:
         # On a crash the in-flight save is abandoned, not awaited: its peers may be gone, and
         # without its COMMIT it is never loaded.
         for pos in range(start_pos, len(self.plans)):
@@ -295,16 +333,18 @@ class Trainer:
             if resume is None:
                 self.data_offset = 0  # a skipped window belongs to the stage it was in
             try:
-                tokens_seen, passed = self._stage(plan, stage_step if resume else 0,
-                                                  tokens_seen, resume)
+                tokens_seen, passed = self._stage(
+                    plan, stage_step if resume else 0, tokens_seen, resume
+                )
             except LossSpike:
                 self.checkpointer.close()
                 self.events.emit("done", status="spike", stage=plan.config.stage)
                 return "spike"
             except StopRequested as stop:
                 self.checkpointer.close()
-                self.events.emit("done", status="stopped", stage=plan.config.stage,
-                                 step=stop.args[0])
+                self.events.emit(
+                    "done", status="stopped", stage=plan.config.stage, step=stop.args[0]
+                )
                 return "stopped"
             if not passed:
                 self.checkpointer.close()
@@ -319,8 +359,11 @@ class Trainer:
         healing peer's); sets the data offset it carries."""
         stages: list[str] = [p.config.stage for p in self.plans]
         self.data_offset = int(str(state.get("data_offset", 0)))
-        return (stages.index(str(state["stage"])), int(str(state["stage_step"])),
-                int(str(state["tokens_seen"])))
+        return (
+            stages.index(str(state["stage"])),
+            int(str(state["stage_step"])),
+            int(str(state["tokens_seen"])),
+        )
 
     def _hold_rejoin(self) -> None:
         """Fault injection (``fail_at.rejoin_after_steps``): the killed replica group, restarted,
@@ -329,11 +372,16 @@ class Trainer:
         says so."""
         fail = self.spec.fail_at
         replica = self.replica.id if self.replica else None
-        if (fail is None or fail.rejoin_after_steps is None or replica != fail.replica
-                or self.spec.attempt != 1
-                or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"):
+        if (
+            fail is None
+            or fail.rejoin_after_steps is None
+            or replica != fail.replica
+            or self.spec.attempt != 1
+            or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        ):
             return
         if self.rank == 0:
+
             def newest() -> int:
                 found = committed_checkpoints(self.spec.checkpoint_dir)
                 return found[-1].step if found else 0
@@ -343,23 +391,32 @@ class Trainer:
             while (reached := newest()) < target and time.monotonic() < deadline:
                 time.sleep(0.2)
             if reached >= target:
-                self.events.log("info", f"fault injection: rejoining after the commit at step "
-                                        f"{reached}")
+                self.events.log(
+                    "info", f"fault injection: rejoining after the commit at step {reached}"
+                )
             else:
-                self.events.log("warning", f"fault injection: no commit at step {target} within "
-                                           f"{REJOIN_HOLD_S:.0f}s; rejoining anyway")
+                self.events.log(
+                    "warning",
+                    f"fault injection: no commit at step {target} within "
+                    f"{REJOIN_HOLD_S:.0f}s; rejoining anyway",
+                )
         dist.barrier(group=self.ckpt_group)
 
     def _fault_armed(self, resumed_step: int) -> bool:
         fail = self.spec.fail_at
         replica = self.replica.id if self.replica else 0
-        return (fail is not None and fail.rank == self.rank and fail.replica == replica
-                and self.spec.attempt == 1
-                and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-                and resumed_step < fail.step)
+        return (
+            fail is not None
+            and fail.rank == self.rank
+            and fail.replica == replica
+            and self.spec.attempt == 1
+            and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+            and resumed_step < fail.step
+        )
 
-    def _stage(self, plan: StagePlan, stage_step: int, tokens_seen: int,
-               resume: dict[str, object] | None) -> tuple[int, bool]:
+    def _stage(
+        self, plan: StagePlan, stage_step: int, tokens_seen: int, resume: dict[str, object] | None
+    ) -> tuple[int, bool]:
         config = plan.config
         name = config.stage
         data = PackedData(self._packed(config.data, config.seq_len), self.seed, plan.index)
@@ -384,11 +441,15 @@ class Trainer:
             step = plan.first_step + k + 1
             fail = self.spec.fail_at
             if self.fault_armed and fail is not None and step >= fail.step:
-                self.events.log("warning", f"fault injection: rank {self.rank} exits at step "
-                                           f"{step}")
+                self.events.log(
+                    "warning", f"fault injection: rank {self.rank} exits at step {step}"
+                )
                 os._exit(137)
-            if (self.pause_armed and self.spec.pause_at_step is not None
-                    and step >= self.spec.pause_at_step):
+            if (
+                self.pause_armed
+                and self.spec.pause_at_step is not None
+                and step >= self.spec.pause_at_step
+            ):
                 self.pause_armed = False
                 self.checkpointer.finish()  # what was saved is committed, then the hang
                 self.events.log("warning", f"fault injection: hanging at step {step}")
@@ -405,8 +466,9 @@ class Trainer:
             start = time.perf_counter()
             batch = data.batch(k + self.data_offset, self.dp_rank, self.dp_world, MICRO_BATCH)
             if self.spike_armed and step == self.spec.loss_spike_at:
-                batch = torch.randint(0, self.size.vocab, batch.shape,
-                                      generator=torch.Generator().manual_seed(step))
+                batch = torch.randint(
+                    0, self.size.vocab, batch.shape, generator=torch.Generator().manual_seed(step)
+                )
             batch = batch.to(self.device)
             lr = scheduler.get_last_lr()[0]
             current = self._train_step(batch, step, float(lr))
@@ -422,8 +484,7 @@ class Trainer:
             if self.spec.min_step_seconds is not None:
                 time.sleep(max(0.0, self.spec.min_step_seconds - (time.perf_counter() - start)))
             current.seconds = time.perf_counter() - start
-            stop = pending is not None and self._report(name, pending, step_tokens,
-                                                        flops_per_token)
+            stop = pending is not None and self._report(name, pending, step_tokens, flops_per_token)
             pending = current
             k += 1
             saving = stop or step % every == 0 or k == plan.steps
@@ -441,31 +502,49 @@ class Trainer:
             if saving:
                 if self._leading():
                     self.checkpointer.save(
-                        stage=name, step=step, tokens_seen=tokens_seen, model=self.model,
+                        stage=name,
+                        step=step,
+                        tokens_seen=tokens_seen,
+                        model=self.model,
                         optimizer=self.optimizer,
-                        trainer=self._trainer_state(name, k, step, tokens_seen, scheduler))
+                        trainer=self._trainer_state(name, k, step, tokens_seen, scheduler),
+                    )
                 if stop:
                     self.checkpointer.finish()
-                    self.events.log("warning", f"stop requested by the worker: checkpoint "
-                                               f"committed at step {step}")
+                    self.events.log(
+                        "warning",
+                        f"stop requested by the worker: checkpoint committed at step {step}",
+                    )
                     raise StopRequested(step)
         # The stage's last step is always saved, so nothing is pending here.
         assert pending is None
-        results = [self._evaluate(spec, config.seq_len)
-                   for spec in self.spec.manifest.eval_batteries[config.battery]]
+        results = [
+            self._evaluate(spec, config.seq_len)
+            for spec in self.spec.manifest.eval_batteries[config.battery]
+        ]
         self.checkpointer.finish()
         passed = all(bool(r["passed"]) for r in results)
-        self.events.emit("gate", stage=name, battery=config.battery, results=results,
-                         passed=passed)
+        self.events.emit("gate", stage=name, battery=config.battery, results=results, passed=passed)
         if passed:
             self.events.emit("stage", stage=name, status="completed")
         return tokens_seen, passed
 
-    def _trainer_state(self, stage: str, stage_step: int, step: int, tokens_seen: int,
-                       scheduler: torch.optim.lr_scheduler.LRScheduler) -> dict[str, object]:
+    def _trainer_state(
+        self,
+        stage: str,
+        stage_step: int,
+        step: int,
+        tokens_seen: int,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+    ) -> dict[str, object]:
         state: dict[str, object] = {
-            "stage": stage, "stage_step": stage_step, "step": step, "tokens_seen": tokens_seen,
-            "scheduler": scheduler.state_dict(), "data_offset": self.data_offset}
+            "stage": stage,
+            "stage_step": stage_step,
+            "step": step,
+            "tokens_seen": tokens_seen,
+            "scheduler": scheduler.state_dict(),
+            "data_offset": self.data_offset,
+        }
         if self.replica is not None:
             state["spike_window"] = self.detector.history()
         return state
@@ -478,8 +557,7 @@ class Trainer:
         if self.sync is None:
             return self.replica is None or self.replica.id == 0
         rank = self.sync.manager.participating_rank()
-        return rank == 0 if rank is not None else self.replica is not None \
-            and self.replica.id == 0
+        return rank == 0 if rank is not None else self.replica is not None and self.replica.id == 0
 
     def _digest(self) -> str:
         import hashlib
@@ -491,9 +569,11 @@ class Trainer:
 
     def _heal_state(self) -> dict[str, object]:
         """What a peer that is behind copies from this rank (local shards, see replicas.py)."""
-        return {"model": to_local_tree(dict(self.model.state_dict())),
-                "optim": to_local_tree(self.optimizer.state_dict()),
-                "position": self.position}
+        return {
+            "model": to_local_tree(dict(self.model.state_dict())),
+            "optim": to_local_tree(self.optimizer.state_dict()),
+            "position": self.position,
+        }
 
     def _heal_load(self, state: dict[str, object]) -> None:
         from torch.distributed.tensor import DTensor
@@ -512,9 +592,14 @@ class Trainer:
             restored: dict[str, object] = {}
             for key, value in entry.items():
                 if key != "step" and isinstance(param, DTensor):
-                    restored[key] = DTensor.from_local(value, param.device_mesh,
-                                                       param.placements, run_check=False,
-                                                       shape=param.shape, stride=param.stride())
+                    restored[key] = DTensor.from_local(
+                        value,
+                        param.device_mesh,
+                        param.placements,
+                        run_check=False,
+                        shape=param.shape,
+                        stride=param.stride(),
+                    )
                 else:
                     restored[key] = value
             self.optimizer.state[param] = restored
@@ -524,8 +609,9 @@ class Trainer:
 
     # ---- per-step figures ---------------------------------------------------------------------
 
-    def _report(self, stage: str, pending: PendingStep, step_tokens: int,
-                flops_per_token: float) -> bool:
+    def _report(
+        self, stage: str, pending: PendingStep, step_tokens: int, flops_per_token: float
+    ) -> bool:
         """Complete a step's all-reduce, emit its metrics, watch its loss for a spike; returns
         whether rank 0 had seen a stop request when the step ended (the same on every rank)."""
         if pending.work is not None:
@@ -535,10 +621,20 @@ class Trainer:
         tps = pending.tokens / pending.seconds
         devices = self.world * (pending.replicas or 1)
         mfu = None if self.peak is None else flops_per_token * tps / (self.peak * devices)
-        self.events.emit("metric", stage=stage, step=pending.step, values={
-            "loss": loss, "lr": pending.lr, "grad_norm": float(pending.grad_norm.item()),
-            "tokens_per_s": tps, "mfu": mfu, "step_seconds": pending.seconds,
-            **({"replicas": pending.replicas} if pending.replicas is not None else {})})
+        self.events.emit(
+            "metric",
+            stage=stage,
+            step=pending.step,
+            values={
+                "loss": loss,
+                "lr": pending.lr,
+                "grad_norm": float(pending.grad_norm.item()),
+                "tokens_per_s": tps,
+                "mfu": mfu,
+                "step_seconds": pending.seconds,
+                **({"replicas": pending.replicas} if pending.replicas is not None else {}),
+            },
+        )
         z = self.detector.observe(loss)
         if z is not None:
             self._propose_restart(stage, pending.step, loss, z)
@@ -553,14 +649,21 @@ class Trainer:
         self.checkpointer.finish()
         committed = [0]
         if self.rank == 0:
-            found = [c for c in committed_checkpoints(self.spec.checkpoint_storage)
-                     if c.step < step]
+            found = [
+                c for c in committed_checkpoints(self.spec.checkpoint_storage) if c.step < step
+            ]
             committed[0] = found[-1].step if found else 0
         dist.broadcast_object_list(committed, src=0, group=self.ckpt_group)
         good = int(committed[0])
-        self.events.emit("spike", stage=stage, step=step, loss=loss,
-                         z=z if math.isfinite(z) else None, checkpoint_step=good,
-                         skip_steps=step - good)
+        self.events.emit(
+            "spike",
+            stage=stage,
+            step=step,
+            loss=loss,
+            z=z if math.isfinite(z) else None,
+            checkpoint_step=good,
+            skip_steps=step - good,
+        )
         raise LossSpike(step)
 
     def _packed(self, data_ids: list[str], seq_len: int) -> torch.Tensor:
@@ -578,15 +681,17 @@ class Trainer:
             loss = self.model(input_ids=batch, labels=batch).loss
         loss.backward()
         stop = 1.0 if self.rank == 0 and self.spec.stop_path.exists() else 0.0
-        figures = torch.stack([loss.detach().float(),
-                               torch.tensor(stop, device=loss.device)])
+        figures = torch.stack([loss.detach().float(), torch.tensor(stop, device=loss.device)])
         if self.sync is not None:
             # Gradient shards, loss and stop flag averaged with the other groups at once.
             grads = [local(p.grad) for p in self.model.parameters() if p.grad is not None]
             if not self.sync.average([*grads, figures]):
                 self.optimizer.zero_grad(set_to_none=True)
-                self.events.log("warning", f"step {step} discarded: a replica group failed "
-                                           "during it; retrying with the live ones")
+                self.events.log(
+                    "warning",
+                    f"step {step} discarded: a replica group failed "
+                    "during it; retrying with the live ones",
+                )
                 return None
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), MAX_GRAD_NORM)
         if hasattr(norm, "full_tensor"):
@@ -596,19 +701,27 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         work = dist.all_reduce(figures, async_op=True)
-        return PendingStep(step=step, lr=lr, seconds=0.0, reduced=figures, work=work,
-                           grad_norm=norm.detach())
+        return PendingStep(
+            step=step, lr=lr, seconds=0.0, reduced=figures, work=work, grad_norm=norm.detach()
+        )
 
     # ---- evals --------------------------------------------------------------------------------
 
     def _evaluate(self, spec: EvalSpec, seq_len: int) -> dict[str, object]:
         threshold = spec.max if spec.max is not None else spec.min
-        result: dict[str, object] = {"eval": spec.eval, "data": spec.data, "value": None,
-                                     "threshold": threshold, "passed": False}
+        result: dict[str, object] = {
+            "eval": spec.eval,
+            "data": spec.data,
+            "value": None,
+            "threshold": threshold,
+            "passed": False,
+        }
         if spec.eval not in ("heldout_loss", "perplexity"):
             # Fail closed: a gate the engine cannot measure does not pass.
-            self.events.log("error", f"eval {spec.eval!r} is not available in the pretrain "
-                                     "engine; the gate fails")
+            self.events.log(
+                "error",
+                f"eval {spec.eval!r} is not available in the pretrain engine; the gate fails",
+            )
             return result
         loss = self._heldout_loss(spec.data, seq_len)
         value = loss if spec.eval == "heldout_loss" else math.exp(min(loss, 700.0))
@@ -628,7 +741,9 @@ class Trainer:
                 logits = self.model(input_ids=batch.to(self.device)).logits.float()
                 per_token = F.cross_entropy(
                     logits[:, :-1].reshape(-1, logits.shape[-1]),
-                    batch[:, 1:].reshape(-1).to(self.device), reduction="none")
+                    batch[:, 1:].reshape(-1).to(self.device),
+                    reduction="none",
+                )
                 per_seq = per_token.view(len(batch), -1).sum(dim=1).cpu().double()
                 sums[0] += (per_seq * weight).sum()
                 sums[1] += weight.sum() * (batch.shape[1] - 1)
@@ -637,8 +752,7 @@ class Trainer:
         dist.all_reduce(sums)
         return float(sums[0] / sums[1])
 
-    def _eval_batches(self, sequences: torch.Tensor) -> Iterator[tuple[torch.Tensor,
-                                                                       torch.Tensor]]:
+    def _eval_batches(self, sequences: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Rank ``r`` reads sequences ``r, r+world, …``; every rank runs the same number of
         forwards (FSDP2 gathers in each), padding with weight-zero repeats."""
         n = len(sequences)

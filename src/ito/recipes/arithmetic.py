@@ -33,10 +33,24 @@ class Budgets:
 
 
 RECIPES: dict[str, Budgets] = {
-    "demo": Budgets(pretrain_tokens=400_000, long_context_tokens=60_000, sft_tokens=60_000,
-                    dpo_tokens=40_000, rlvr_tokens=40_000, web_docs=3000, every_steps=50),
-    "test": Budgets(pretrain_tokens=20_000, long_context_tokens=4_000, sft_tokens=4_000,
-                    dpo_tokens=4_000, rlvr_tokens=4_000, web_docs=300, every_steps=10),
+    "demo": Budgets(
+        pretrain_tokens=400_000,
+        long_context_tokens=60_000,
+        sft_tokens=60_000,
+        dpo_tokens=40_000,
+        rlvr_tokens=40_000,
+        web_docs=3000,
+        every_steps=50,
+    ),
+    "test": Budgets(
+        pretrain_tokens=20_000,
+        long_context_tokens=4_000,
+        sft_tokens=4_000,
+        dpo_tokens=4_000,
+        rlvr_tokens=4_000,
+        web_docs=300,
+        every_steps=10,
+    ),
 }
 
 
@@ -47,12 +61,42 @@ class Recipe:
     """File name (relative to the output directory) → bytes."""
 
 
-_SUBJECTS = ["the model", "a student", "the engineer", "our cluster", "the scheduler",
-             "a careful reader", "the checkpoint", "the optimizer", "a tokenizer", "the batch"]
-_VERBS = ["adds", "counts", "writes", "reads", "checks", "stores", "sorts", "learns", "measures",
-          "repeats"]
-_OBJECTS = ["small numbers", "long sentences", "every token", "the loss curve", "two digits",
-            "a short story", "the gradient", "many shards", "the eval battery", "its own notes"]
+_SUBJECTS = [
+    "the model",
+    "a student",
+    "the engineer",
+    "our cluster",
+    "the scheduler",
+    "a careful reader",
+    "the checkpoint",
+    "the optimizer",
+    "a tokenizer",
+    "the batch",
+]
+_VERBS = [
+    "adds",
+    "counts",
+    "writes",
+    "reads",
+    "checks",
+    "stores",
+    "sorts",
+    "learns",
+    "measures",
+    "repeats",
+]
+_OBJECTS = [
+    "small numbers",
+    "long sentences",
+    "every token",
+    "the loss curve",
+    "two digits",
+    "a short story",
+    "the gradient",
+    "many shards",
+    "the eval battery",
+    "its own notes",
+]
 
 
 def _sentence(rng: random.Random) -> str:
@@ -68,7 +112,7 @@ def _jsonl(rows: list[dict[str, Any]]) -> bytes:
 
 def _ngrams(text: str, n: int) -> set[tuple[str, ...]]:
     words = text.split()
-    return {tuple(words[i:i + n]) for i in range(max(0, len(words) - n + 1))}
+    return {tuple(words[i : i + n]) for i in range(max(0, len(words) - n + 1))}
 
 
 def build_recipe(name: str, out_dir: str) -> Recipe:
@@ -81,8 +125,10 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
     def train_pair() -> tuple[int, int]:
         return rng.randint(0, 499), rng.randint(0, 499)
 
-    web = [{"text": " ".join(_sentence(rng) for _ in range(rng.randint(4, 12)))}
-           for _ in range(budgets.web_docs)]
+    web = [
+        {"text": " ".join(_sentence(rng) for _ in range(rng.randint(4, 12)))}
+        for _ in range(budgets.web_docs)
+    ]
     sft = []
     for _ in range(400):
         a, b = train_pair()
@@ -115,22 +161,40 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
             grams |= _ngrams(" ".join(str(v) for v in json.loads(line).values()), NGRAM)
         overlap = len(grams & eval_grams)
         assert overlap == 0, "generated training data overlaps the held-out set"
-        report_rows.append({"file": fname, "sha256": hashlib.sha256(files[fname]).hexdigest(),
-                            "overlapping_ngrams": overlap})
-    report = {"method": "ngram", "n": NGRAM, "eval_suites": ["arith-heldout"],
-              "eval_sha256": hashlib.sha256(files["arith-heldout.jsonl"]).hexdigest(),
-              "files": report_rows}
+        report_rows.append(
+            {
+                "file": fname,
+                "sha256": hashlib.sha256(files[fname]).hexdigest(),
+                "overlapping_ngrams": overlap,
+            }
+        )
+    report = {
+        "method": "ngram",
+        "n": NGRAM,
+        "eval_suites": ["arith-heldout"],
+        "eval_sha256": hashlib.sha256(files["arith-heldout.jsonl"]).hexdigest(),
+        "files": report_rows,
+    }
     files["decontamination-report.json"] = json.dumps(report, indent=2).encode() + b"\n"
     report_sha = hashlib.sha256(files["decontamination-report.json"]).hexdigest()
 
     base = PurePosixPath(out_dir)
-    deco: dict[str, Any] = {"eval_suites": ["arith-heldout"], "method": "ngram", "n": NGRAM,
-                            "report_sha256": report_sha}
+    deco: dict[str, Any] = {
+        "eval_suites": ["arith-heldout"],
+        "method": "ngram",
+        "n": NGRAM,
+        "report_sha256": report_sha,
+    }
 
     def ref(data_id: str, fname: str, role: str, license_: str, with_deco: bool) -> dict[str, Any]:
-        item: dict[str, Any] = {"id": data_id, "uri": f"file://{base / fname}",
-                                "sha256": hashlib.sha256(files[fname]).hexdigest(),
-                                "role": role, "license": license_, "custom": False}
+        item: dict[str, Any] = {
+            "id": data_id,
+            "uri": f"file://{base / fname}",
+            "sha256": hashlib.sha256(files[fname]).hexdigest(),
+            "role": role,
+            "license": license_,
+            "custom": False,
+        }
         if with_deco:
             item["decontamination"] = {**deco, "eval_suites": list(deco["eval_suites"])}
         return item
@@ -139,8 +203,12 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
         "schema": "ito.training.manifest.v1",
         "name": f"{name}-arithmetic",
         "model": {"family": "llama", "size": "tiny", "revision": "scratch"},
-        "resources": {"accelerators": ["cpu"], "nodes": 1, "gpus_per_node": 2,
-                      "fabrics": ["ethernet", "infiniband", "roce"]},
+        "resources": {
+            "accelerators": ["cpu"],
+            "nodes": 1,
+            "gpus_per_node": 2,
+            "fabrics": ["ethernet", "infiniband", "roce"],
+        },
         "data": [
             ref("web", "web.jsonl", "pretrain", "cc-by-4.0", True),
             ref("arith-sft", "arith-sft.jsonl", "sft", "mit", True),
@@ -149,22 +217,50 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
             ref("arith-heldout", "arith-heldout.jsonl", "eval", "mit", False),
         ],
         "curriculum": [
-            {"stage": "pretrain", "data": ["web"], "tokens": budgets.pretrain_tokens,
-             "seq_len": 128, "battery": "core"},
-            {"stage": "long_context", "data": ["web"], "tokens": budgets.long_context_tokens,
-             "seq_len": 256, "battery": "core"},
+            {
+                "stage": "pretrain",
+                "data": ["web"],
+                "tokens": budgets.pretrain_tokens,
+                "seq_len": 128,
+                "battery": "core",
+            },
+            {
+                "stage": "long_context",
+                "data": ["web"],
+                "tokens": budgets.long_context_tokens,
+                "seq_len": 256,
+                "battery": "core",
+            },
         ],
         "post_training": {
-            "sft": {"data": ["arith-sft"], "epochs": 1, "max_tokens": budgets.sft_tokens,
-                    "battery": "arith"},
-            "dpo": {"data": ["arith-prefs"], "beta": 0.1, "max_tokens": budgets.dpo_tokens,
-                    "battery": "arith"},
-            "rlvr": {"algorithm": "grpo", "data": ["arith-prompts"],
-                     "rewards": ["exact_match_arith"], "group_size": 8, "max_staleness": 1,
-                     "max_tokens": budgets.rlvr_tokens, "battery": "arith",
-                     "dapo": {"clip_low": 0.2, "clip_high": 0.28, "dynamic_sampling": True,
-                              "token_level_loss": True,
-                              "overlong": {"max_tokens": 32, "soft_tokens": 8}}},
+            "sft": {
+                "data": ["arith-sft"],
+                "epochs": 1,
+                "max_tokens": budgets.sft_tokens,
+                "battery": "arith",
+            },
+            "dpo": {
+                "data": ["arith-prefs"],
+                "beta": 0.1,
+                "max_tokens": budgets.dpo_tokens,
+                "battery": "arith",
+            },
+            "rlvr": {
+                "algorithm": "grpo",
+                "data": ["arith-prompts"],
+                "rewards": ["exact_match_arith"],
+                "group_size": 8,
+                "max_staleness": 1,
+                "max_tokens": budgets.rlvr_tokens,
+                "battery": "arith",
+                "dapo": {
+                    "clip_low": 0.2,
+                    "clip_high": 0.28,
+                    "dynamic_sampling": True,
+                    "token_level_loss": True,
+                    "overlong": {"max_tokens": 32, "soft_tokens": 8},
+                },
+            },
         },
         "eval_batteries": {
             "core": [{"eval": "heldout_loss", "data": "web", "max": 8.0}],
@@ -172,8 +268,10 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
         },
         "ladder": {"enabled": False, "proxy_size": "tiny", "tokens": 10_000, "margin": 0.01},
         "checkpoint": {"every_steps": budgets.every_steps, "keep_last": 2, "storage": "booking"},
-        "data_policy": {"allowed_licenses": ["cc-by-4.0", "mit", "apache-2.0"],
-                        "max_contamination": 0.0},
+        "data_policy": {
+            "allowed_licenses": ["cc-by-4.0", "mit", "apache-2.0"],
+            "max_contamination": 0.0,
+        },
         "budget": {"ceiling_usd": 5.0, "max_incremental_cost_usd": 2.0},
     }
     return Recipe(manifest=manifest, files=files)

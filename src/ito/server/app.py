@@ -56,9 +56,12 @@ log = logging.getLogger("ito.server")
 
 _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    "default": {"model": ErrorEnvelope,
-                "description": "A refusal: the error envelope, with the status its code is "
-                               "registered with (ito.core.errors)"}}
+    "default": {
+        "model": ErrorEnvelope,
+        "description": "A refusal: the error envelope, with the status its code is "
+        "registered with (ito.core.errors)",
+    }
+}
 """Every API route documents its refusals as the §4 error envelope (request-shape errors
 included: they answer ``invalid_arguments``, not FastAPI's own validation body)."""
 CONTENT_PATHS = ("/v1/manifests", "/v1/plans")
@@ -66,19 +69,40 @@ CONTENT_PATHS = ("/v1/manifests", "/v1/plans")
 text guard, decides what they may carry (``manifest_invalid``)."""
 
 
-def create_app(settings: ServerSettings, db: Database | None = None, *,
-               embedded_worker_url: str | None = None, background: bool = True) -> FastAPI:
+def create_app(
+    settings: ServerSettings,
+    db: Database | None = None,
+    *,
+    embedded_worker_url: str | None = None,
+    background: bool = True,
+) -> FastAPI:
     """The API. With ``embedded_worker_url`` (the embedded default) it also runs the
     in-process worker against that URL; the lease sweeper runs unless ``background`` is false
     (a worker process of ``serve --workers N``, whose supervisor runs it once)."""
-    state = AppState(settings=settings,
-                     db=db or Database(settings.resolved_database_url(),
-                                       pool_size=settings.db_pool_size))
-    app = FastAPI(title="ito-training", version=__version__, docs_url=None, redoc_url=None,
-                  lifespan=lifespan_for(state, embedded_worker_url, background=background))
+    state = AppState(
+        settings=settings,
+        db=db or Database(settings.resolved_database_url(), pool_size=settings.db_pool_size),
+    )
+    app = FastAPI(
+        title="ito-training",
+        version=__version__,
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan_for(state, embedded_worker_url, background=background),
+    )
     app.state.ito = state
-    for module in (meta, bookings, manifests, confirmations, runs, desk, device, credentials,
-                   worker, telemetry):
+    for module in (
+        meta,
+        bookings,
+        manifests,
+        confirmations,
+        runs,
+        desk,
+        device,
+        credentials,
+        worker,
+        telemetry,
+    ):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     app.include_router(web.router)  # pages: a refusal is the HTML error page
     _install_error_handlers(app)
@@ -94,8 +118,11 @@ def _respond(request: Request, error: ItoError) -> Response:
     headers = None
     if error.code == "rate_limited" and "retry_after_s" in error.details:
         headers = {"Retry-After": str(max(1, math.ceil(float(error.details["retry_after_s"]))))}
-    return JSONResponse(status_code=error.status,
-                        content=error_envelope(error, live_api_contacted=True), headers=headers)
+    return JSONResponse(
+        status_code=error.status,
+        content=error_envelope(error, live_api_contacted=True),
+        headers=headers,
+    )
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -118,9 +145,10 @@ def _install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 405:
             allow = ", ".join(_allowed_methods(app, request))
             if request.method == "OPTIONS":
-                return JSONResponse(ok_envelope({"allow": allow.split(", ")},
-                                                "the methods this path allows"),
-                                    headers={"Allow": allow})
+                return JSONResponse(
+                    ok_envelope({"allow": allow.split(", ")}, "the methods this path allows"),
+                    headers={"Allow": allow},
+                )
             response = _respond(request, ItoError("method_not_allowed"))
             response.headers["Allow"] = allow
             return response

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING
 
 from anyio import to_thread
@@ -60,8 +60,9 @@ class BackgroundDuties:
         if embedded_worker_url is not None:
             from ito.server.embedded_worker import EmbeddedWorkers
 
-            self.workers = EmbeddedWorkers(state.db, state.pepper, embedded_worker_url,
-                                           state.settings.home / "worker")
+            self.workers = EmbeddedWorkers(
+                state.db, state.pepper, embedded_worker_url, state.settings.home / "worker"
+            )
 
     def start(self) -> None:
         self.sweeper.start()
@@ -74,8 +75,12 @@ class BackgroundDuties:
         self.sweeper.stop()
 
 
-def lifespan_for(state: AppState, embedded_worker_url: str | None, *,  # type: ignore[no-untyped-def]
-                 background: bool = True):
+def lifespan_for(
+    state: AppState,
+    embedded_worker_url: str | None,
+    *,
+    background: bool = True,
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # As many request threads as pooled connections: each thread holds at most one at a

@@ -26,8 +26,9 @@ log = logging.getLogger("ito.server.worker")
 
 
 class EmbeddedWorkers:
-    def __init__(self, db: Database, pepper: str, api_url: str, home: Path,
-                 *, poll_seconds: float = 1.0) -> None:
+    def __init__(
+        self, db: Database, pepper: str, api_url: str, home: Path, *, poll_seconds: float = 1.0
+    ) -> None:
         self.db = db
         self.pepper = pepper
         self.api_url = api_url
@@ -39,8 +40,9 @@ class EmbeddedWorkers:
         self.scanner: threading.Thread | None = None
 
     def start(self) -> None:
-        self.scanner = threading.Thread(target=self._scan_forever, name="ito-embedded-workers",
-                                        daemon=True)
+        self.scanner = threading.Thread(
+            target=self._scan_forever, name="ito-embedded-workers", daemon=True
+        )
         self.scanner.start()
 
     def stop(self) -> None:
@@ -64,12 +66,23 @@ class EmbeddedWorkers:
     def _bookings_with_work(self) -> list[str]:
         with self.db.read() as session:
             rows = session.scalars(
-                select(Run.booking_id).join(Booking, Booking.id == Run.booking_id)
-                .where(or_(Run.state.in_([RunState.queued.value, RunState.recovering.value,
-                                          RunState.running.value,
-                                          RunState.cancelling.value]),
-                           Run.cleanup_state == "cleaning"))
-                .distinct())
+                select(Run.booking_id)
+                .join(Booking, Booking.id == Run.booking_id)
+                .where(
+                    or_(
+                        Run.state.in_(
+                            [
+                                RunState.queued.value,
+                                RunState.recovering.value,
+                                RunState.running.value,
+                                RunState.cancelling.value,
+                            ]
+                        ),
+                        Run.cleanup_state == "cleaning",
+                    )
+                )
+                .distinct()
+            )
             return list(rows)
 
     def _start_loop(self, booking_id: str) -> None:
@@ -84,14 +97,26 @@ class EmbeddedWorkers:
             if previous is not None:
                 # A loop that ended (its key revoked, say) leaves no usable key behind.
                 revoke_key(session, previous)
-            minted = create_key(session, self.pepper, account_id=booking.account_id,
-                                role="worker", booking_id=booking_id, name="embedded worker")
+            minted = create_key(
+                session,
+                self.pepper,
+                account_id=booking.account_id,
+                role="worker",
+                booking_id=booking_id,
+                name="embedded worker",
+            )
         self.keys[booking_id] = minted.key_id
         api = WorkerApi(self.api_url, minted.api_key)
-        loop = WorkerLoop(api, self.home / booking_id, LocalExecutor,
-                          poll_seconds=self.poll_seconds, stop=self.stop_event)
-        thread = threading.Thread(target=loop.run_forever, name=f"ito-worker-{booking_id}",
-                                  daemon=True)
+        loop = WorkerLoop(
+            api,
+            self.home / booking_id,
+            LocalExecutor,
+            poll_seconds=self.poll_seconds,
+            stop=self.stop_event,
+        )
+        thread = threading.Thread(
+            target=loop.run_forever, name=f"ito-worker-{booking_id}", daemon=True
+        )
         self.loops[booking_id] = thread
         thread.start()
         log.info("embedded worker started for booking %s (key %s)", booking_id, minted.prefix)

@@ -38,8 +38,11 @@ def secure_state(home: Path, sqlite_path: Path | None) -> list[str]:
             if _tighten(path, 0o600, directory=False):
                 fixed.append(str(path))
     for name in fixed:
-        print(f"ito-server: warning: {name} was accessible to other users; its mode is now "
-              f"{'0700' if name == str(home) else '0600'}", file=sys.stderr)
+        print(
+            f"ito-server: warning: {name} was accessible to other users; its mode is now "
+            f"{'0700' if name == str(home) else '0600'}",
+            file=sys.stderr,
+        )
     return fixed
 
 

@@ -43,13 +43,21 @@ class RedactFilter(logging.Filter):
     """Rewrites each record in place (it never drops one)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.name == "uvicorn.access" and isinstance(record.args, tuple) \
-                and len(record.args) == 5:
+        if (
+            record.name == "uvicorn.access"
+            and isinstance(record.args, tuple)
+            and len(record.args) == 5
+        ):
             # (client_addr, method, full_path, http_version, status_code): the access formatter
             # unpacks exactly these.
             client, method, path, version, status = record.args
-            record.args = (redact(str(client)), redact(str(method)),
-                           redact(str(path), is_path=True), redact(str(version)), status)
+            record.args = (
+                redact(str(client)),
+                redact(str(method)),
+                redact(str(path), is_path=True),
+                redact(str(version)),
+                status,
+            )
             return True
         try:
             message = record.getMessage()

@@ -68,8 +68,9 @@ class ServerSettings(ItoSettings):
     a request arriving from one of them has its ``X-Forwarded-For`` believed for the client
     address (rate limits, lockouts); empty (the default) means the socket's peer is the client
     and forwarded headers are ignored."""
-    max_request_bytes: int = Field(default=4 * 1024 * 1024, ge=2 * MANIFEST_MAX_BYTES,
-                                   le=1024 * 1024 * 1024)
+    max_request_bytes: int = Field(
+        default=4 * 1024 * 1024, ge=2 * MANIFEST_MAX_BYTES, le=1024 * 1024 * 1024
+    )
     """Largest request body accepted, checked before anything reads it (``request_too_large``
     past it). The largest legitimate bodies are a manifest sent base64 inside JSON (about 4/3 of
     the manifest bound) and a worker's report batch; the floor keeps every manifest sendable."""

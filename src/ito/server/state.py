@@ -34,15 +34,19 @@ class Limits:
         with self._lock:
             wait = self._requests.take(principal_id, time.monotonic())
         if wait is not None:
-            raise ItoError("rate_limited", "too many requests for this credential",
-                           retry_after_s=round(wait, 3))
+            raise ItoError(
+                "rate_limited",
+                "too many requests for this credential",
+                retry_after_s=round(wait, 3),
+            )
 
     def check_source(self, key: str) -> None:
         """Refuse a source that failed authentication too often lately."""
         wait = self._failures.blocked([key], utcnow())
         if wait is not None:
-            raise ItoError("rate_limited", "too many failed sign-ins from here",
-                           retry_after_s=round(wait, 3))
+            raise ItoError(
+                "rate_limited", "too many failed sign-ins from here", retry_after_s=round(wait, 3)
+            )
 
     def failed(self, key: str) -> None:
         self._failures.fail([key], utcnow())
@@ -58,8 +62,9 @@ class Limits:
         wait = self._failures.blocked(keys, now)
         self._failures.fail(keys, now)
         if wait is not None:
-            raise ItoError("rate_limited", "too many failed sign-ins from here",
-                           retry_after_s=round(wait, 3))
+            raise ItoError(
+                "rate_limited", "too many failed sign-ins from here", retry_after_s=round(wait, 3)
+            )
 
 
 @dataclass

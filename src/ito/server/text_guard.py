@@ -39,8 +39,9 @@ _INT_BOUND = 2**63
 class TextGuard:
     """Refuse requests carrying refused characters with ``respond(request, error)``."""
 
-    def __init__(self, app: ASGIApp, *, respond: Responder,
-                 content_paths: Collection[str] = ()) -> None:
+    def __init__(
+        self, app: ASGIApp, *, respond: Responder, content_paths: Collection[str] = ()
+    ) -> None:
         self.app = app
         self.respond = respond
         self.content_paths = frozenset(content_paths)
@@ -73,10 +74,14 @@ class TextGuard:
             return
         await self.app(scope, replay(received, receive), send)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send,
-                      details: dict[str, Any]) -> None:
-        error = ItoError("invalid_arguments", "the request carries a control, bidirectional "
-                         "override or other refused character", **details)
+    async def _refuse(
+        self, scope: Scope, receive: Receive, send: Send, details: dict[str, Any]
+    ) -> None:
+        error = ItoError(
+            "invalid_arguments",
+            "the request carries a control, bidirectional override or other refused character",
+            **details,
+        )
         await self.respond(Request(scope), error)(scope, receive, send)
 
 
@@ -151,12 +156,15 @@ def _bad_numbers(value: Any) -> list[str]:
         item, where = stack.pop()
         if isinstance(item, bool):
             continue
-        if (isinstance(item, int) and not -_INT_BOUND <= item < _INT_BOUND) \
-                or (isinstance(item, float) and not math.isfinite(item)):
+        if (isinstance(item, int) and not -_INT_BOUND <= item < _INT_BOUND) or (
+            isinstance(item, float) and not math.isfinite(item)
+        ):
             found.append(where)
         elif isinstance(item, dict):
-            stack.extend((child, f"{where}.{key}" if _plain(str(key)) else f"{where}.<key>")
-                         for key, child in item.items())
+            stack.extend(
+                (child, f"{where}.{key}" if _plain(str(key)) else f"{where}.<key>")
+                for key, child in item.items()
+            )
         elif isinstance(item, list):
             stack.extend((child, f"{where}[{i}]") for i, child in enumerate(item))
     return found

@@ -56,8 +56,12 @@ class WorkerApi:
         return _answer(Lease, data) if data else None
 
     def heartbeat(self, run_id: str, attempt: int) -> HeartbeatAnswer:
-        return _answer(HeartbeatAnswer, self._post(f"/v1/worker/runs/{run_id}/heartbeat",
-                                                   AttemptBody(attempt=attempt).model_dump()))
+        return _answer(
+            HeartbeatAnswer,
+            self._post(
+                f"/v1/worker/runs/{run_id}/heartbeat", AttemptBody(attempt=attempt).model_dump()
+            ),
+        )
 
     def report(self, run_id: str, attempt: int, events: Sequence[ReportedEvent]) -> None:
         """Send events in order, in batches well under the server's request bound (one request
@@ -65,12 +69,21 @@ class WorkerApi:
         for batch in report_batches(events):
             self._post(f"/v1/worker/runs/{run_id}/report", {"attempt": attempt, "events": batch})
 
-    def finish(self, run_id: str, attempt: int, status: str, *, failure_code: str | None = None,
-               message: str = "") -> FinishAnswer:
-        body = FinishBody.model_validate({"attempt": attempt, "status": status,
-                                          "failure_code": failure_code, "message": message})
-        return _answer(FinishAnswer, self._post(f"/v1/worker/runs/{run_id}/finish",
-                                                body.model_dump()))
+    def finish(
+        self,
+        run_id: str,
+        attempt: int,
+        status: str,
+        *,
+        failure_code: str | None = None,
+        message: str = "",
+    ) -> FinishAnswer:
+        body = FinishBody.model_validate(
+            {"attempt": attempt, "status": status, "failure_code": failure_code, "message": message}
+        )
+        return _answer(
+            FinishAnswer, self._post(f"/v1/worker/runs/{run_id}/finish", body.model_dump())
+        )
 
     def cleanups(self) -> list[CleanupJob]:
         return list(_answer(CleanupJobs, self._get("/v1/worker/cleanups")).cleanups)
@@ -107,5 +120,6 @@ def _answer(model: type[_AnswerT], data: Any) -> _AnswerT:
     try:
         return model.model_validate(data)
     except ValidationError:
-        raise ItoError("api_answer_invalid", f"the API's {model.__name__} answer does not "
-                                             "match its model") from None
+        raise ItoError(
+            "api_answer_invalid", f"the API's {model.__name__} answer does not match its model"
+        ) from None

@@ -53,7 +53,7 @@ def descendants(pid: int) -> list[int]:
         except OSError:
             continue
         # The command name is in parentheses and may contain spaces: split after it.
-        fields = stat[stat.rfind(")") + 2:].split()
+        fields = stat[stat.rfind(")") + 2 :].split()
         children.setdefault(int(fields[1]), []).append(int(entry))
     found: list[int] = []
     frontier = [pid]
@@ -79,13 +79,21 @@ class LocalExecutor:
         self.log_file: BinaryIO | None = None
         self.lighthouse: Lighthouse | None = None
 
-    def command(self, launch: LaunchSpec, replica: int | None = None,
-                lighthouse: str | None = None) -> list[str]:
+    def command(
+        self, launch: LaunchSpec, replica: int | None = None, lighthouse: str | None = None
+    ) -> list[str]:
         torchrun = str(Path(sys.executable).parent / "torchrun")
         nproc = launch.gpus_per_node // launch.replica_groups
-        command = [torchrun, "--standalone", f"--nproc-per-node={nproc}",
-                   f"--max-restarts={launch.max_restarts}",
-                   "-m", "ito.pipeline.run", "--spec", str(launch.spec_path)]
+        command = [
+            torchrun,
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            f"--max-restarts={launch.max_restarts}",
+            "-m",
+            "ito.pipeline.run",
+            "--spec",
+            str(launch.spec_path),
+        ]
         if replica is not None and lighthouse is not None:
             command += ["--replica-id", str(replica), "--lighthouse", lighthouse]
         return command
@@ -100,13 +108,23 @@ class LocalExecutor:
             self.lighthouse = Lighthouse.start(
                 launch.workdir / f"lighthouse-attempt-{launch.attempt}.log",
                 join_timeout_ms=RUN_JOIN_TIMEOUT_MS,
-                heartbeat_timeout_ms=RUN_HEARTBEAT_TIMEOUT_MS)
-            commands = [self.command(launch, i, self.lighthouse.address)
-                        for i in range(launch.replica_groups)]
+                heartbeat_timeout_ms=RUN_HEARTBEAT_TIMEOUT_MS,
+            )
+            commands = [
+                self.command(launch, i, self.lighthouse.address)
+                for i in range(launch.replica_groups)
+            ]
         for command in commands:
-            self.processes.append(subprocess.Popen(
-                command, cwd=launch.workdir, env=env, stdout=self.log_file,
-                stderr=subprocess.STDOUT, start_new_session=True))
+            self.processes.append(
+                subprocess.Popen(
+                    command,
+                    cwd=launch.workdir,
+                    env=env,
+                    stdout=self.log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
 
     def poll(self) -> int | None:
         assert self.processes

@@ -20,13 +20,21 @@ log = logging.getLogger("ito.worker")
 
 
 class WorkerLoop:
-    def __init__(self, api: WorkerApi, home: Path, executor_factory: Callable[[], Executor],
-                 *, poll_seconds: float = 1.0, stop: threading.Event | None = None,
-                 spec_overrides: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        api: WorkerApi,
+        home: Path,
+        executor_factory: Callable[[], Executor],
+        *,
+        poll_seconds: float = 1.0,
+        stop: threading.Event | None = None,
+        spec_overrides: dict[str, Any] | None = None,
+    ) -> None:
         self.api = api
         self.stop = stop or threading.Event()
-        self.supervisor = Supervisor(api, home, executor_factory, spec_overrides=spec_overrides,
-                                     stop=self.stop)
+        self.supervisor = Supervisor(
+            api, home, executor_factory, spec_overrides=spec_overrides, stop=self.stop
+        )
         self.home = home
         self.poll_seconds = poll_seconds
         self.refused_cleanups: set[str] = set()
@@ -53,8 +61,12 @@ class WorkerLoop:
         if lease is not None:
             log.info("leased run %s attempt %s", lease.run_id, lease.attempt)
             outcome = self.supervisor.run(lease)
-            log.info("run %s attempt %s ended: %s", lease.run_id, lease.attempt,
-                     outcome.status if outcome else "lease lost")
+            log.info(
+                "run %s attempt %s ended: %s",
+                lease.run_id,
+                lease.attempt,
+                outcome.status if outcome else "lease lost",
+            )
             worked = True
         return worked
 

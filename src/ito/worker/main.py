@@ -22,8 +22,9 @@ app = typer.Typer(add_completion=False, help="ito-training worker for one bookin
 def main_command(
     booking: Annotated[str, typer.Option(help="The booking this worker serves.")],
     executor: Annotated[str, typer.Option(help="local | slurm")] = "local",
-    once: Annotated[bool, typer.Option("--once", help="Handle what is waiting, then "
-                                       "exit.")] = False,
+    once: Annotated[
+        bool, typer.Option("--once", help="Handle what is waiting, then exit.")
+    ] = False,
     poll_seconds: Annotated[float, typer.Option(help="Seconds between idle polls.")] = 1.0,
 ) -> None:
     """Lease and run the booking's runs."""
@@ -35,20 +36,26 @@ def main_command(
     settings = build(WorkerSettings)
     if settings.api_key is None:
         raise ItoError("not_authenticated", "set ITO_API_KEY to a worker key of the booking")
-    api = WorkerApi(settings.api_url, settings.api_key.get_secret_value(),
-                    timeout=settings.timeout)
+    api = WorkerApi(settings.api_url, settings.api_key.get_secret_value(), timeout=settings.timeout)
     me = api.me()
     if me["role"] != "worker" or me["booking_id"] != booking:
         raise ItoError("forbidden_scope", "the key is not a worker key of this booking")
     factory = _executor_factory(executor)
     home = settings.home / "worker" / booking
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    loop = WorkerLoop(api, home, factory, poll_seconds=poll_seconds, stop=stop,
-                      spec_overrides=settings.fault_injection)
+    loop = WorkerLoop(
+        api,
+        home,
+        factory,
+        poll_seconds=poll_seconds,
+        stop=stop,
+        spec_overrides=settings.fault_injection,
+    )
     if once:
         while loop.tick():
             pass

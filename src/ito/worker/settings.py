@@ -12,8 +12,9 @@ from ito.client.config import ClientConfig
 
 __all__ = ["FAULT_INJECTION_KEYS", "WorkerSettings"]
 
-FAULT_INJECTION_KEYS = frozenset({"fail_at", "loss_spike_at", "max_steps_per_stage",
-                                  "min_step_seconds", "pause_at_step"})
+FAULT_INJECTION_KEYS = frozenset(
+    {"fail_at", "loss_spike_at", "max_steps_per_stage", "min_step_seconds", "pause_at_step"}
+)
 
 
 class WorkerSettings(ClientConfig):
@@ -27,7 +28,8 @@ class WorkerSettings(ClientConfig):
     def _known_keys(cls, value: Any) -> Any:
         if isinstance(value, str):
             value = json.loads(value)
-        if value is not None and (not isinstance(value, dict)
-                                  or not set(value) <= FAULT_INJECTION_KEYS):
+        if value is not None and (
+            not isinstance(value, dict) or not set(value) <= FAULT_INJECTION_KEYS
+        ):
             raise ValueError(f"takes only {sorted(FAULT_INJECTION_KEYS)}")
         return value

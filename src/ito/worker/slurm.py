@@ -41,10 +41,23 @@ __all__ = ["ACTIVE_STATES", "JobStatus", "SlurmExecutor", "exit_code_for", "job_
 
 log = logging.getLogger(__name__)
 
-ACTIVE_STATES = frozenset({
-    "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED",
-    "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD",
-})
+ACTIVE_STATES = frozenset(
+    {
+        "PENDING",
+        "CONFIGURING",
+        "RUNNING",
+        "COMPLETING",
+        "SUSPENDED",
+        "REQUEUED",
+        "REQUEUE_FED",
+        "REQUEUE_HOLD",
+        "RESIZING",
+        "SIGNALING",
+        "STAGE_OUT",
+        "STOPPED",
+        "RESV_DEL_HOLD",
+    }
+)
 """Job states in which the job may still run or is still cleaning up its processes."""
 
 CANCELLED_EXIT = -15
@@ -99,9 +112,15 @@ def job_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 class SlurmExecutor:
     """Runs the pipeline as one Slurm job of ``launch.nodes`` nodes, one ``torchrun`` each."""
 
-    def __init__(self, *, entry: Sequence[str] = ("-m", "ito.pipeline.run"),
-                 slurm_conf: Path | None = None, kill_timeout_s: float = 60.0,
-                 poll_interval_s: float = 0.2, query_interval_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        *,
+        entry: Sequence[str] = ("-m", "ito.pipeline.run"),
+        slurm_conf: Path | None = None,
+        kill_timeout_s: float = 60.0,
+        poll_interval_s: float = 0.2,
+        query_interval_s: float = 0.5,
+    ) -> None:
         self.entry = tuple(entry)
         """What ``torchrun`` runs on each rank: ``-m module`` or a script path, then its args."""
         self.slurm_conf = slurm_conf
@@ -126,13 +145,19 @@ class SlurmExecutor:
         Tests override this to run something other than ``torchrun`` on each node.
         """
         torchrun = str(Path(sys.executable).parent / "torchrun")
-        words = [shlex.quote(torchrun), '--nnodes="$SLURM_NNODES"',
-                 '--node-rank="$SLURM_NODEID"', f"--nproc-per-node={launch.gpus_per_node}",
-                 f"--max-restarts={launch.max_restarts}", "--rdzv-backend=c10d",
-                 '--rdzv-endpoint="$RDZV_ENDPOINT"',
-                 "--rdzv-id=" + shlex.quote(f"{launch.run_id}-{launch.attempt}"),
-                 *(shlex.quote(word) for word in self.entry),
-                 "--spec", shlex.quote(str(launch.spec_path))]
+        words = [
+            shlex.quote(torchrun),
+            '--nnodes="$SLURM_NNODES"',
+            '--node-rank="$SLURM_NODEID"',
+            f"--nproc-per-node={launch.gpus_per_node}",
+            f"--max-restarts={launch.max_restarts}",
+            "--rdzv-backend=c10d",
+            '--rdzv-endpoint="$RDZV_ENDPOINT"',
+            "--rdzv-id=" + shlex.quote(f"{launch.run_id}-{launch.attempt}"),
+            *(shlex.quote(word) for word in self.entry),
+            "--spec",
+            shlex.quote(str(launch.spec_path)),
+        ]
         return "exec " + " ".join(words)
 
     def replica_node_command(self, launch: LaunchSpec) -> str:
@@ -140,81 +165,104 @@ class SlurmExecutor:
         rendezvous), replica group ``$SLURM_NODEID``, meeting the others through the lighthouse
         the batch script started."""
         torchrun = str(Path(sys.executable).parent / "torchrun")
-        words = [shlex.quote(torchrun), "--standalone",
-                 f"--nproc-per-node={launch.gpus_per_node}",
-                 f"--max-restarts={launch.max_restarts}",
-                 *(shlex.quote(word) for word in self.entry),
-                 "--spec", shlex.quote(str(launch.spec_path)),
-                 '--replica-id="$SLURM_NODEID"', '--lighthouse="$LIGHTHOUSE"']
+        words = [
+            shlex.quote(torchrun),
+            "--standalone",
+            f"--nproc-per-node={launch.gpus_per_node}",
+            f"--max-restarts={launch.max_restarts}",
+            *(shlex.quote(word) for word in self.entry),
+            "--spec",
+            shlex.quote(str(launch.spec_path)),
+            '--replica-id="$SLURM_NODEID"',
+            '--lighthouse="$LIGHTHOUSE"',
+        ]
         return "exec " + " ".join(words)
 
     def batch_script(self, launch: LaunchSpec) -> str:
         """The sbatch script: find the rendezvous endpoint on the first node, srun each node."""
         python = shlex.quote(sys.executable)
-        free_port = ("import socket; s = socket.socket(); s.bind(('', 0)); "
-                     "print(s.getsockname()[1])")
+        free_port = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
         if launch.replica_groups > 1:
             lighthouse = shlex.quote(str(Path(sys.executable).parent / "torchft_lighthouse"))
-            return "\n".join([
+            return "\n".join(
+                [
+                    "#!/bin/bash",
+                    f"# ito run {launch.run_id}, attempt {launch.attempt}, "
+                    f"{launch.replica_groups} replica groups; written by SlurmExecutor.",
+                    "set -euo pipefail",
+                    'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+                    'head_addr=$(scontrol show node -o "$head_node" '
+                    "| sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')",
+                    f"lighthouse_port=$({python} -c {shlex.quote(free_port)})",
+                    f'{lighthouse} --bind "0.0.0.0:$lighthouse_port" --min_replicas 1 '
+                    f"--join_timeout_ms {RUN_JOIN_TIMEOUT_MS} "
+                    f"--heartbeat_timeout_ms {RUN_HEARTBEAT_TIMEOUT_MS} --quorum_tick_ms 50 "
+                    '> "lighthouse-$SLURM_JOB_ID.log" 2>&1 &',
+                    "lighthouse_pid=$!",
+                    "trap 'kill $lighthouse_pid 2>/dev/null || true' EXIT",
+                    'export LIGHTHOUSE="http://${head_addr:-$head_node}:$lighthouse_port"',
+                    'echo "lighthouse at $LIGHTHOUSE for $SLURM_NNODES replica groups"',
+                    # A group that fails must not take the others down: they go on without it.
+                    'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=0 '
+                    f"bash -c {shlex.quote(self.replica_node_command(launch))}",
+                    "",
+                ]
+            )
+        return "\n".join(
+            [
                 "#!/bin/bash",
-                f"# ito run {launch.run_id}, attempt {launch.attempt}, "
-                f"{launch.replica_groups} replica groups; written by SlurmExecutor.",
+                f"# ito run {launch.run_id}, attempt {launch.attempt}; written by SlurmExecutor.",
                 "set -euo pipefail",
                 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
                 'head_addr=$(scontrol show node -o "$head_node" '
                 "| sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')",
-                f"lighthouse_port=$({python} -c {shlex.quote(free_port)})",
-                f'{lighthouse} --bind "0.0.0.0:$lighthouse_port" --min_replicas 1 '
-                f"--join_timeout_ms {RUN_JOIN_TIMEOUT_MS} "
-                f"--heartbeat_timeout_ms {RUN_HEARTBEAT_TIMEOUT_MS} --quorum_tick_ms 50 "
-                '> "lighthouse-$SLURM_JOB_ID.log" 2>&1 &',
-                "lighthouse_pid=$!",
-                "trap 'kill $lighthouse_pid 2>/dev/null || true' EXIT",
-                'export LIGHTHOUSE="http://${head_addr:-$head_node}:$lighthouse_port"',
-                'echo "lighthouse at $LIGHTHOUSE for $SLURM_NNODES replica groups"',
-                # A group that fails must not take the others down: they go on without it.
-                'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=0 '
-                f"bash -c {shlex.quote(self.replica_node_command(launch))}",
+                f"head_port=$({python} -c {shlex.quote(free_port)})",
+                'export RDZV_ENDPOINT="${head_addr:-$head_node}:$head_port"',
+                'echo "rendezvous at $RDZV_ENDPOINT on $SLURM_NNODES nodes"',
+                'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 '
+                f"bash -c {shlex.quote(self.node_command(launch))}",
                 "",
-            ])
-        return "\n".join([
-            "#!/bin/bash",
-            f"# ito run {launch.run_id}, attempt {launch.attempt}; written by SlurmExecutor.",
-            "set -euo pipefail",
-            'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-            'head_addr=$(scontrol show node -o "$head_node" '
-            "| sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')",
-            f"head_port=$({python} -c {shlex.quote(free_port)})",
-            'export RDZV_ENDPOINT="${head_addr:-$head_node}:$head_port"',
-            'echo "rendezvous at $RDZV_ENDPOINT on $SLURM_NNODES nodes"',
-            'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 '
-            f"bash -c {shlex.quote(self.node_command(launch))}",
-            "",
-        ])
+            ]
+        )
 
     # -- Executor -------------------------------------------------------------------------------
 
     def start(self, launch: LaunchSpec) -> None:
         if launch.replica_groups > 1 and launch.replica_groups != launch.nodes:
             # Refused before anything is submitted: the run fails with a code, nothing runs.
-            raise ItoError("plan_refused", "on Slurm each replica group is one node: "
-                           "replica_groups must equal the booked nodes")
+            raise ItoError(
+                "plan_refused",
+                "on Slurm each replica group is one node: "
+                "replica_groups must equal the booked nodes",
+            )
         script = launch.workdir / f"slurm-attempt-{launch.attempt}.sh"
         script.write_text(self.batch_script(launch))
         script.chmod(0o700)
         result = self._slurm(
-            "sbatch", "--parsable", "--no-requeue", f"--nodes={launch.nodes}",
-            "--ntasks-per-node=1", f"--job-name=ito-{launch.run_id}",
-            f"--output={launch.workdir}/slurm-%j.out", f"--chdir={launch.workdir}",
-            str(script), env=job_environment(self._client_environ()))
+            "sbatch",
+            "--parsable",
+            "--no-requeue",
+            f"--nodes={launch.nodes}",
+            "--ntasks-per-node=1",
+            f"--job-name=ito-{launch.run_id}",
+            f"--output={launch.workdir}/slurm-%j.out",
+            f"--chdir={launch.workdir}",
+            str(script),
+            env=job_environment(self._client_environ()),
+        )
         if result.returncode != 0:
-            raise ItoError("internal_error",
-                           "sbatch refused the job: " + _first_line(result.stderr))
+            raise ItoError(
+                "internal_error", "sbatch refused the job: " + _first_line(result.stderr)
+            )
         self.job_id = result.stdout.strip().split(";")[0]
         self.final = None
         self._next_query = 0.0
-        log.info("submitted run %s attempt %s as Slurm job %s", launch.run_id, launch.attempt,
-                 self.job_id)
+        log.info(
+            "submitted run %s attempt %s as Slurm job %s",
+            launch.run_id,
+            launch.attempt,
+            self.job_id,
+        )
 
     def poll(self) -> int | None:
         assert self.job_id is not None, "poll() before start()"
@@ -240,8 +288,9 @@ class SlurmExecutor:
             if self.poll() is not None:
                 return
             time.sleep(self.poll_interval_s)
-        log.warning("Slurm job %s still not ended %.0f s after scancel", self.job_id,
-                    self.kill_timeout_s)
+        log.warning(
+            "Slurm job %s still not ended %.0f s after scancel", self.job_id, self.kill_timeout_s
+        )
 
     # -- following the job ----------------------------------------------------------------------
 
@@ -275,8 +324,7 @@ class SlurmExecutor:
 
     def _from_sacct(self) -> JobStatus | None:
         assert self.job_id is not None
-        result = self._slurm("sacct", "-n", "-X", "-P", "-j", self.job_id,
-                             "-o", "State,ExitCode")
+        result = self._slurm("sacct", "-n", "-X", "-P", "-j", self.job_id, "-o", "State,ExitCode")
         line = _first_line(result.stdout)
         if result.returncode != 0 or "|" not in line:
             return None
@@ -290,12 +338,18 @@ class SlurmExecutor:
             env["SLURM_CONF"] = str(self.slurm_conf)
         return env
 
-    def _slurm(self, *argv: str, env: Mapping[str, str] | None = None
-               ) -> subprocess.CompletedProcess[str]:
+    def _slurm(
+        self, *argv: str, env: Mapping[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         try:
-            return subprocess.run(argv, capture_output=True, text=True, check=False,
-                                  env=dict(env) if env is not None else self._client_environ(),
-                                  timeout=_COMMAND_TIMEOUT_S)
+            return subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                check=False,
+                env=dict(env) if env is not None else self._client_environ(),
+                timeout=_COMMAND_TIMEOUT_S,
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return subprocess.CompletedProcess(argv, 127, "", f"{argv[0]}: {exc}")
 

@@ -88,10 +88,15 @@ class EventTail:
                     events.append(parse_event_line(line))
                 except ValueError as exc:
                     # Logged by where it is wrong, never by what it says (it may carry anything).
-                    log.warning("%s: a malformed pipeline event was dropped (%s)", self.path.name,
-                                exc)
-                    events.append(LogEvent(level="warning", message=f"a malformed pipeline "
-                                                                    f"event was dropped ({exc})"))
+                    log.warning(
+                        "%s: a malformed pipeline event was dropped (%s)", self.path.name, exc
+                    )
+                    events.append(
+                        LogEvent(
+                            level="warning",
+                            message=f"a malformed pipeline event was dropped ({exc})",
+                        )
+                    )
         return events
 
 
@@ -103,9 +108,15 @@ class Outcome:
 
 
 class Supervisor:
-    def __init__(self, api: WorkerApi, home: Path, executor_factory: Callable[[], Executor],
-                 *, spec_overrides: dict[str, Any] | None = None,
-                 stop: threading.Event | None = None) -> None:
+    def __init__(
+        self,
+        api: WorkerApi,
+        home: Path,
+        executor_factory: Callable[[], Executor],
+        *,
+        spec_overrides: dict[str, Any] | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
         self.api = api
         self.home = home
         self.executor_factory = executor_factory
@@ -129,50 +140,80 @@ class Supervisor:
                 checkpoints = proven.real
         except ItoError as exc:
             return self._finish(run_id, attempt, Outcome("failed", exc.code, exc.message))
-        self.api.report(run_id, attempt, [LogEvent(level="info",
-                                                   message=f"checkpoints at {checkpoints}")])
+        self.api.report(
+            run_id, attempt, [LogEvent(level="info", message=f"checkpoints at {checkpoints}")]
+        )
 
         prep = self._prepare(run_id, attempt, raw, workdir)
         if prep is not None or self.stop.is_set():
             return prep  # an outcome, or None: the worker is stopping and leaves the lease
         skipped = [s for s in POST_TRAINING if (document.get("post_training") or {}).get(s)]
         if skipped:
-            self.api.report(run_id, attempt, [LogEvent(
-                level="warning",
-                message=f"post-training stages {skipped} are not run by this runtime "
-                        "version; the run ends after its curriculum")])
+            self.api.report(
+                run_id,
+                attempt,
+                [
+                    LogEvent(
+                        level="warning",
+                        message=f"post-training stages {skipped} are not run by this runtime "
+                        "version; the run ends after its curriculum",
+                    )
+                ],
+            )
 
         events_path = workdir / f"events-{attempt}.jsonl"
         restart = lease.restart_from
         fields: dict[str, Any] = {
-            "run_id": run_id, "attempt": attempt, "manifest": document,
-            "workdir": str(workdir), "checkpoint_dir": str(checkpoints),
-            "storage_root": str(real_root), "events_path": str(events_path),
+            "run_id": run_id,
+            "attempt": attempt,
+            "manifest": document,
+            "workdir": str(workdir),
+            "checkpoint_dir": str(checkpoints),
+            "storage_root": str(real_root),
+            "events_path": str(events_path),
             "stages": [s["stage"] for s in document["curriculum"]],
-            "restart_from": restart.model_dump() if restart is not None else None}
+            "restart_from": restart.model_dump() if restart is not None else None,
+        }
         try:
             spec = RunSpecDocument.model_validate(fields | self.spec_overrides)
         except ValidationError:
-            return self._finish(run_id, attempt, Outcome(
-                "failed", "invalid_arguments", "the run spec for the engine is invalid"))
+            return self._finish(
+                run_id,
+                attempt,
+                Outcome("failed", "invalid_arguments", "the run spec for the engine is invalid"),
+            )
         spec_path = workdir / f"spec-{attempt}.json"
         spec_path.write_text(spec.model_dump_json())
         booking = lease.booking
         executor = self.executor_factory()
         groups = int((document.get("resources") or {}).get("replica_groups", 1))
         try:
-            executor.start(LaunchSpec(run_id=run_id, attempt=attempt, spec_path=spec_path,
-                                      workdir=workdir, nodes=booking.nodes,
-                                      gpus_per_node=booking.gpus_per_node,
-                                      replica_groups=groups))
+            executor.start(
+                LaunchSpec(
+                    run_id=run_id,
+                    attempt=attempt,
+                    spec_path=spec_path,
+                    workdir=workdir,
+                    nodes=booking.nodes,
+                    gpus_per_node=booking.gpus_per_node,
+                    replica_groups=groups,
+                )
+            )
         except ItoError as exc:
             executor.kill()
             return self._finish(run_id, attempt, Outcome("failed", exc.code, exc.message))
         ttl = lease.lease_ttl_s
         try:
-            return self._follow(run_id, attempt, executor, EventTail(events_path),
-                                lease.heartbeat_s, ttl=ttl, stop_grace_s=ttl / 2,
-                                stop_path=stop_file(workdir, attempt))
+            return self._follow(
+                run_id,
+                attempt,
+                executor,
+                EventTail(events_path),
+                lease.heartbeat_s,
+                ttl=ttl,
+                stop_grace_s=ttl / 2,
+                stop_path=stop_file(workdir, attempt),
+            )
         except BaseException:
             # Whatever went wrong here, no training process outlives its supervision.
             executor.kill()
@@ -205,28 +246,51 @@ class Supervisor:
                 beat = self.api.heartbeat(run_id, attempt)
                 if beat.stop is not None:
                     thread.join()
-                    return self._finish(run_id, attempt, Outcome(
-                        "cancelled", None, "cancelled during data prep")
-                        if beat.stop == "cancel" else Outcome(
-                        "failed", beat.stop_code or "budget_exceeded",
-                        "stopped during data prep: the budget or the booking does not allow "
-                        "another interval"))
+                    return self._finish(
+                        run_id,
+                        attempt,
+                        Outcome("cancelled", None, "cancelled during data prep")
+                        if beat.stop == "cancel"
+                        else Outcome(
+                            "failed",
+                            beat.stop_code or "budget_exceeded",
+                            "stopped during data prep: the budget or the booking does not allow "
+                            "another interval",
+                        ),
+                    )
         if "error" in result:
             error: ItoError = result["error"]
             return self._finish(run_id, attempt, Outcome("failed", error.code, error.message))
         if "crash" in result:
-            return self._finish(run_id, attempt, Outcome("failed", "internal_error",
-                                                         "data preparation crashed"))
+            return self._finish(
+                run_id, attempt, Outcome("failed", "internal_error", "data preparation crashed")
+            )
         summary = result["report"].to_dict()
-        self.api.report(run_id, attempt, [
-            LogEvent(level="info",
-                     message="data prepared: " + json.dumps(summary.get("counts", {}))[:3000]),
-            StageEvent(stage="data_prep", status="completed")])
+        self.api.report(
+            run_id,
+            attempt,
+            [
+                LogEvent(
+                    level="info",
+                    message="data prepared: " + json.dumps(summary.get("counts", {}))[:3000],
+                ),
+                StageEvent(stage="data_prep", status="completed"),
+            ],
+        )
         return None
 
-    def _follow(self, run_id: str, attempt: int, executor: Executor, tail: EventTail,
-                heartbeat_s: float, *, ttl: float, stop_grace_s: float,
-                stop_path: Path) -> Outcome | None:
+    def _follow(
+        self,
+        run_id: str,
+        attempt: int,
+        executor: Executor,
+        tail: EventTail,
+        heartbeat_s: float,
+        *,
+        ttl: float,
+        stop_grace_s: float,
+        stop_path: Path,
+    ) -> Outcome | None:
         done: DoneEvent | None = None
         next_beat = 0.0
         stop_deadline: float | None = None
@@ -250,11 +314,19 @@ class Supervisor:
                     if exc.code in _LOST:
                         raise
                     if exc.retryable:
-                        log.warning("run %s: a report batch was not delivered (%s); it is "
-                                    "sent again next round", run_id, exc.code)
+                        log.warning(
+                            "run %s: a report batch was not delivered (%s); it is "
+                            "sent again next round",
+                            run_id,
+                            exc.code,
+                        )
                         return
-                    log.warning("run %s: a report batch of %d event(s) was refused (%s) and "
-                                "dropped", run_id, size, exc.code)
+                    log.warning(
+                        "run %s: a report batch of %d event(s) was refused (%s) and dropped",
+                        run_id,
+                        size,
+                        exc.code,
+                    )
                 else:
                     last_contact = time.monotonic()
                 del unsent[:size]
@@ -292,9 +364,16 @@ class Supervisor:
                     next_beat = last_contact + heartbeat_s
                     if beat.stop == "cancel":
                         executor.kill()
-                        return self._finish(run_id, attempt, Outcome(
-                            "cancelled", None, "cancelled; the processes were stopped and the "
-                            "last committed checkpoint kept"))
+                        return self._finish(
+                            run_id,
+                            attempt,
+                            Outcome(
+                                "cancelled",
+                                None,
+                                "cancelled; the processes were stopped and the "
+                                "last committed checkpoint kept",
+                            ),
+                        )
                     if beat.stop in ("budget", "booking") and stop_deadline is None:
                         # The server stops while the worst case until the next beat is still
                         # under the ceiling (or inside the term): that headroom (the lease TTL)
@@ -309,16 +388,24 @@ class Supervisor:
                 if not exc.retryable:
                     raise
                 if time.monotonic() - last_contact > ttl:
-                    log.error("run %s: no answer from the API for a lease TTL; stopping the "
-                              "processes (the run resumes from its last commit)", run_id)
+                    log.error(
+                        "run %s: no answer from the API for a lease TTL; stopping the "
+                        "processes (the run resumes from its last commit)",
+                        run_id,
+                    )
                     executor.kill()
                     return None
                 next_beat = time.monotonic() + min(heartbeat_s, 1.0)
             time.sleep(POLL_SECONDS)
 
     def _finish(self, run_id: str, attempt: int, outcome: Outcome) -> Outcome:
-        self.api.finish(run_id, attempt, outcome.status, failure_code=outcome.failure_code,
-                        message=outcome.message)
+        self.api.finish(
+            run_id,
+            attempt,
+            outcome.status,
+            failure_code=outcome.failure_code,
+            message=outcome.message,
+        )
         return outcome
 
 
@@ -333,27 +420,42 @@ def executor_wait(executor: Executor, timeout: float = 120.0) -> None:
 
 
 def _stop_outcome(code: str, done: DoneEvent | None) -> Outcome:
-    why = ("the next interval would cross the budget ceiling" if code == "budget_exceeded"
-           else f"the booking can no longer be used ({code})")
+    why = (
+        "the next interval would cross the budget ceiling"
+        if code == "budget_exceeded"
+        else f"the booking can no longer be used ({code})"
+    )
     if done is not None and done.status == "stopped":
-        return Outcome("failed", code, f"stopped because {why}; checkpoint committed at step "
-                                       f"{done.step}")
-    return Outcome("failed", code, f"stopped because {why}; the engine did not checkpoint in "
-                                   "time and was killed; the last committed checkpoint is kept")
+        return Outcome(
+            "failed", code, f"stopped because {why}; checkpoint committed at step {done.step}"
+        )
+    return Outcome(
+        "failed",
+        code,
+        f"stopped because {why}; the engine did not checkpoint in "
+        "time and was killed; the last committed checkpoint is kept",
+    )
 
 
 def _outcome(done: DoneEvent | None, exit_code: int) -> Outcome:
     if done is not None and done.status in ("succeeded", "gate_failed"):
         status = done.status
-        message = "every stage and gate passed" if status == "succeeded" else \
-            f"an eval gate failed: {done.reason or done.stage or ''}".strip()
+        message = (
+            "every stage and gate passed"
+            if status == "succeeded"
+            else f"an eval gate failed: {done.reason or done.stage or ''}".strip()
+        )
         return Outcome(status, "eval_gate_failed" if status == "gate_failed" else None, message)
     if done is not None and done.status == "failed" and done.code in REGISTRY:
         assert done.code is not None
-        return Outcome("failed", done.code, (done.reason or "")[:500]
-                       or "the pipeline refused to continue")
-    return Outcome("failed", "pipeline_crashed",
-                   f"the training processes exited with code {exit_code} after their restarts")
+        return Outcome(
+            "failed", done.code, (done.reason or "")[:500] or "the pipeline refused to continue"
+        )
+    return Outcome(
+        "failed",
+        "pipeline_crashed",
+        f"the training processes exited with code {exit_code} after their restarts",
+    )
 
 
 def cleanup_run(api: WorkerApi, home: Path, job: CleanupJob) -> int:
@@ -363,8 +465,10 @@ def cleanup_run(api: WorkerApi, home: Path, job: CleanupJob) -> int:
     planted inside a run's directory is removed, never its target; a link on the way to it
     refuses the cleanup (``checkpoint_storage_invalid``) and deletes nothing there."""
     run_id = job.run_id
-    trees = [checkpoint_storage(job.checkpoint_uri, job.storage_uri, run_id),
-             StoragePath(home / "work", (run_id,))]
+    trees = [
+        checkpoint_storage(job.checkpoint_uri, job.storage_uri, run_id),
+        StoragePath(home / "work", (run_id,)),
+    ]
     freed = 0
     deleted = []
     for tree in trees:

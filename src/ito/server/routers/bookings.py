@@ -39,11 +39,16 @@ def bookings_eligibility(booking_id: str, caller: Requester, state: State) -> di
 
 
 @router.get("/{booking_id}/events", response_model=Envelope[Open])
-def bookings_events(booking_id: str, caller: Requester, state: State,
-                    limit: int = Query(default=100, ge=1, le=1000)) -> dict[str, Any]:
+def bookings_events(
+    booking_id: str, caller: Requester, state: State, limit: int = Query(default=100, ge=1, le=1000)
+) -> dict[str, Any]:
     """What the desk did to this booking (recorded it, moved its state), newest first."""
     with state.db.read() as session:
         get_booking(session, caller.account_id, booking_id)
-        events = [account_event_dict(e) for e in list_account_events(
-            session, caller.account_id, booking_id=booking_id, limit=limit)]
+        events = [
+            account_event_dict(e)
+            for e in list_account_events(
+                session, caller.account_id, booking_id=booking_id, limit=limit
+            )
+        ]
     return ok_envelope({"events": events}, f"{len(events)} desk action(s) on this booking")

@@ -45,30 +45,45 @@ class ConfirmationRequest(BaseModel):
 
 
 @router.post("", response_model=Envelope[ConfirmationView])
-def confirmations_create(body: ConfirmationRequest, caller: Requester,
-                         state: State) -> dict[str, Any]:
+def confirmations_create(
+    body: ConfirmationRequest, caller: Requester, state: State
+) -> dict[str, Any]:
     ttl = state.settings.confirmation_ttl_seconds
     if body.ttl_seconds is not None:
         if body.ttl_seconds > ttl:  # refused, never silently shortened
-            raise ItoError("invalid_arguments", f"ttl_seconds may be at most {ttl}",
-                           errors=[{"path": "body.ttl_seconds", "message": f"at most {ttl}"}])
+            raise ItoError(
+                "invalid_arguments",
+                f"ttl_seconds may be at most {ttl}",
+                errors=[{"path": "body.ttl_seconds", "message": f"at most {ttl}"}],
+            )
         ttl = body.ttl_seconds
     raw = decode_manifest_b64(body.manifest_b64) if body.manifest_b64 is not None else None
     with state.db.write() as session:
         confirmation = request_confirmation(
-            session, caller, action=body.action, ttl_seconds=ttl, booking_id=body.booking_id,
-            manifest_digest=body.manifest_id, run_id=body.run_id,
-            checkpoint_step=body.checkpoint_step, manifest_raw=raw)
+            session,
+            caller,
+            action=body.action,
+            ttl_seconds=ttl,
+            booking_id=body.booking_id,
+            manifest_digest=body.manifest_id,
+            run_id=body.run_id,
+            checkpoint_step=body.checkpoint_step,
+            manifest_raw=raw,
+        )
         data = confirmation_dict(confirmation, state.settings.public_url)
-    return ok_envelope(data, "confirmation requested and pending; a human approver must approve "
-                       "it out of band. The reference alone authorizes nothing")
+    return ok_envelope(
+        data,
+        "confirmation requested and pending; a human approver must approve "
+        "it out of band. The reference alone authorizes nothing",
+    )
 
 
 @router.get("/{ref}", response_model=Envelope[ConfirmationView])
 def confirmations_show(ref: str, caller: RequesterOrApprover, state: State) -> dict[str, Any]:
     with state.db.read() as session:
-        data = confirmation_dict(get_confirmation(session, caller.account_id, ref),
-                                 state.settings.public_url)
+        data = confirmation_dict(
+            get_confirmation(session, caller.account_id, ref), state.settings.public_url
+        )
     return ok_envelope(data, f"confirmation {ref} is {data['state']}")
 
 
@@ -77,7 +92,8 @@ def confirmations_approve(ref: str, caller: Approver, state: State) -> dict[str,
     with state.db.write() as session:
         data = confirmation_dict(
             decide_confirmation(session, caller, state.pepper, ref, approve=True),
-            state.settings.public_url)
+            state.settings.public_url,
+        )
     return ok_envelope(data, "confirmation approved; it can be used once, before it expires")
 
 
@@ -86,5 +102,6 @@ def confirmations_reject(ref: str, caller: Approver, state: State) -> dict[str, 
     with state.db.write() as session:
         data = confirmation_dict(
             decide_confirmation(session, caller, state.pepper, ref, approve=False),
-            state.settings.public_url)
+            state.settings.public_url,
+        )
     return ok_envelope(data, "confirmation rejected; it can never be used")

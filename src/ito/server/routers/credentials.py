@@ -21,14 +21,18 @@ log = logging.getLogger("ito.server.credentials")
 @router.post("/self/revoke", response_model=Envelope[Open])
 def revoke_self(caller: Caller, state: State) -> dict[str, Any]:
     if isinstance(caller, OperatorContext):  # an operator credential changing is a desk action
-        with audited(state.db, Actor.of(caller), "key.revoke", target_kind="key",
-                     target_id=caller.key_id, details={"key_prefix": caller.key_prefix,
-                                                       "self": True}) as (session, _):
+        with audited(
+            state.db,
+            Actor.of(caller),
+            "key.revoke",
+            target_kind="key",
+            target_id=caller.key_id,
+            details={"key_prefix": caller.key_prefix, "self": True},
+        ) as (session, _):
             key = revoke_key(session, caller.key_id)
     else:
         with state.db.write() as session:
             key = revoke_key(session, caller.key_id)
     data = {"key_prefix": key.prefix, "revoked": True}
     log.info("key %s revoked by its holder", caller.key_prefix)
-    return ok_envelope(data, "this credential is revoked; its next request gets "
-                       "credential_revoked")
+    return ok_envelope(data, "this credential is revoked; its next request gets credential_revoked")

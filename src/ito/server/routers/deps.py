@@ -23,8 +23,19 @@ from ito.server.services.credentials import (
 )
 from ito.server.state import AppState
 
-__all__ = ["Approver", "Caller", "Desk", "Requester", "RequesterOrApprover", "RequesterOrDesk",
-           "State", "decode_manifest_b64", "read_bounded_body", "require", "source_of"]
+__all__ = [
+    "Approver",
+    "Caller",
+    "Desk",
+    "Requester",
+    "RequesterOrApprover",
+    "RequesterOrDesk",
+    "State",
+    "decode_manifest_b64",
+    "read_bounded_body",
+    "require",
+    "source_of",
+]
 
 
 async def _state(request: Request) -> AppState:
@@ -45,8 +56,14 @@ def source_of(request: Request) -> str:
 def _key_prefix(token: str) -> str | None:
     """The public prefix (``ito_req_AbCdEfGh``) of something shaped like one of our keys."""
     parts = token.split("_", 3)
-    if len(parts) == 4 and parts[0] == "ito" and len(parts[1]) == 3 and len(parts[2]) == 8 \
-            and parts[2].isalnum() and parts[2].isascii():
+    if (
+        len(parts) == 4
+        and parts[0] == "ito"
+        and len(parts[1]) == 3
+        and len(parts[2]) == 8
+        and parts[2].isalnum()
+        and parts[2].isascii()
+    ):
         return "_".join(parts[:3])
     return None
 

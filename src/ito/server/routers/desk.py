@@ -74,8 +74,13 @@ class BookingStateBody(_Body):
 
 @router.post("/accounts", response_model=Envelope[Open])
 def desk_account_create(body: AccountBody, caller: Desk, state: State) -> dict[str, Any]:
-    with audited(state.db, Actor.of(caller), "account.create", target_kind="account",
-                 details={"name": body.name}) as (session, note):
+    with audited(
+        state.db,
+        Actor.of(caller),
+        "account.create",
+        target_kind="account",
+        details={"name": body.name},
+    ) as (session, note):
         account = create_account(session, body.name)
         note.account_id = note.target_id = account.id
         data = {"account_id": account.id, "name": account.name}
@@ -84,28 +89,51 @@ def desk_account_create(body: AccountBody, caller: Desk, state: State) -> dict[s
 
 @router.post("/keys", response_model=Envelope[Open])
 def desk_key_create(body: KeyBody, caller: Desk, state: State) -> dict[str, Any]:
-    with audited(state.db, Actor.of(caller), "key.create", account_id=body.account_id,
-                 target_kind="key", details={"role": body.role, "name": body.name,
-                                             "booking_id": body.booking_id}) as (session, note):
+    with audited(
+        state.db,
+        Actor.of(caller),
+        "key.create",
+        account_id=body.account_id,
+        target_kind="key",
+        details={"role": body.role, "name": body.name, "booking_id": body.booking_id},
+    ) as (session, note):
         if body.role == OPERATOR_ROLE:
-            raise ItoError("forbidden_scope", "operator keys are not minted through the API; "
-                           "the operator runs 'ito-server key create --role desk' on the "
-                           "server's host", role=body.role)
+            raise ItoError(
+                "forbidden_scope",
+                "operator keys are not minted through the API; "
+                "the operator runs 'ito-server key create --role desk' on the "
+                "server's host",
+                role=body.role,
+            )
         if body.account_id is None:
             raise ItoError("invalid_arguments", "a tenant key needs account_id")
-        minted = create_key(session, state.pepper, account_id=body.account_id, role=body.role,
-                            name=body.name, booking_id=body.booking_id)
+        minted = create_key(
+            session,
+            state.pepper,
+            account_id=body.account_id,
+            role=body.role,
+            name=body.name,
+            booking_id=body.booking_id,
+        )
         note.target_id = minted.key_id
         note.details["key_prefix"] = minted.prefix
-    return ok_envelope({"key_id": minted.key_id, "principal_id": minted.principal_id,
-                        "key_prefix": minted.prefix, "api_key": minted.api_key},
-                       "key created; the api_key is shown once and never stored")
+    return ok_envelope(
+        {
+            "key_id": minted.key_id,
+            "principal_id": minted.principal_id,
+            "key_prefix": minted.prefix,
+            "api_key": minted.api_key,
+        },
+        "key created; the api_key is shown once and never stored",
+    )
 
 
 @router.post("/keys/{key_id}/revoke", response_model=Envelope[Open])
 def desk_key_revoke(key_id: str, caller: Desk, state: State) -> dict[str, Any]:
-    with audited(state.db, Actor.of(caller), "key.revoke", target_kind="key",
-                 target_id=key_id) as (session, note):
+    with audited(state.db, Actor.of(caller), "key.revoke", target_kind="key", target_id=key_id) as (
+        session,
+        note,
+    ):
         key = revoke_key(session, key_id)
         note.details["key_prefix"] = key.prefix
         data = {"key_id": key.id, "key_prefix": key.prefix, "revoked": True}
@@ -114,15 +142,31 @@ def desk_key_revoke(key_id: str, caller: Desk, state: State) -> dict[str, Any]:
 
 @router.post("/bookings", response_model=Envelope[Open])
 def desk_booking_create(body: BookingBody, caller: Desk, state: State) -> dict[str, Any]:
-    with audited(state.db, Actor.of(caller), "booking.create", account_id=body.account_id,
-                 target_kind="booking") as (session, note):
-        booking = create_booking(session, NewBooking(
-            account_id=body.account_id, gpu=body.gpu, nodes=body.nodes,
-            gpus_per_node=body.gpus_per_node, region=body.region, fabric=body.fabric,
-            term_start=body.start, term_end=body.end,
-            rate_usd_per_gpu_hour=body.rate_usd_per_gpu_hour, storage_uri=body.storage_uri,
-            storage_quota_gb=body.storage_quota_gb, state=body.state,
-            gpu_memory_gb=body.gpu_memory_gb))
+    with audited(
+        state.db,
+        Actor.of(caller),
+        "booking.create",
+        account_id=body.account_id,
+        target_kind="booking",
+    ) as (session, note):
+        booking = create_booking(
+            session,
+            NewBooking(
+                account_id=body.account_id,
+                gpu=body.gpu,
+                nodes=body.nodes,
+                gpus_per_node=body.gpus_per_node,
+                region=body.region,
+                fabric=body.fabric,
+                term_start=body.start,
+                term_end=body.end,
+                rate_usd_per_gpu_hour=body.rate_usd_per_gpu_hour,
+                storage_uri=body.storage_uri,
+                storage_quota_gb=body.storage_quota_gb,
+                state=body.state,
+                gpu_memory_gb=body.gpu_memory_gb,
+            ),
+        )
         note.target_id = booking.id
         note.details.update(state=booking.state)
         data = booking_dict(booking)
@@ -130,10 +174,17 @@ def desk_booking_create(body: BookingBody, caller: Desk, state: State) -> dict[s
 
 
 @router.post("/bookings/{booking_id}/state", response_model=Envelope[Open])
-def desk_booking_state(booking_id: str, body: BookingStateBody, caller: Desk,
-                       state: State) -> dict[str, Any]:
-    with audited(state.db, Actor.of(caller), "booking.set_state", target_kind="booking",
-                 target_id=booking_id, details={"to_state": body.state}) as (session, note):
+def desk_booking_state(
+    booking_id: str, body: BookingStateBody, caller: Desk, state: State
+) -> dict[str, Any]:
+    with audited(
+        state.db,
+        Actor.of(caller),
+        "booking.set_state",
+        target_kind="booking",
+        target_id=booking_id,
+        details={"to_state": body.state},
+    ) as (session, note):
         booking, previous = move_booking(session, booking_id, body.state)
         note.details["from_state"] = previous
         data = booking_dict(booking)
@@ -141,9 +192,12 @@ def desk_booking_state(booking_id: str, body: BookingStateBody, caller: Desk,
 
 
 @router.get("/audit", response_model=Envelope[Open])
-def desk_audit(caller: Desk, state: State,
-               account_id: str | None = Query(default=None, max_length=64),
-               limit: int = Query(default=100, ge=1, le=1000)) -> dict[str, Any]:
+def desk_audit(
+    caller: Desk,
+    state: State,
+    account_id: str | None = Query(default=None, max_length=64),
+    limit: int = Query(default=100, ge=1, le=1000),
+) -> dict[str, Any]:
     with state.db.read() as session:
         rows = [audit_dict(r) for r in list_audit(session, account_id=account_id, limit=limit)]
     return ok_envelope({"events": rows}, f"{len(rows)} audit event(s), newest first")

@@ -35,25 +35,33 @@ class DeviceTokenBody(BaseModel):
 
 
 @router.post("/code", response_model=Envelope[Open])
-def device_code(request: Request, state: State,
-                body: Annotated[DeviceCodeBody | None, Body()] = None) -> dict[str, Any]:
+def device_code(
+    request: Request, state: State, body: Annotated[DeviceCodeBody | None, Body()] = None
+) -> dict[str, Any]:
     # Unauthenticated and it writes a row: bounded per source address like a credential.
     state.limits.admit("device-code " + source_of(request))
     settings = state.settings
     with state.db.write() as session:
         grant = start_device_login(
-            session, state.pepper, client_name=body.client_name if body else None,
+            session,
+            state.pepper,
+            client_name=body.client_name if body else None,
             ttl_seconds=settings.device_code_ttl_seconds,
-            interval_seconds=settings.device_poll_interval_seconds, now=utcnow())
+            interval_seconds=settings.device_poll_interval_seconds,
+            now=utcnow(),
+        )
     verification_uri = f"{settings.public_url.rstrip('/')}/ui/device"
-    return ok_envelope({
-        "device_code": grant.device_code,
-        "user_code": grant.user_code,
-        "verification_uri": verification_uri,
-        "verification_uri_complete": f"{verification_uri}?user_code={grant.user_code}",
-        "expires_in": grant.expires_in,
-        "interval": grant.interval,
-    }, "device login started; a signed-in approver must approve the user code")
+    return ok_envelope(
+        {
+            "device_code": grant.device_code,
+            "user_code": grant.user_code,
+            "verification_uri": verification_uri,
+            "verification_uri_complete": f"{verification_uri}?user_code={grant.user_code}",
+            "expires_in": grant.expires_in,
+            "interval": grant.interval,
+        },
+        "device login started; a signed-in approver must approve the user code",
+    )
 
 
 @router.post("/token", response_model=Envelope[Open])
@@ -65,9 +73,18 @@ def device_token(body: DeviceTokenBody, state: State) -> dict[str, Any]:
         raise outcome.error
     minted = outcome.minted
     assert minted is not None
-    log.info("device login exchanged for requester key %s (account %s)", minted.prefix,
-             outcome.account_id)
-    return ok_envelope({"access_token": minted.api_key, "token_type": "bearer",
-                        "key_prefix": minted.prefix, "account_id": outcome.account_id,
-                        "role": "requester"},
-                       "device login approved; a new requester credential was issued once")
+    log.info(
+        "device login exchanged for requester key %s (account %s)",
+        minted.prefix,
+        outcome.account_id,
+    )
+    return ok_envelope(
+        {
+            "access_token": minted.api_key,
+            "token_type": "bearer",
+            "key_prefix": minted.prefix,
+            "account_id": outcome.account_id,
+            "role": "requester",
+        },
+        "device login approved; a new requester credential was issued once",
+    )

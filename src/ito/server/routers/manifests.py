@@ -47,8 +47,9 @@ def manifests_show(digest: str, caller: Requester, state: State) -> dict[str, An
 
 
 @router.post("/plans", response_model=Envelope[Open])
-async def plans_create(booking_id: str, request: Request, caller: Requester,
-                       state: State) -> dict[str, Any]:
+async def plans_create(
+    booking_id: str, request: Request, caller: Requester, state: State
+) -> dict[str, Any]:
     raw = await read_bounded_body(request, MANIFEST_MAX_BYTES, "manifest_too_large")
 
     def work() -> dict[str, Any]:

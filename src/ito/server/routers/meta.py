@@ -34,9 +34,16 @@ def manifest_schema() -> dict[str, Any]:
 @router.get("/me", response_model=Envelope[Identity])
 def me(caller: Caller) -> dict[str, Any]:
     """Who this credential is; the operator's ``account_id`` is ``null`` (it is no tenant)."""
-    return ok_envelope({"account_id": caller.account_id, "principal_id": caller.principal_id,
-                        "role": caller.role, "key_prefix": caller.key_prefix,
-                        "booking_id": caller.booking_id}, "the credential is valid")
+    return ok_envelope(
+        {
+            "account_id": caller.account_id,
+            "principal_id": caller.principal_id,
+            "role": caller.role,
+            "key_prefix": caller.key_prefix,
+            "booking_id": caller.booking_id,
+        },
+        "the credential is valid",
+    )
 
 
 @router.get("/status", response_model=Envelope[Open])
@@ -44,17 +51,21 @@ def status(caller: Requester, state: State) -> dict[str, Any]:
     with state.db.read() as session:
         bookings = [booking_dict(b) for b in list_bookings(session, caller.account_id)]
         runs = [run_dict(r) for r in list_runs(session, caller.account_id, limit=10)]
-    return ok_envelope({"account_id": caller.account_id, "bookings": bookings,
-                        "recent_runs": runs},
-                       f"{len(bookings)} booking(s), {len(runs)} recent run(s)")
+    return ok_envelope(
+        {"account_id": caller.account_id, "bookings": bookings, "recent_runs": runs},
+        f"{len(bookings)} booking(s), {len(runs)} recent run(s)",
+    )
 
 
 @router.get("/account/events", response_model=Envelope[Open])
-def account_events(caller: RequesterOrApprover, state: State,
-                   limit: int = Query(default=100, ge=1, le=1000)) -> dict[str, Any]:
+def account_events(
+    caller: RequesterOrApprover, state: State, limit: int = Query(default=100, ge=1, le=1000)
+) -> dict[str, Any]:
     """The desk's actions on this account (keys minted or revoked, bookings recorded or moved,
     telemetry read), newest first; never another account's."""
     with state.db.read() as session:
-        events = [account_event_dict(e)
-                  for e in list_account_events(session, caller.account_id, limit=limit)]
+        events = [
+            account_event_dict(e)
+            for e in list_account_events(session, caller.account_id, limit=limit)
+        ]
     return ok_envelope({"events": events}, f"{len(events)} desk action(s) on this account")

@@ -31,8 +31,12 @@ class OneHopRoute(APIRoute):
 def one_hop(endpoint: Callable[..., Any]) -> Callable[..., Any]:
     """``endpoint`` as a coroutine running it in the thread pool; coroutines and generators
     unchanged."""
-    if inspect.iscoroutinefunction(endpoint) or inspect.isgeneratorfunction(endpoint) \
-            or inspect.isasyncgenfunction(endpoint) or not inspect.isfunction(endpoint):
+    if (
+        inspect.iscoroutinefunction(endpoint)
+        or inspect.isgeneratorfunction(endpoint)
+        or inspect.isasyncgenfunction(endpoint)
+        or not inspect.isfunction(endpoint)
+    ):
         return endpoint
 
     @functools.wraps(endpoint)

@@ -53,11 +53,20 @@ class RunCreateBody(BaseModel):
 
 @router.post("", response_model=Envelope[Open])
 def runs_create(body: RunCreateBody, caller: Requester, state: State) -> dict[str, Any]:
-    result = create_run(state.db, caller, state.pepper, CreateRunRequest(
-        booking_id=body.booking_id, manifest_digest=body.manifest_id,
-        confirmation_ref=body.confirmation_ref, idempotency_key=body.idempotency_key,
-        manifest_raw=decode_manifest_b64(body.manifest_b64)
-        if body.manifest_b64 is not None else None))
+    result = create_run(
+        state.db,
+        caller,
+        state.pepper,
+        CreateRunRequest(
+            booking_id=body.booking_id,
+            manifest_digest=body.manifest_id,
+            confirmation_ref=body.confirmation_ref,
+            idempotency_key=body.idempotency_key,
+            manifest_raw=decode_manifest_b64(body.manifest_b64)
+            if body.manifest_b64 is not None
+            else None,
+        ),
+    )
     data = result.data | {"replayed": result.replayed}
     if result.replayed:
         notice = "replay: this idempotency key already created this run; nothing new was created"
@@ -67,14 +76,24 @@ def runs_create(body: RunCreateBody, caller: Requester, state: State) -> dict[st
 
 
 @router.get("", response_model=Envelope[RunList])
-def runs_list(caller: Requester, state: State,
-              idempotency_key: str | None = Query(default=None, max_length=255),
-              booking_id: str | None = None,
-              limit: int = Query(default=50, ge=1, le=500)) -> dict[str, Any]:
+def runs_list(
+    caller: Requester,
+    state: State,
+    idempotency_key: str | None = Query(default=None, max_length=255),
+    booking_id: str | None = None,
+    limit: int = Query(default=50, ge=1, le=500),
+) -> dict[str, Any]:
     with state.db.read() as session:
-        runs = [run_dict(r) for r in list_runs(session, caller.account_id,
-                                               idempotency_key=idempotency_key,
-                                               booking_id=booking_id, limit=limit)]
+        runs = [
+            run_dict(r)
+            for r in list_runs(
+                session,
+                caller.account_id,
+                idempotency_key=idempotency_key,
+                booking_id=booking_id,
+                limit=limit,
+            )
+        ]
     return ok_envelope({"runs": runs}, f"{len(runs)} run(s)")
 
 
@@ -86,12 +105,18 @@ def runs_show(run_id: str, caller: Requester, state: State) -> dict[str, Any]:
 
 
 @router.get("/{run_id}/events", response_model=Envelope[RunEventPage])
-def runs_events(run_id: str, caller: Requester, state: State,
-                after: int = Query(default=0, ge=0, le=CURSOR_MAX),
-                limit: int = Query(default=200, ge=1, le=1000)) -> dict[str, Any]:
+def runs_events(
+    run_id: str,
+    caller: Requester,
+    state: State,
+    after: int = Query(default=0, ge=0, le=CURSOR_MAX),
+    limit: int = Query(default=200, ge=1, le=1000),
+) -> dict[str, Any]:
     with state.db.read() as session:
-        events = [event_dict(e) for e in list_events(session, caller.account_id, run_id,
-                                                     after=after, limit=limit)]
+        events = [
+            event_dict(e)
+            for e in list_events(session, caller.account_id, run_id, after=after, limit=limit)
+        ]
     cursor = events[-1]["id"] if events else after
     return ok_envelope({"events": events, "next_cursor": cursor}, f"{len(events)} event(s)")
 
@@ -102,13 +127,23 @@ class RunActionBody(BaseModel):
     idempotency_key: str
 
 
-def _action(run_id: str, action: str, body: RunActionBody, caller: Requester,
-            state: State) -> dict[str, Any]:
-    data, replayed = apply_run_action(state.db, caller, state.pepper, run_id=run_id,
-                                      action=action, confirmation_ref=body.confirmation_ref,
-                                      idempotency_key=body.idempotency_key)
-    verb = {"run.cancel": "cancel", "run.cleanup": "cleanup",
-            "run.restart_from_checkpoint": "restart"}[action]
+def _action(
+    run_id: str, action: str, body: RunActionBody, caller: Requester, state: State
+) -> dict[str, Any]:
+    data, replayed = apply_run_action(
+        state.db,
+        caller,
+        state.pepper,
+        run_id=run_id,
+        action=action,
+        confirmation_ref=body.confirmation_ref,
+        idempotency_key=body.idempotency_key,
+    )
+    verb = {
+        "run.cancel": "cancel",
+        "run.cleanup": "cleanup",
+        "run.restart_from_checkpoint": "restart",
+    }[action]
     if replayed:
         notice = f"replay: this idempotency key already requested the {verb}; nothing new"
     else:
@@ -117,46 +152,57 @@ def _action(run_id: str, action: str, body: RunActionBody, caller: Requester,
 
 
 @router.post("/{run_id}/cancel", response_model=Envelope[Open])
-def runs_cancel(run_id: str, body: RunActionBody, caller: Requester,
-                state: State) -> dict[str, Any]:
+def runs_cancel(
+    run_id: str, body: RunActionBody, caller: Requester, state: State
+) -> dict[str, Any]:
     return _action(run_id, "run.cancel", body, caller, state)
 
 
 @router.post("/{run_id}/cleanup", response_model=Envelope[Open])
-def runs_cleanup(run_id: str, body: RunActionBody, caller: Requester,
-                 state: State) -> dict[str, Any]:
+def runs_cleanup(
+    run_id: str, body: RunActionBody, caller: Requester, state: State
+) -> dict[str, Any]:
     return _action(run_id, "run.cleanup", body, caller, state)
 
 
 @router.post("/{run_id}/restart", response_model=Envelope[Open])
-def runs_restart(run_id: str, body: RunActionBody, caller: Requester,
-                 state: State) -> dict[str, Any]:
+def runs_restart(
+    run_id: str, body: RunActionBody, caller: Requester, state: State
+) -> dict[str, Any]:
     return _action(run_id, "run.restart_from_checkpoint", body, caller, state)
 
 
 @router.get("/{run_id}/logs", response_model=Envelope[LogPage])
-def runs_logs(run_id: str, caller: Requester, state: State,
-              since: int = Query(default=0, ge=0, le=CURSOR_MAX),
-              limit: int = Query(default=500, ge=1, le=5000)) -> dict[str, Any]:
+def runs_logs(
+    run_id: str,
+    caller: Requester,
+    state: State,
+    since: int = Query(default=0, ge=0, le=CURSOR_MAX),
+    limit: int = Query(default=500, ge=1, le=5000),
+) -> dict[str, Any]:
     with state.db.read() as session:
         lines, cursor = list_logs(session, caller.account_id, run_id, since=since, limit=limit)
     return ok_envelope({"lines": lines, "next_cursor": cursor}, f"{len(lines)} line(s)")
 
 
 @router.get("/{run_id}/metrics", response_model=Envelope[MetricPage])
-def runs_metrics(run_id: str, caller: Requester, state: State,
-                 name: str | None = Query(default=None, max_length=64),
-                 since: int = Query(default=0, ge=0, le=CURSOR_MAX),
-                 limit: int = Query(default=5000, ge=1, le=50000)) -> dict[str, Any]:
+def runs_metrics(
+    run_id: str,
+    caller: Requester,
+    state: State,
+    name: str | None = Query(default=None, max_length=64),
+    since: int = Query(default=0, ge=0, le=CURSOR_MAX),
+    limit: int = Query(default=5000, ge=1, le=50000),
+) -> dict[str, Any]:
     with state.db.read() as session:
-        points, cursor = list_metrics(session, caller.account_id, run_id, name=name,
-                                      since=since, limit=limit)
+        points, cursor = list_metrics(
+            session, caller.account_id, run_id, name=name, since=since, limit=limit
+        )
     return ok_envelope({"points": points, "next_cursor": cursor}, f"{len(points)} point(s)")
 
 
 @router.get("/{run_id}/checkpoints", response_model=Envelope[CheckpointList])
 def runs_checkpoints(run_id: str, caller: Requester, state: State) -> dict[str, Any]:
     with state.db.read() as session:
-        rows = [checkpoint_dict(r) for r in list_checkpoints(session, caller.account_id,
-                                                             run_id)]
+        rows = [checkpoint_dict(r) for r in list_checkpoints(session, caller.account_id, run_id)]
     return ok_envelope({"checkpoints": rows}, f"{len(rows)} checkpoint(s)")

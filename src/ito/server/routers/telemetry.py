@@ -28,8 +28,9 @@ router = APIRouter(route_class=OneHopRoute)
 
 
 @router.get("/v1/telemetry", response_model=Envelope[Open])
-def telemetry(state: State, caller: RequesterOrDesk, booking_id: str | None = None,
-              run_id: str | None = None) -> dict[str, Any]:
+def telemetry(
+    state: State, caller: RequesterOrDesk, booking_id: str | None = None, run_id: str | None = None
+) -> dict[str, Any]:
     if (booking_id is None) == (run_id is None):
         raise ItoError("invalid_arguments", "give exactly one of booking_id or run_id")
 
@@ -41,8 +42,9 @@ def telemetry(state: State, caller: RequesterOrDesk, booking_id: str | None = No
 
     if isinstance(caller, OperatorContext):
         kind, target = ("run", run_id) if run_id is not None else ("booking", booking_id)
-        with audited(state.db, Actor.of(caller), "telemetry.read", target_kind=kind,
-                     target_id=target) as (session, _):
+        with audited(
+            state.db, Actor.of(caller), "telemetry.read", target_kind=kind, target_id=target
+        ) as (session, _):
             data = compute(session, None)
     else:
         with state.db.read() as session:

@@ -61,6 +61,7 @@ FormField = Annotated[str, Form(max_length=4096)]
 
 # --- sessions and redirects -------------------------------------------------------------------
 
+
 def _secure(state: AppState) -> bool:
     return state.settings.public_url.lower().startswith("https://")
 
@@ -78,40 +79,54 @@ def _signed_in(request: Request, state: AppState) -> tuple[SignedInUser | None, 
 def _safe_next(value: str | None) -> str:
     """Only a local page under /ui: never another host (``//evil``, ``/\\evil``, schemes) nor
     a way out of /ui (``/ui/../``)."""
-    if (not value or not (value == "/ui" or value.startswith(("/ui/", "/ui?")))
-            or "\\" in value or "/.." in value or "%2e" in value.lower() or len(value) > 2000
-            or any(ord(ch) < 33 or ord(ch) == 127 for ch in value)):
+    if (
+        not value
+        or not (value == "/ui" or value.startswith(("/ui/", "/ui?")))
+        or "\\" in value
+        or "/.." in value
+        or "%2e" in value.lower()
+        or len(value) > 2000
+        or any(ord(ch) < 33 or ord(ch) == 127 for ch in value)
+    ):
         return "/ui/"
     return value
 
 
 def _to_sign_in(request: Request) -> RedirectResponse:
     here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-    return RedirectResponse(f"/ui/login?next={quote(here, safe='')}", status_code=303,
-                            headers=SECURITY_HEADERS)
+    return RedirectResponse(
+        f"/ui/login?next={quote(here, safe='')}", status_code=303, headers=SECURITY_HEADERS
+    )
 
 
 def _approver(user: SignedInUser, csrf: str) -> HTMLResponse | None:
     """Pages decide as an approver; any other role is refused."""
     if user.role != "approver":
-        return error_page(ItoError("forbidden_scope", required=["approver"]), user=user,
-                          csrf_token=csrf)
+        return error_page(
+            ItoError("forbidden_scope", required=["approver"]), user=user, csrf_token=csrf
+        )
     return None
 
 
-def _form_guard(request: Request, state: AppState,
-                presented: str) -> tuple[SignedInUser | None, str, HTMLResponse | None]:
+def _form_guard(
+    request: Request, state: AppState, presented: str
+) -> tuple[SignedInUser | None, str, HTMLResponse | None]:
     """For a POST: a signed-in approver and a valid CSRF token, or the refusal page."""
     secret = request.cookies.get(SESSION_COOKIE)
     user, csrf = _signed_in(request, state)
     if user is None:
         # Back to the page the form was on once signed in (a path of ours: _safe_next).
         here = _safe_next(request.url.path)
-        return None, "", error_page(ItoError("not_authenticated", "sign in first"),
-                                    sign_in_url=f"/ui/login?next={quote(here, safe='')}")
+        return (
+            None,
+            "",
+            error_page(
+                ItoError("not_authenticated", "sign in first"),
+                sign_in_url=f"/ui/login?next={quote(here, safe='')}",
+            ),
+        )
     if not csrf_valid(state.pepper, "session", secret, presented):
-        log.warning("csrf check failed for web session %s on %s", user.session_id,
-                    request.url.path)
+        log.warning("csrf check failed for web session %s on %s", user.session_id, request.url.path)
         return None, "", error_page(ItoError("csrf_failed"), user=user, csrf_token=csrf)
     return user, csrf, _approver(user, csrf)
 
@@ -123,12 +138,32 @@ def _account(state: AppState, account_id: str) -> dict[str, str]:
 
 # --- sign-in ----------------------------------------------------------------------------------
 
-def _login_page(state: AppState, login_secret: str, *, next_url: str, email: str = "",
-                error: ItoError | None = None) -> HTMLResponse:
-    response = render("login.html", error.status if error else 200, next=next_url, email=email,
-                      error=error, login_csrf=csrf_token(state.pepper, "login", login_secret))
-    response.set_cookie(LOGIN_COOKIE, login_secret, max_age=LOGIN_COOKIE_SECONDS, path="/ui",
-                        secure=_secure(state), httponly=True, samesite="strict")
+
+def _login_page(
+    state: AppState,
+    login_secret: str,
+    *,
+    next_url: str,
+    email: str = "",
+    error: ItoError | None = None,
+) -> HTMLResponse:
+    response = render(
+        "login.html",
+        error.status if error else 200,
+        next=next_url,
+        email=email,
+        error=error,
+        login_csrf=csrf_token(state.pepper, "login", login_secret),
+    )
+    response.set_cookie(
+        LOGIN_COOKIE,
+        login_secret,
+        max_age=LOGIN_COOKIE_SECONDS,
+        path="/ui",
+        secure=_secure(state),
+        httponly=True,
+        samesite="strict",
+    )
     return response
 
 
@@ -146,9 +181,14 @@ def login_form(request: Request, state: State, next: str | None = None) -> Respo
 
 
 @router.post("/login")
-async def login_submit(request: Request, state: State, email: FormField = "",
-                       password: FormField = "", csrf_token: FormField = "",
-                       next: FormField = "") -> Response:
+async def login_submit(
+    request: Request,
+    state: State,
+    email: FormField = "",
+    password: FormField = "",
+    csrf_token: FormField = "",
+    next: FormField = "",
+) -> Response:
     next_url = _safe_next(next)
     if not csrf_valid(state.pepper, "login", request.cookies.get(LOGIN_COOKIE), csrf_token):
         return error_page(ItoError("csrf_failed"))
@@ -162,8 +202,9 @@ async def login_submit(request: Request, state: State, email: FormField = "",
             await run_in_threadpool(state.limits.check_source, source)
     except ItoError as limited:
         log.warning("web sign-in refused: rate limited")
-        return _login_page(state, _login_secret(request), next_url=next_url, email=email,
-                           error=limited)
+        return _login_page(
+            state, _login_secret(request), next_url=next_url, email=email, error=limited
+        )
 
     def check() -> tuple[str, str] | None:
         with state.db.read() as session:
@@ -176,9 +217,14 @@ async def login_submit(request: Request, state: State, email: FormField = "",
         with state.db.write() as session:
             if fresh_hash is not None:
                 set_password_hash(session, candidate.user_id, fresh_hash)
-            secret, row = start_session(session, state.pepper, user_id=candidate.user_id,
-                                        account_id=candidate.account_id, now=utcnow(),
-                                        ttl_seconds=state.settings.web_session_ttl_seconds)
+            secret, row = start_session(
+                session,
+                state.pepper,
+                user_id=candidate.user_id,
+                account_id=candidate.account_id,
+                now=utcnow(),
+                ttl_seconds=state.settings.web_session_ttl_seconds,
+            )
             log.info("web sign-in: user %s, session %s", candidate.user_id, row.id)
         return secret, row.id
 
@@ -187,14 +233,27 @@ async def login_submit(request: Request, state: State, email: FormField = "",
         for source in sources:
             await run_in_threadpool(state.limits.failed, source)
         log.warning("web sign-in refused: invalid credentials")
-        return _login_page(state, _login_secret(request), next_url=next_url, email=email,
-                           error=ItoError("invalid_credentials"))
+        return _login_page(
+            state,
+            _login_secret(request),
+            next_url=next_url,
+            email=email,
+            error=ItoError("invalid_credentials"),
+        )
     secret, _ = outcome
     response = RedirectResponse(next_url, status_code=303, headers=SECURITY_HEADERS)
-    response.set_cookie(SESSION_COOKIE, secret, max_age=state.settings.web_session_ttl_seconds,
-                        path="/ui", secure=_secure(state), httponly=True, samesite="strict")
-    response.delete_cookie(LOGIN_COOKIE, path="/ui", secure=_secure(state), httponly=True,
-                           samesite="strict")
+    response.set_cookie(
+        SESSION_COOKIE,
+        secret,
+        max_age=state.settings.web_session_ttl_seconds,
+        path="/ui",
+        secure=_secure(state),
+        httponly=True,
+        samesite="strict",
+    )
+    response.delete_cookie(
+        LOGIN_COOKIE, path="/ui", secure=_secure(state), httponly=True, samesite="strict"
+    )
     return response
 
 
@@ -202,19 +261,20 @@ async def login_submit(request: Request, state: State, email: FormField = "",
 def logout(request: Request, state: State, csrf_token: FormField = "") -> Response:
     user, _ = _signed_in(request, state)
     if user is not None:
-        if not csrf_valid(state.pepper, "session", request.cookies.get(SESSION_COOKIE),
-                          csrf_token):
+        if not csrf_valid(state.pepper, "session", request.cookies.get(SESSION_COOKIE), csrf_token):
             return error_page(ItoError("csrf_failed"))
         with state.db.write() as session:
             end_session(session, user.session_id, utcnow())
         log.info("web sign-out: user %s, session %s", user.user_id, user.session_id)
     response = RedirectResponse("/ui/login", status_code=303, headers=SECURITY_HEADERS)
-    response.delete_cookie(SESSION_COOKIE, path="/ui", secure=_secure(state), httponly=True,
-                           samesite="strict")
+    response.delete_cookie(
+        SESSION_COOKIE, path="/ui", secure=_secure(state), httponly=True, samesite="strict"
+    )
     return response
 
 
 # --- start page -------------------------------------------------------------------------------
+
 
 @router.get("")
 @router.get("/")
@@ -223,13 +283,20 @@ def home(request: Request, state: State) -> Response:
     if user is None:
         return _to_sign_in(request)
     with state.db.read() as session:
-        pending = pending_confirmations(session, user.account_id, state.settings.public_url,
-                                        utcnow())
-    return render("home.html", user=user, csrf_token=csrf, pending=pending,
-                  account=_account(state, user.account_id))
+        pending = pending_confirmations(
+            session, user.account_id, state.settings.public_url, utcnow()
+        )
+    return render(
+        "home.html",
+        user=user,
+        csrf_token=csrf,
+        pending=pending,
+        account=_account(state, user.account_id),
+    )
 
 
 # --- device login (RFC 8628 §3.3) -------------------------------------------------------------
+
 
 @router.get("/device")
 def device_page(request: Request, state: State, user_code: str | None = None) -> Response:
@@ -244,44 +311,66 @@ def device_page(request: Request, state: State, user_code: str | None = None) ->
         with state.db.read() as session:
             row = device_code_view(session, user_code, utcnow())
             view: dict[str, Any] = {
-                "user_code": format_user_code(row.user_code), "client_name": row.client_name,
+                "user_code": format_user_code(row.user_code),
+                "client_name": row.client_name,
                 "created_at": row.created_at.isoformat(timespec="seconds"),
-                "expires_at": row.expires_at.isoformat(timespec="seconds")}
+                "expires_at": row.expires_at.isoformat(timespec="seconds"),
+            }
     except ItoError as error:
         return error_page(error, user=user, csrf_token=csrf)
-    return render("device.html", user=user, csrf_token=csrf,
-                  account=_account(state, user.account_id), **view)
+    return render(
+        "device.html", user=user, csrf_token=csrf, account=_account(state, user.account_id), **view
+    )
 
 
 @router.post("/device")
-def device_decide(request: Request, state: State, user_code: FormField = "",
-                  decision: FormField = "", csrf_token: FormField = "") -> Response:
+def device_decide(
+    request: Request,
+    state: State,
+    user_code: FormField = "",
+    decision: FormField = "",
+    csrf_token: FormField = "",
+) -> Response:
     user, csrf, refused = _form_guard(request, state, csrf_token)
     if refused is not None:
         return refused
     assert user is not None
     if decision not in ("approve", "deny"):
-        return error_page(ItoError("invalid_arguments", "decision is approve or deny"),
-                          user=user, csrf_token=csrf)
+        return error_page(
+            ItoError("invalid_arguments", "decision is approve or deny"), user=user, csrf_token=csrf
+        )
     try:
         with state.db.write() as session:
-            row = decide_device_code(session, user, user_code, approve=decision == "approve",
-                                     now=utcnow())
+            row = decide_device_code(
+                session, user, user_code, approve=decision == "approve", now=utcnow()
+            )
             code_id, decided = row.id, row.state
     except ItoError as error:
         return error_page(error, user=user, csrf_token=csrf)
-    log.info("device login %s %s by user %s (account %s)", code_id, decided, user.user_id,
-             user.account_id)
-    return render("device_done.html", user=user, csrf_token=csrf, state=decided,
-                  user_code=format_user_code(row.user_code),
-                  account=_account(state, user.account_id))
+    log.info(
+        "device login %s %s by user %s (account %s)",
+        code_id,
+        decided,
+        user.user_id,
+        user.account_id,
+    )
+    return render(
+        "device_done.html",
+        user=user,
+        csrf_token=csrf,
+        state=decided,
+        user_code=format_user_code(row.user_code),
+        account=_account(state, user.account_id),
+    )
 
 
 # --- confirmations (DESIGN §5.5) --------------------------------------------------------------
 
+
 @router.get("/confirmations/{ref}")
-def confirmation_page(ref: str, request: Request, state: State,
-                      decided: str | None = None) -> Response:
+def confirmation_page(
+    ref: str, request: Request, state: State, decided: str | None = None
+) -> Response:
     user, csrf = _signed_in(request, state)
     if user is None:
         return _to_sign_in(request)
@@ -292,28 +381,38 @@ def confirmation_page(ref: str, request: Request, state: State,
             view = confirmation_view(session, user.account_id, ref, state.settings.public_url)
     except ItoError as error:
         return error_page(error, user=user, csrf_token=csrf)
-    notice = {"approved": "Approved. The requester can use it once, before it expires.",
-              "rejected": "Rejected. It can never be used."}.get(decided or "")
+    notice = {
+        "approved": "Approved. The requester can use it once, before it expires.",
+        "rejected": "Rejected. It can never be used.",
+    }.get(decided or "")
     return render("confirmation.html", user=user, csrf_token=csrf, notice=notice, **view)
 
 
 @router.post("/confirmations/{ref}")
-def confirmation_decide(ref: str, request: Request, state: State, decision: FormField = "",
-                        csrf_token: FormField = "") -> Response:
+def confirmation_decide(
+    ref: str, request: Request, state: State, decision: FormField = "", csrf_token: FormField = ""
+) -> Response:
     user, csrf, refused = _form_guard(request, state, csrf_token)
     if refused is not None:
         return refused
     assert user is not None
     if decision not in ("approve", "reject"):
-        return error_page(ItoError("invalid_arguments", "decision is approve or reject"),
-                          user=user, csrf_token=csrf)
+        return error_page(
+            ItoError("invalid_arguments", "decision is approve or reject"),
+            user=user,
+            csrf_token=csrf,
+        )
     try:
         with state.db.write() as session:
-            row = decide_confirmation(session, user.auth_context(), state.pepper, ref,
-                                      approve=decision == "approve")
+            row = decide_confirmation(
+                session, user.auth_context(), state.pepper, ref, approve=decision == "approve"
+            )
             decided = row.state
     except ItoError as error:
         return error_page(error, user=user, csrf_token=csrf)
     log.info("confirmation %s %s on the web by user %s", ref, decided, user.user_id)
-    return RedirectResponse(f"/ui/confirmations/{quote(ref, safe='')}?decided={decided}",
-                            status_code=303, headers=SECURITY_HEADERS)
+    return RedirectResponse(
+        f"/ui/confirmations/{quote(ref, safe='')}?decided={decided}",
+        status_code=303,
+        headers=SECURITY_HEADERS,
+    )

@@ -53,17 +53,18 @@ def worker_lease(state: State, caller: AuthContext = Worker) -> dict[str, Any]:
 
 
 @router.post("/runs/{run_id}/heartbeat", response_model=Envelope[HeartbeatAnswer])
-def worker_heartbeat(run_id: str, body: AttemptBody, state: State,
-                     caller: AuthContext = Worker) -> dict[str, Any]:
+def worker_heartbeat(
+    run_id: str, body: AttemptBody, state: State, caller: AuthContext = Worker
+) -> dict[str, Any]:
     with state.db.write() as session:
-        data = heartbeat(session, caller, _lease_settings(state), run_id, body.attempt,
-                         utcnow())
+        data = heartbeat(session, caller, _lease_settings(state), run_id, body.attempt, utcnow())
     return ok_envelope(data, "lease renewed")
 
 
 @router.post("/runs/{run_id}/report", response_model=Envelope[ReportCounts])
-def worker_report(run_id: str, body: ReportBody, state: State,
-                  caller: AuthContext = Worker) -> dict[str, Any]:
+def worker_report(
+    run_id: str, body: ReportBody, state: State, caller: AuthContext = Worker
+) -> dict[str, Any]:
     # The body was validated against the event models on the way in: a malformed event
     # refuses the whole batch with ``invalid_arguments`` (422) before anything is written.
     with state.db.write() as session:
@@ -72,11 +73,13 @@ def worker_report(run_id: str, body: ReportBody, state: State,
 
 
 @router.post("/runs/{run_id}/finish", response_model=Envelope[FinishAnswer])
-def worker_finish(run_id: str, body: FinishBody, state: State,
-                  caller: AuthContext = Worker) -> dict[str, Any]:
+def worker_finish(
+    run_id: str, body: FinishBody, state: State, caller: AuthContext = Worker
+) -> dict[str, Any]:
     with state.db.write() as session:
-        data = finish_run(session, caller, run_id, body.attempt, body.status,
-                          body.failure_code, body.message)
+        data = finish_run(
+            session, caller, run_id, body.attempt, body.status, body.failure_code, body.message
+        )
     return ok_envelope(data, f"run {run_id} is {data['state']}")
 
 
@@ -88,8 +91,9 @@ def worker_cleanups(state: State, caller: AuthContext = Worker) -> dict[str, Any
 
 
 @router.post("/runs/{run_id}/cleaned", response_model=Envelope[CleanedAnswer])
-def worker_cleaned(run_id: str, body: CleanedBody, state: State,
-                   caller: AuthContext = Worker) -> dict[str, Any]:
+def worker_cleaned(
+    run_id: str, body: CleanedBody, state: State, caller: AuthContext = Worker
+) -> dict[str, Any]:
     with state.db.write() as session:
         data = mark_cleaned(session, caller, run_id, body.bytes_freed, body.paths)
     return ok_envelope(data, "cleanup recorded")

@@ -17,8 +17,10 @@ def create_account(session: Session, name: str) -> Account:
     if not 1 <= len(name) <= 200:
         raise ItoError("invalid_arguments", "an account name is 1-200 characters")
     if not is_safe(name):  # shown to approvers; the operator's CLI does not pass the API guard
-        raise ItoError("invalid_arguments", "an account name may not carry control or "
-                       "bidirectional override characters")
+        raise ItoError(
+            "invalid_arguments",
+            "an account name may not carry control or bidirectional override characters",
+        )
     account = Account(id=new_id("acc"), name=name)
     session.add(account)
     session.flush()

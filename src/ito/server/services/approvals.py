@@ -26,18 +26,25 @@ def account_view(session: Session, account_id: str) -> dict[str, str]:
     return {"id": account.id, "name": account.name}
 
 
-def pending_confirmations(session: Session, account_id: str, public_url: str, now: datetime,
-                          limit: int = 100) -> list[dict[str, Any]]:
+def pending_confirmations(
+    session: Session, account_id: str, public_url: str, now: datetime, limit: int = 100
+) -> list[dict[str, Any]]:
     rows = session.scalars(
         select(Confirmation)
-        .where(Confirmation.account_id == account_id, Confirmation.state == "pending",
-               Confirmation.expires_at > now)
-        .order_by(Confirmation.created_at.desc()).limit(limit))
+        .where(
+            Confirmation.account_id == account_id,
+            Confirmation.state == "pending",
+            Confirmation.expires_at > now,
+        )
+        .order_by(Confirmation.created_at.desc())
+        .limit(limit)
+    )
     return [confirmation_dict(c, public_url, now) for c in rows]
 
 
-def confirmation_view(session: Session, account_id: str, ref: str,
-                      public_url: str) -> dict[str, Any]:
+def confirmation_view(
+    session: Session, account_id: str, ref: str, public_url: str
+) -> dict[str, Any]:
     confirmation = get_confirmation(session, account_id, ref)
     details = confirmation.details or {}
     booking = details.get("booking")
@@ -55,6 +62,8 @@ def confirmation_view(session: Session, account_id: str, ref: str,
         "checkpoint_step": details.get("checkpoint_step"),
         "summary": details.get("manifest_summary"),
         "estimate": details.get("estimate"),
-        "requester": {"id": confirmation.requester_id,
-                      "name": requester.name if requester else "(unknown)"},
+        "requester": {
+            "id": confirmation.requester_id,
+            "name": requester.name if requester else "(unknown)",
+        },
     }

@@ -78,9 +78,16 @@ class AuditNote:
 
 
 @contextmanager
-def audited(db: Database, actor: Actor, action: str, *, account_id: str | None = None,
-            target_kind: str | None = None, target_id: str | None = None,
-            details: dict[str, Any] | None = None) -> Iterator[tuple[Session, AuditNote]]:
+def audited(
+    db: Database,
+    actor: Actor,
+    action: str,
+    *,
+    account_id: str | None = None,
+    target_kind: str | None = None,
+    target_id: str | None = None,
+    details: dict[str, Any] | None = None,
+) -> Iterator[tuple[Session, AuditNote]]:
     """One desk action's write transaction, recorded in the trail whatever its outcome."""
     note = AuditNote(account_id, target_kind, target_id, dict(details or {}))
     try:
@@ -97,17 +104,32 @@ def audited(db: Database, actor: Actor, action: str, *, account_id: str | None =
         raise
 
 
-def _append(session: Session, actor: Actor, action: str, note: AuditNote, *, outcome: str,
-            error_code: str | None) -> None:
+def _append(
+    session: Session,
+    actor: Actor,
+    action: str,
+    note: AuditNote,
+    *,
+    outcome: str,
+    error_code: str | None,
+) -> None:
     account_id = note.account_id or _owner(session, note.target_kind, note.target_id)
     findings = scan_json_value(note.details)
-    details = ({"redacted": sorted({f.path for f in findings})} if findings
-               else note.details)
-    session.add(AuditEvent(
-        at=utcnow(), actor=actor.label, actor_key_id=actor.key_id, action=action,
-        account_id=_safe(account_id, 40), target_kind=note.target_kind,
-        target_id=_safe(note.target_id, 80), outcome=outcome, error_code=error_code,
-        details=details))
+    details = {"redacted": sorted({f.path for f in findings})} if findings else note.details
+    session.add(
+        AuditEvent(
+            at=utcnow(),
+            actor=actor.label,
+            actor_key_id=actor.key_id,
+            action=action,
+            account_id=_safe(account_id, 40),
+            target_kind=note.target_kind,
+            target_id=_safe(note.target_id, 80),
+            outcome=outcome,
+            error_code=error_code,
+            details=details,
+        )
+    )
     session.flush()
 
 
@@ -117,7 +139,7 @@ def _safe(value: str | None, limit: int) -> str | None:
         return None
     if scan_text(value):
         return REDACTED
-    return value if len(value) <= limit else value[:limit - 1] + "…"
+    return value if len(value) <= limit else value[: limit - 1] + "…"
 
 
 def _owner(session: Session, kind: str | None, target_id: str | None) -> str | None:
@@ -133,8 +155,9 @@ def _owner(session: Session, kind: str | None, target_id: str | None) -> str | N
     return None
 
 
-def list_audit(session: Session, *, account_id: str | None = None,
-               limit: int = 100) -> list[AuditEvent]:
+def list_audit(
+    session: Session, *, account_id: str | None = None, limit: int = 100
+) -> list[AuditEvent]:
     """The operator's view: newest first, optionally one account's."""
     query = select(AuditEvent)
     if account_id is not None:
@@ -142,28 +165,43 @@ def list_audit(session: Session, *, account_id: str | None = None,
     return list(session.scalars(query.order_by(AuditEvent.id.desc()).limit(limit)))
 
 
-def list_account_events(session: Session, account_id: str, *, booking_id: str | None = None,
-                        limit: int = 100) -> list[AuditEvent]:
+def list_account_events(
+    session: Session, account_id: str, *, booking_id: str | None = None, limit: int = 100
+) -> list[AuditEvent]:
     """A tenant's view: what the desk did to this account (successful actions only), newest
     first, optionally about one booking."""
-    query = select(AuditEvent).where(AuditEvent.account_id == account_id,
-                                     AuditEvent.outcome == "ok")
+    query = select(AuditEvent).where(
+        AuditEvent.account_id == account_id, AuditEvent.outcome == "ok"
+    )
     if booking_id is not None:
-        query = query.where(AuditEvent.target_kind == "booking",
-                            AuditEvent.target_id == booking_id)
+        query = query.where(AuditEvent.target_kind == "booking", AuditEvent.target_id == booking_id)
     return list(session.scalars(query.order_by(AuditEvent.id.desc()).limit(limit)))
 
 
 def audit_dict(row: AuditEvent) -> dict[str, Any]:
-    return {"id": row.id, "at": row.at.isoformat(), "actor": row.actor,
-            "actor_key_id": row.actor_key_id, "action": row.action,
-            "account_id": row.account_id, "target_kind": row.target_kind,
-            "target_id": row.target_id, "outcome": row.outcome, "error_code": row.error_code,
-            "details": row.details}
+    return {
+        "id": row.id,
+        "at": row.at.isoformat(),
+        "actor": row.actor,
+        "actor_key_id": row.actor_key_id,
+        "action": row.action,
+        "account_id": row.account_id,
+        "target_kind": row.target_kind,
+        "target_id": row.target_id,
+        "outcome": row.outcome,
+        "error_code": row.error_code,
+        "details": row.details,
+    }
 
 
 def account_event_dict(row: AuditEvent) -> dict[str, Any]:
     """What a tenant sees of a desk action on its account: the operator is named as ``desk``."""
-    return {"id": row.id, "at": row.at.isoformat(), "actor": "desk", "action": row.action,
-            "target_kind": row.target_kind, "target_id": row.target_id,
-            "details": row.details}
+    return {
+        "id": row.id,
+        "at": row.at.isoformat(),
+        "actor": "desk",
+        "action": row.action,
+        "target_kind": row.target_kind,
+        "target_id": row.target_id,
+        "details": row.details,
+    }

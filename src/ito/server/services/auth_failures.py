@@ -39,10 +39,14 @@ class AuthFailures:
         waits: list[float] = []
         with self.db.read() as session:
             for key in keys:
-                times = list(session.scalars(
-                    select(AuthFailure.at)
-                    .where(AuthFailure.key == _hashed(key), AuthFailure.at > now - self.window)
-                    .order_by(AuthFailure.at.desc()).limit(self.limit)))
+                times = list(
+                    session.scalars(
+                        select(AuthFailure.at)
+                        .where(AuthFailure.key == _hashed(key), AuthFailure.at > now - self.window)
+                        .order_by(AuthFailure.at.desc())
+                        .limit(self.limit)
+                    )
+                )
                 if len(times) >= self.limit:
                     oldest = min(times)
                     waits.append(max((oldest + self.window - now).total_seconds(), 0.001))

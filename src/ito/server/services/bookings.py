@@ -91,12 +91,21 @@ def create_booking(session: Session, new: NewBooking) -> Booking:
     memory = new.gpu_memory_gb or ACCELERATORS[new.gpu].memory_gb
     inventory = new.node_inventory or [{"name": f"n{i + 1}"} for i in range(new.nodes)]
     booking = Booking(
-        id=new_id("bkg"), account_id=new.account_id, state=new.state, gpu=new.gpu,
-        nodes=new.nodes, gpus_per_node=new.gpus_per_node, gpu_memory_gb=memory,
-        region=new.region, fabric=new.fabric, term_start=new.term_start,
-        term_end=new.term_end, storage_uri=new.storage_uri,
+        id=new_id("bkg"),
+        account_id=new.account_id,
+        state=new.state,
+        gpu=new.gpu,
+        nodes=new.nodes,
+        gpus_per_node=new.gpus_per_node,
+        gpu_memory_gb=memory,
+        region=new.region,
+        fabric=new.fabric,
+        term_start=new.term_start,
+        term_end=new.term_end,
+        storage_uri=new.storage_uri,
         storage_quota_gb=new.storage_quota_gb,
-        rate_usd_per_gpu_hour=new.rate_usd_per_gpu_hour, node_inventory=inventory,
+        rate_usd_per_gpu_hour=new.rate_usd_per_gpu_hour,
+        node_inventory=inventory,
     )
     session.add(booking)
     session.flush()
@@ -117,8 +126,12 @@ def move_booking(session: Session, booking_id: str, state: str) -> tuple[Booking
     if state not in BOOKING_STATES:
         raise ItoError("invalid_arguments", f"state must be one of {BOOKING_STATES}")
     if state != booking.state and state not in _DESK_TRANSITIONS[booking.state]:
-        raise ItoError("invalid_transition", f"a booking cannot go from {booking.state} to "
-                       f"{state}", current=booking.state, target=state)
+        raise ItoError(
+            "invalid_transition",
+            f"a booking cannot go from {booking.state} to {state}",
+            current=booking.state,
+            target=state,
+        )
     previous = booking.state
     booking.state = state
     booking.updated_at = utcnow()
@@ -130,18 +143,32 @@ def move_booking(session: Session, booking_id: str, state: str) -> tuple[Booking
 def _tell_runs(session: Session, booking: Booking, previous: str) -> None:
     from ito.server.services.runs import record_event  # runs imports this module
 
-    runs = session.scalars(select(Run).where(
-        Run.booking_id == booking.id, Run.account_id == booking.account_id,
-        Run.state.not_in([s.value for s in RunState if s.is_terminal()])).order_by(Run.id))
+    runs = session.scalars(
+        select(Run)
+        .where(
+            Run.booking_id == booking.id,
+            Run.account_id == booking.account_id,
+            Run.state.not_in([s.value for s in RunState if s.is_terminal()]),
+        )
+        .order_by(Run.id)
+    )
     for run in runs:
-        record_event(session, run, "desk",
-                     f"the desk moved booking {booking.id} from {previous} to {booking.state}",
-                     data={"booking_id": booking.id, "booking_from_state": previous,
-                           "booking_to_state": booking.state})
+        record_event(
+            session,
+            run,
+            "desk",
+            f"the desk moved booking {booking.id} from {previous} to {booking.state}",
+            data={
+                "booking_id": booking.id,
+                "booking_from_state": previous,
+                "booking_to_state": booking.state,
+            },
+        )
 
 
-_BOOKING = select(Booking).where(Booking.id == bindparam("booking_id"),
-                                 Booking.account_id == bindparam("account_id"))
+_BOOKING = select(Booking).where(
+    Booking.id == bindparam("booking_id"), Booking.account_id == bindparam("account_id")
+)
 """Built once (the hot lookup of every create)."""
 
 
@@ -154,25 +181,34 @@ def get_booking(session: Session, account_id: str, booking_id: str) -> Booking:
 
 
 def list_bookings(session: Session, account_id: str) -> list[Booking]:
-    return list(session.scalars(
-        select(Booking).where(Booking.account_id == account_id).order_by(Booking.created_at)
-    ))
+    return list(
+        session.scalars(
+            select(Booking).where(Booking.account_id == account_id).order_by(Booking.created_at)
+        )
+    )
 
 
 def booking_view(booking: Booking) -> BookingView:
     return BookingView(
-        id=booking.id, account_id=booking.account_id, state=booking.state, gpu=booking.gpu,
-        nodes=booking.nodes, gpus_per_node=booking.gpus_per_node,
-        gpu_memory_gb=booking.gpu_memory_gb, region=booking.region, fabric=booking.fabric,
-        term_start=booking.term_start, term_end=booking.term_end,
-        storage_uri=booking.storage_uri, storage_quota_gb=booking.storage_quota_gb,
+        id=booking.id,
+        account_id=booking.account_id,
+        state=booking.state,
+        gpu=booking.gpu,
+        nodes=booking.nodes,
+        gpus_per_node=booking.gpus_per_node,
+        gpu_memory_gb=booking.gpu_memory_gb,
+        region=booking.region,
+        fabric=booking.fabric,
+        term_start=booking.term_start,
+        term_end=booking.term_end,
+        storage_uri=booking.storage_uri,
+        storage_quota_gb=booking.storage_quota_gb,
         rate_usd_per_gpu_hour=booking.rate_usd_per_gpu_hour,
     )
 
 
 def eligibility(session: Session, account_id: str, booking_id: str) -> dict[str, Any]:
-    return eligibility_record(booking_view(get_booking(session, account_id, booking_id)),
-                              utcnow())
+    return eligibility_record(booking_view(get_booking(session, account_id, booking_id)), utcnow())
 
 
 def booking_dict(booking: Booking) -> dict[str, Any]:

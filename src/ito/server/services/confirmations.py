@@ -41,19 +41,31 @@ __all__ = [
 ]
 
 
-_CONSUME = (update(Confirmation)
-            .where(Confirmation.id == bindparam("ref"),
-                   Confirmation.state == ConfirmationState.approved.value)
-            .values(state=ConfirmationState.consumed.value, consumed_at=bindparam("now"),
-                    consumed_by_run_id=bindparam("run_id"))
-            .execution_options(synchronize_session=False))
+_CONSUME = (
+    update(Confirmation)
+    .where(
+        Confirmation.id == bindparam("ref"), Confirmation.state == ConfirmationState.approved.value
+    )
+    .values(
+        state=ConfirmationState.consumed.value,
+        consumed_at=bindparam("now"),
+        consumed_by_run_id=bindparam("run_id"),
+    )
+    .execution_options(synchronize_session=False)
+)
 """Built once: the conditional consumption every gated action runs under the lock."""
 
 
 def request_confirmation(
-    session: Session, ctx: AuthContext, *, action: str, ttl_seconds: int,
-    booking_id: str | None = None, manifest_digest: str | None = None,
-    run_id: str | None = None, checkpoint_step: int | None = None,
+    session: Session,
+    ctx: AuthContext,
+    *,
+    action: str,
+    ttl_seconds: int,
+    booking_id: str | None = None,
+    manifest_digest: str | None = None,
+    run_id: str | None = None,
+    checkpoint_step: int | None = None,
     manifest_raw: bytes | None = None,
 ) -> Confirmation:
     """A pending confirmation. For ``train.create`` the manifest may come along as bytes; it is
@@ -61,14 +73,18 @@ def request_confirmation(
     try:
         act = ConfirmationAction(action)
     except ValueError:
-        raise ItoError("invalid_arguments", "unknown confirmation action",
-                       allowed=[a.value for a in ConfirmationAction]) from None
+        raise ItoError(
+            "invalid_arguments",
+            "unknown confirmation action",
+            allowed=[a.value for a in ConfirmationAction],
+        ) from None
     now = utcnow()
     details: dict[str, Any] = {}
     if act is ConfirmationAction.train_create:
         if not booking_id or not manifest_digest or run_id:
-            raise ItoError("invalid_arguments", "train confirmations need a booking and a "
-                           "manifest, and no run")
+            raise ItoError(
+                "invalid_arguments", "train confirmations need a booking and a manifest, and no run"
+            )
         booking = get_booking(session, ctx.account_id, booking_id)
         view = booking_view(booking)
         # Stale, revoked, released or incomplete bookings fail closed before any confirmation.
@@ -76,8 +92,10 @@ def request_confirmation(
         # Stored in this transaction: if any later check refuses, the row goes with it.
         if manifest_raw is not None:
             if _digest(manifest_raw) != manifest_digest:
-                raise ItoError("manifest_digest_mismatch", "the manifest bytes do not hash to "
-                               "the presented digest")
+                raise ItoError(
+                    "manifest_digest_mismatch",
+                    "the manifest bytes do not hash to the presented digest",
+                )
             row, _ = store_manifest(session, ctx.account_id, manifest_raw)
         else:
             row, _ = load_manifest(session, ctx.account_id, manifest_digest)
@@ -85,14 +103,15 @@ def request_confirmation(
         result = check_resources(manifest, view, now)
         cost = max(0.01, math.ceil(result.estimate.cost_usd * 100) / 100)
         target_id = booking.id
-        details = {"booking": booking_dict(booking), "manifest_summary": row.summary,
-                   "estimate": {k: v for k, v in result.estimate.to_dict().items()
-                                if k != "stages"}}
+        details = {
+            "booking": booking_dict(booking),
+            "manifest_summary": row.summary,
+            "estimate": {k: v for k, v in result.estimate.to_dict().items() if k != "stages"},
+        }
     else:
         if not run_id or booking_id or manifest_digest:
             raise ItoError("invalid_arguments", "run confirmations name a run and nothing else")
-        run = session.scalar(select(Run).where(Run.id == run_id,
-                                               Run.account_id == ctx.account_id))
+        run = session.scalar(select(Run).where(Run.id == run_id, Run.account_id == ctx.account_id))
         if run is None:
             raise ItoError("run_not_found")
         if act is ConfirmationAction.run_cancel and not RunState(run.state).is_cancellable():
@@ -103,20 +122,31 @@ def request_confirmation(
             lease = session.get(RunLease, run.id)
             proposal = lease.proposal if lease is not None else None
             if run.state != RunState.awaiting_approval.value or not proposal:
-                raise ItoError("invalid_transition", "the run has no proposed restart",
-                               state=run.state)
+                raise ItoError(
+                    "invalid_transition", "the run has no proposed restart", state=run.state
+                )
             if checkpoint_step != proposal.get("checkpoint_step"):
-                raise ItoError("confirmation_mismatch", "the proposed restart is from another "
-                               "checkpoint", proposed=proposal.get("checkpoint_step"))
+                raise ItoError(
+                    "confirmation_mismatch",
+                    "the proposed restart is from another checkpoint",
+                    proposed=proposal.get("checkpoint_step"),
+                )
             details["checkpoint_step"] = checkpoint_step
             details["proposal"] = proposal
         target_id, cost, manifest_digest = run.id, 0.0, run.manifest_digest
         details["run"] = {"run_id": run.id, "state": run.state, "booking_id": run.booking_id}
     confirmation = Confirmation(
-        id=new_id("cfr"), account_id=ctx.account_id, requester_id=ctx.principal_id,
-        action=act.value, target_kind=act.target_kind, target_id=target_id,
-        manifest_digest=manifest_digest, cost_usd=cost, details=details,
-        state=ConfirmationState.pending.value, created_at=now,
+        id=new_id("cfr"),
+        account_id=ctx.account_id,
+        requester_id=ctx.principal_id,
+        action=act.value,
+        target_kind=act.target_kind,
+        target_id=target_id,
+        manifest_digest=manifest_digest,
+        cost_usd=cost,
+        details=details,
+        state=ConfirmationState.pending.value,
+        created_at=now,
         expires_at=now + timedelta(seconds=ttl_seconds),
     )
     session.add(confirmation)
@@ -127,8 +157,9 @@ def request_confirmation(
 def get_confirmation(
     session: Session, account_id: str, ref: str, *, for_update: bool = False
 ) -> Confirmation:
-    query = select(Confirmation).where(Confirmation.id == ref,
-                                       Confirmation.account_id == account_id)
+    query = select(Confirmation).where(
+        Confirmation.id == ref, Confirmation.account_id == account_id
+    )
     if for_update:
         query = query.with_for_update()
     confirmation = session.scalar(query)
@@ -169,8 +200,7 @@ def usable_confirmation(
     return confirmation
 
 
-def check_usable(confirmation: Confirmation, ctx: AuthContext, pepper: str,
-                 now: datetime) -> None:
+def check_usable(confirmation: Confirmation, ctx: AuthContext, pepper: str, now: datetime) -> None:
     """:func:`usable_confirmation`'s checks on a confirmation already loaded."""
     state = confirmation.state
     if state == ConfirmationState.consumed.value:
@@ -185,15 +215,17 @@ def check_usable(confirmation: Confirmation, ctx: AuthContext, pepper: str,
     if not confirmation.capability_hash or not hmac.compare_digest(
         confirmation.capability_hash, expected
     ):
-        raise ItoError("confirmation_mismatch", "the confirmation's bindings changed after "
-                       "approval")
+        raise ItoError(
+            "confirmation_mismatch", "the confirmation's bindings changed after approval"
+        )
     if confirmation.requester_id != ctx.principal_id:
-        raise ItoError("confirmation_mismatch", "the confirmation was requested by another "
-                       "principal; request your own")
+        raise ItoError(
+            "confirmation_mismatch",
+            "the confirmation was requested by another principal; request your own",
+        )
 
 
-def mark_consumed(session: Session, confirmation: Confirmation, run_id: str,
-                  now: datetime) -> None:
+def mark_consumed(session: Session, confirmation: Confirmation, run_id: str, now: datetime) -> None:
     """Consume exactly once: a conditional update that only one transaction can win."""
     result = session.execute(_CONSUME, {"ref": confirmation.id, "now": now, "run_id": run_id})
     if getattr(result, "rowcount", 0) != 1:
@@ -201,13 +233,24 @@ def mark_consumed(session: Session, confirmation: Confirmation, run_id: str,
 
 
 def _seal(pepper: str, c: Confirmation) -> str:
-    bindings = [c.id, c.account_id, c.requester_id, c.action, c.target_kind, c.target_id,
-                c.manifest_digest, f"{c.cost_usd:.6f}", c.expires_at.isoformat(), c.approver_id]
+    bindings = [
+        c.id,
+        c.account_id,
+        c.requester_id,
+        c.action,
+        c.target_kind,
+        c.target_id,
+        c.manifest_digest,
+        f"{c.cost_usd:.6f}",
+        c.expires_at.isoformat(),
+        c.approver_id,
+    ]
     return hmac_hex(pepper, "capability:" + json.dumps(bindings))
 
 
-def confirmation_dict(c: Confirmation, public_url: str, now: datetime | None = None
-                      ) -> dict[str, Any]:
+def confirmation_dict(
+    c: Confirmation, public_url: str, now: datetime | None = None
+) -> dict[str, Any]:
     now = now or utcnow()
     state = c.state
     if state in ("pending", "approved") and now >= c.expires_at:

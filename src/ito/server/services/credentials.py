@@ -100,13 +100,21 @@ class MintedKey:
 
 
 def create_key(
-    session: Session, pepper: str, *, account_id: str, role: str, name: str | None = None,
+    session: Session,
+    pepper: str,
+    *,
+    account_id: str,
+    role: str,
+    name: str | None = None,
     booking_id: str | None = None,
 ) -> MintedKey:
     """A tenant's key. The desk's keys are not a tenant's: see :func:`create_operator_key`."""
     if role not in TENANT_ROLES:
-        raise ItoError("invalid_arguments",
-                       f"a tenant key's role is one of {', '.join(TENANT_ROLES)}", role=role)
+        raise ItoError(
+            "invalid_arguments",
+            f"a tenant key's role is one of {', '.join(TENANT_ROLES)}",
+            role=role,
+        )
     if session.get(Account, account_id) is None:
         raise ItoError("account_not_found")
     if role == "worker":
@@ -115,14 +123,25 @@ def create_key(
             raise ItoError("booking_not_found", "a worker key needs a booking of this account")
     elif booking_id is not None:
         raise ItoError("invalid_arguments", "only worker keys are bound to a booking")
-    principal = Principal(id=new_id("prn"), account_id=account_id, role=role,
-                          name=name or f"{role} key", booking_id=booking_id)
+    principal = Principal(
+        id=new_id("prn"),
+        account_id=account_id,
+        role=role,
+        name=name or f"{role} key",
+        booking_id=booking_id,
+    )
     session.add(principal)
     session.flush()
     prefix, api_key = _new_secret(role)
-    key = ApiKey(id=new_id("key"), account_id=account_id, principal_id=principal.id,
-                 prefix=prefix, secret_hash=hmac_hex(pepper, api_key), role=role,
-                 booking_id=booking_id)
+    key = ApiKey(
+        id=new_id("key"),
+        account_id=account_id,
+        principal_id=principal.id,
+        prefix=prefix,
+        secret_hash=hmac_hex(pepper, api_key),
+        role=role,
+        booking_id=booking_id,
+    )
     session.add(key)
     session.flush()
     return MintedKey(key_id=key.id, principal_id=principal.id, prefix=prefix, api_key=api_key)
@@ -132,8 +151,12 @@ def create_operator_key(session: Session, pepper: str, *, name: str | None = Non
     """A desk key: bound to no account. Only ``ito-server`` on the database's host calls this;
     no API route does, so no credential can mint one."""
     prefix, api_key = _new_secret(OPERATOR_ROLE)
-    key = OperatorKey(id=new_id("key"), prefix=prefix, secret_hash=hmac_hex(pepper, api_key),
-                      name=name or "desk key")
+    key = OperatorKey(
+        id=new_id("key"),
+        prefix=prefix,
+        secret_hash=hmac_hex(pepper, api_key),
+        name=name or "desk key",
+    )
     session.add(key)
     session.flush()
     return MintedKey(key_id=key.id, principal_id=key.id, prefix=prefix, api_key=api_key)
@@ -159,12 +182,19 @@ def authenticate(session: Session, pepper: str, presented: str) -> Credential:
         raise ItoError("not_authenticated")
     if key.revoked_at is not None:
         raise ItoError("credential_revoked", key_prefix=key.prefix)
-    return AuthContext(account_id=key.account_id, principal_id=key.principal_id, role=key.role,
-                       key_id=key.id, key_prefix=key.prefix, booking_id=key.booking_id)
+    return AuthContext(
+        account_id=key.account_id,
+        principal_id=key.principal_id,
+        role=key.role,
+        key_id=key.id,
+        key_prefix=key.prefix,
+        booking_id=key.booking_id,
+    )
 
 
-def _authenticate_operator(session: Session, pepper: str, prefix: str,
-                           presented: str) -> OperatorContext:
+def _authenticate_operator(
+    session: Session, pepper: str, prefix: str, presented: str
+) -> OperatorContext:
     key = session.scalar(_OPERATOR_KEY, {"prefix": prefix})
     if key is None or not hmac.compare_digest(key.secret_hash, hmac_hex(pepper, presented)):
         raise ItoError("not_authenticated")
@@ -175,8 +205,9 @@ def _authenticate_operator(session: Session, pepper: str, prefix: str,
 
 def revoke_key(session: Session, key_id: str) -> ApiKey | OperatorKey:
     """Revoke a tenant's or the operator's key (idempotent)."""
-    key: ApiKey | OperatorKey | None = session.get(ApiKey, key_id) or session.get(OperatorKey,
-                                                                                 key_id)
+    key: ApiKey | OperatorKey | None = session.get(ApiKey, key_id) or session.get(
+        OperatorKey, key_id
+    )
     if key is None:
         raise ItoError("key_not_found")
     if key.revoked_at is None:

@@ -73,8 +73,15 @@ class DeviceGrant:
     interval: int
 
 
-def start_device_login(session: Session, pepper: str, *, client_name: str | None,
-                       ttl_seconds: int, interval_seconds: int, now: datetime) -> DeviceGrant:
+def start_device_login(
+    session: Session,
+    pepper: str,
+    *,
+    client_name: str | None,
+    ttl_seconds: int,
+    interval_seconds: int,
+    now: datetime,
+) -> DeviceGrant:
     if client_name is not None:
         client_name = "".join(ch for ch in client_name if ch.isprintable()).strip()[:100] or None
     for _ in range(20):
@@ -84,21 +91,34 @@ def start_device_login(session: Session, pepper: str, *, client_name: str | None
     else:  # pragma: no cover - 20 collisions in a space of 2^34 codes
         raise ItoError("store_busy", "could not allocate a user code; retry")
     device_code = secrets.token_urlsafe(32)
-    session.add(DeviceCode(
-        id=new_id("dvc"), code_hash=_code_hash(pepper, device_code), user_code=user_code,
-        client_name=client_name, state="pending", interval_seconds=interval_seconds,
-        created_at=now, expires_at=now + timedelta(seconds=ttl_seconds)))
+    session.add(
+        DeviceCode(
+            id=new_id("dvc"),
+            code_hash=_code_hash(pepper, device_code),
+            user_code=user_code,
+            client_name=client_name,
+            state="pending",
+            interval_seconds=interval_seconds,
+            created_at=now,
+            expires_at=now + timedelta(seconds=ttl_seconds),
+        )
+    )
     session.flush()
-    return DeviceGrant(device_code=device_code, user_code=format_user_code(user_code),
-                       expires_in=ttl_seconds, interval=interval_seconds)
+    return DeviceGrant(
+        device_code=device_code,
+        user_code=format_user_code(user_code),
+        expires_in=ttl_seconds,
+        interval=interval_seconds,
+    )
 
 
 def _pending_code(session: Session, user_code: str | None, now: datetime) -> DeviceCode:
     normalised = normalise_user_code(user_code)
     row = None
     if normalised is not None:
-        row = session.scalar(select(DeviceCode).where(DeviceCode.user_code == normalised)
-                             .with_for_update())
+        row = session.scalar(
+            select(DeviceCode).where(DeviceCode.user_code == normalised).with_for_update()
+        )
     if row is None:
         raise ItoError("device_code_not_found", "no device login has this code")
     if row.state != "pending":
@@ -113,8 +133,9 @@ def device_code_view(session: Session, user_code: str | None, now: datetime) -> 
     return _pending_code(session, user_code, now)
 
 
-def decide_device_code(session: Session, user: SignedInUser, user_code: str | None, *,
-                       approve: bool, now: datetime) -> DeviceCode:
+def decide_device_code(
+    session: Session, user: SignedInUser, user_code: str | None, *, approve: bool, now: datetime
+) -> DeviceCode:
     row = _pending_code(session, user_code, now)
     row.state = "approved" if approve else "denied"
     row.account_id = user.account_id
@@ -139,16 +160,21 @@ def _too_soon(last: datetime | None, now: datetime, interval: int) -> bool:
     return last is not None and (now - last).total_seconds() < interval - min(0.5, interval / 5)
 
 
-def poll_device_code(session: Session, pepper: str, device_code: str,
-                     now: datetime) -> DevicePoll:
-    row = session.scalar(select(DeviceCode)
-                         .where(DeviceCode.code_hash == _code_hash(pepper, device_code))
-                         .with_for_update())
+def poll_device_code(session: Session, pepper: str, device_code: str, now: datetime) -> DevicePoll:
+    row = session.scalar(
+        select(DeviceCode)
+        .where(DeviceCode.code_hash == _code_hash(pepper, device_code))
+        .with_for_update()
+    )
     if row is None:
         return DevicePoll(ItoError("device_code_not_found"))
     if row.state == "consumed":
-        return DevicePoll(ItoError("device_code_not_found", "this device code was already "
-                                   "exchanged for a token; start a new login"))
+        return DevicePoll(
+            ItoError(
+                "device_code_not_found",
+                "this device code was already exchanged for a token; start a new login",
+            )
+        )
     if now >= row.expires_at:
         return DevicePoll(ItoError("device_code_expired"))
     if row.state == "denied":
@@ -163,8 +189,13 @@ def poll_device_code(session: Session, pepper: str, device_code: str,
     assert row.account_id is not None and row.decided_by is not None
     approver = session.get(User, row.decided_by)
     assert approver is not None
-    minted = create_key(session, pepper, account_id=row.account_id, role="requester",
-                        name=f"device login approved by {approver.email}")
+    minted = create_key(
+        session,
+        pepper,
+        account_id=row.account_id,
+        role="requester",
+        name=f"device login approved by {approver.email}",
+    )
     row.state = "consumed"
     row.consumed_at = now
     row.last_polled_at = now

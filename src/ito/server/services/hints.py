@@ -21,8 +21,7 @@ from typing import Any
 
 from ito.core.gates import BookingView
 
-__all__ = ["MAX_ENTRIES", "booking_hint", "manifest_known", "remember_booking",
-           "remember_manifest"]
+__all__ = ["MAX_ENTRIES", "booking_hint", "manifest_known", "remember_booking", "remember_manifest"]
 
 MAX_ENTRIES = 4096
 

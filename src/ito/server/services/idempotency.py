@@ -17,21 +17,32 @@ from ito.server.store.tables import IdempotencyRecord, utcnow
 __all__ = ["bind_key", "find_key", "lock_key", "replayable", "reserve_key"]
 
 
-_FIND = select(IdempotencyRecord).where(IdempotencyRecord.account_id == bindparam("account_id"),
-                                        IdempotencyRecord.action == bindparam("action"),
-                                        IdempotencyRecord.key == bindparam("key"))
-_BIND = (update(IdempotencyRecord).where(IdempotencyRecord.id == bindparam("record_id"))
-         .values(run_id=bindparam("run_id"), response=bindparam("response"))
-         .execution_options(synchronize_session=False))
+_FIND = select(IdempotencyRecord).where(
+    IdempotencyRecord.account_id == bindparam("account_id"),
+    IdempotencyRecord.action == bindparam("action"),
+    IdempotencyRecord.key == bindparam("key"),
+)
+_BIND = (
+    update(IdempotencyRecord)
+    .where(IdempotencyRecord.id == bindparam("record_id"))
+    .values(run_id=bindparam("run_id"), response=bindparam("response"))
+    .execution_options(synchronize_session=False)
+)
 
 
 def _reserve_statement(insert: Any) -> Any:
-    return (insert(IdempotencyRecord)
-            .values(account_id=bindparam("account_id"), action=bindparam("action"),
-                    key=bindparam("key"), fingerprint=bindparam("fingerprint"),
-                    created_at=bindparam("created_at"))
-            .on_conflict_do_nothing(index_elements=["account_id", "action", "key"])
-            .returning(IdempotencyRecord.id))
+    return (
+        insert(IdempotencyRecord)
+        .values(
+            account_id=bindparam("account_id"),
+            action=bindparam("action"),
+            key=bindparam("key"),
+            fingerprint=bindparam("fingerprint"),
+            created_at=bindparam("created_at"),
+        )
+        .on_conflict_do_nothing(index_elements=["account_id", "action", "key"])
+        .returning(IdempotencyRecord.id)
+    )
 
 
 # Built once per dialect: a create pays for the statements, not for building them.
@@ -44,22 +55,31 @@ def lock_key(session: Session, db: Database, account_id: str, action: str, key: 
     to commit, then see its record and replay — instead of racing it through the gates. A wait
     past the lock timeout surfaces as ``store_busy``."""
     if not db.is_sqlite:
-        session.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"),
-                        {"k": f"{account_id}\x1f{action}\x1f{key}"})
+        session.execute(
+            text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"),
+            {"k": f"{account_id}\x1f{action}\x1f{key}"},
+        )
 
 
-def find_key(session: Session, account_id: str, action: str,
-             key: str) -> IdempotencyRecord | None:
+def find_key(session: Session, account_id: str, action: str, key: str) -> IdempotencyRecord | None:
     return session.scalar(_FIND, {"account_id": account_id, "action": action, "key": key})
 
 
-def reserve_key(session: Session, db: Database, account_id: str, action: str, key: str,
-                fingerprint: str) -> int | None:
+def reserve_key(
+    session: Session, db: Database, account_id: str, action: str, key: str, fingerprint: str
+) -> int | None:
     """Insert the record and return its id, or ``None`` if another transaction holds the key.
     The record is bound to what it created by :func:`bind_key`, in the same transaction."""
-    inserted = session.execute(_RESERVE[db.is_sqlite], {
-        "account_id": account_id, "action": action, "key": key, "fingerprint": fingerprint,
-        "created_at": utcnow()}).scalar_one_or_none()
+    inserted = session.execute(
+        _RESERVE[db.is_sqlite],
+        {
+            "account_id": account_id,
+            "action": action,
+            "key": key,
+            "fingerprint": fingerprint,
+            "created_at": utcnow(),
+        },
+    ).scalar_one_or_none()
     return None if inserted is None else int(inserted)
 
 

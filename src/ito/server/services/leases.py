@@ -56,9 +56,18 @@ class LeaseSettings:
 def lease_for(session: Session, run: Run) -> RunLease:
     lease = session.get(RunLease, run.id)
     if lease is None:
-        lease = RunLease(run_id=run.id, account_id=run.account_id, booking_id=run.booking_id,
-                         attempt=0, busy_seconds=0.0, productive_seconds=0.0, interruptions=0,
-                         cost_usd=0.0, bytes_freed=0, updated_at=utcnow())
+        lease = RunLease(
+            run_id=run.id,
+            account_id=run.account_id,
+            booking_id=run.booking_id,
+            attempt=0,
+            busy_seconds=0.0,
+            productive_seconds=0.0,
+            interruptions=0,
+            cost_usd=0.0,
+            bytes_freed=0,
+            updated_at=utcnow(),
+        )
         session.add(lease)
         session.flush()
     return lease
@@ -66,8 +75,9 @@ def lease_for(session: Session, run: Run) -> RunLease:
 
 def expire_leases(session: Session, now: datetime, booking_id: str | None = None) -> int:
     """Runs whose holder stopped heartbeating go ``recovering``; returns how many."""
-    query = select(RunLease).where(RunLease.lease_expires_at.is_not(None),
-                                   RunLease.lease_expires_at < now)
+    query = select(RunLease).where(
+        RunLease.lease_expires_at.is_not(None), RunLease.lease_expires_at < now
+    )
     if booking_id is not None:
         query = query.where(RunLease.booking_id == booking_id)
     expired = 0
@@ -83,19 +93,23 @@ def expire_leases(session: Session, now: datetime, booking_id: str | None = None
             if lease.last_heartbeat_at is not None:
                 lease.busy_seconds += max((now - lease.last_heartbeat_at).total_seconds(), 0.0)
             lease.last_heartbeat_at = now
-            transition_run(session, run, RunState.recovering,
-                           reason="the worker stopped heartbeating; the run will resume from "
-                                  "its last committed checkpoint",
-                           data={"attempt": lease.attempt})
+            transition_run(
+                session,
+                run,
+                RunState.recovering,
+                reason="the worker stopped heartbeating; the run will resume from "
+                "its last committed checkpoint",
+                data={"attempt": lease.attempt},
+            )
             expired += 1
         elif run.state == RunState.cancelling.value:
-            transition_run(session, run, RunState.cancelled,
-                           reason="cancelled; the worker is gone")
+            transition_run(session, run, RunState.cancelled, reason="cancelled; the worker is gone")
     return expired
 
 
-def lease_next(session: Session, worker: AuthContext, settings: LeaseSettings,
-               now: datetime) -> dict[str, Any] | None:
+def lease_next(
+    session: Session, worker: AuthContext, settings: LeaseSettings, now: datetime
+) -> dict[str, Any] | None:
     """The oldest leasable run of the worker's booking, now held by this worker."""
     assert worker.booking_id is not None
     expire_leases(session, now, worker.booking_id)
@@ -106,23 +120,40 @@ def lease_next(session: Session, worker: AuthContext, settings: LeaseSettings,
     except ItoError as ineligible:
         # Fail closed: no run starts or resumes on a booking the buyer no longer holds.
         for waiting in session.scalars(
-                select(Run).where(Run.booking_id == worker.booking_id,
-                                  Run.account_id == worker.account_id,
-                                  Run.state.in_(_LEASABLE)).with_for_update()):
-            transition_run(session, waiting, RunState.failed, failure_code=ineligible.code,
-                           reason=f"not started: the booking is no longer usable "
-                                  f"({ineligible.code})")
+            select(Run)
+            .where(
+                Run.booking_id == worker.booking_id,
+                Run.account_id == worker.account_id,
+                Run.state.in_(_LEASABLE),
+            )
+            .with_for_update()
+        ):
+            transition_run(
+                session,
+                waiting,
+                RunState.failed,
+                failure_code=ineligible.code,
+                reason=f"not started: the booking is no longer usable ({ineligible.code})",
+            )
         return None
     run = session.scalar(
-        select(Run).where(Run.booking_id == worker.booking_id,
-                          Run.account_id == worker.account_id, Run.state.in_(_LEASABLE))
-        .order_by(Run.created_at, Run.id).limit(1).with_for_update(skip_locked=True))
+        select(Run)
+        .where(
+            Run.booking_id == worker.booking_id,
+            Run.account_id == worker.account_id,
+            Run.state.in_(_LEASABLE),
+        )
+        .order_by(Run.created_at, Run.id)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+    )
     if run is None:
         return None
     lease = lease_for(session, run)
     resuming = run.state == RunState.recovering.value
-    approved_restart = bool(lease.proposal and lease.proposal.get("approved")
-                            and not lease.proposal.get("applied"))
+    approved_restart = bool(
+        lease.proposal and lease.proposal.get("approved") and not lease.proposal.get("applied")
+    )
     if resuming and not approved_restart and lease.last_heartbeat_at is not None:
         # From the expiry to this lease the run still held the booking, waiting for a worker.
         # (After a loss spike the wait was a human's decision, not an outage.)
@@ -132,50 +163,81 @@ def lease_next(session: Session, worker: AuthContext, settings: LeaseSettings,
     lease.lease_expires_at = now + settings.ttl
     lease.last_heartbeat_at = now
     lease.updated_at = now
-    transition_run(session, run, RunState.running,
-                   reason=f"leased by a worker (attempt {lease.attempt})"
-                          + ("; resuming from the last committed checkpoint" if resuming else ""),
-                   data={"attempt": lease.attempt})
-    manifest = session.scalar(select(ManifestRow).where(
-        ManifestRow.account_id == run.account_id, ManifestRow.digest == run.manifest_digest))
+    transition_run(
+        session,
+        run,
+        RunState.running,
+        reason=f"leased by a worker (attempt {lease.attempt})"
+        + ("; resuming from the last committed checkpoint" if resuming else ""),
+        data={"attempt": lease.attempt},
+    )
+    manifest = session.scalar(
+        select(ManifestRow).where(
+            ManifestRow.account_id == run.account_id, ManifestRow.digest == run.manifest_digest
+        )
+    )
     booking = booking_row
     assert manifest is not None
     restart = None
     if approved_restart:
         assert lease.proposal is not None
-        restart = {"step": lease.proposal["checkpoint_step"],
-                   "skip_steps": lease.proposal["skip_steps"]}
+        restart = {
+            "step": lease.proposal["checkpoint_step"],
+            "skip_steps": lease.proposal["skip_steps"],
+        }
         lease.proposal = dict(lease.proposal) | {"applied": True}
     return {
-        "run_id": run.id, "attempt": lease.attempt, "resuming": resuming,
+        "run_id": run.id,
+        "attempt": lease.attempt,
+        "resuming": resuming,
         "restart_from": restart,
-        "manifest_b64": _b64(manifest.content), "manifest_id": run.manifest_digest,
+        "manifest_b64": _b64(manifest.content),
+        "manifest_id": run.manifest_digest,
         "checkpoint_uri": run.checkpoint_uri,
-        "booking": {"booking_id": booking.id, "gpu": booking.gpu, "nodes": booking.nodes,
-                    "gpus_per_node": booking.gpus_per_node,
-                    "node_inventory": booking.node_inventory,
-                    "storage_uri": booking.storage_uri},
+        "booking": {
+            "booking_id": booking.id,
+            "gpu": booking.gpu,
+            "nodes": booking.nodes,
+            "gpus_per_node": booking.gpus_per_node,
+            "node_inventory": booking.node_inventory,
+            "storage_uri": booking.storage_uri,
+        },
         "lease_ttl_s": settings.ttl.total_seconds(),
         "heartbeat_s": settings.heartbeat_seconds,
     }
 
 
-def _held(session: Session, worker: AuthContext, run_id: str, attempt: int) -> tuple[Run,
-                                                                                      RunLease]:
-    run = session.scalar(select(Run).where(Run.id == run_id, Run.booking_id == worker.booking_id,
-                                           Run.account_id == worker.account_id)
-                         .with_for_update())
+def _held(session: Session, worker: AuthContext, run_id: str, attempt: int) -> tuple[Run, RunLease]:
+    run = session.scalar(
+        select(Run)
+        .where(
+            Run.id == run_id,
+            Run.booking_id == worker.booking_id,
+            Run.account_id == worker.account_id,
+        )
+        .with_for_update()
+    )
     if run is None:
         raise ItoError("run_not_found")
     lease = session.get(RunLease, run.id)
-    if lease is None or lease.attempt != attempt or lease.worker_principal_id != \
-            worker.principal_id or lease.lease_expires_at is None:
+    if (
+        lease is None
+        or lease.attempt != attempt
+        or lease.worker_principal_id != worker.principal_id
+        or lease.lease_expires_at is None
+    ):
         raise ItoError("lease_lost", run_id=run.id, attempt=attempt)
     return run, lease
 
 
-def heartbeat(session: Session, worker: AuthContext, settings: LeaseSettings, run_id: str,
-              attempt: int, now: datetime) -> dict[str, Any]:
+def heartbeat(
+    session: Session,
+    worker: AuthContext,
+    settings: LeaseSettings,
+    run_id: str,
+    attempt: int,
+    now: datetime,
+) -> dict[str, Any]:
     """Renew the lease, account the time held since the last beat, say what the run must do."""
     run, lease = _held(session, worker, run_id, attempt)
     booking = session.get(Booking, run.booking_id)
@@ -183,16 +245,26 @@ def heartbeat(session: Session, worker: AuthContext, settings: LeaseSettings, ru
     if lease.last_heartbeat_at is not None:
         held = min((now - lease.last_heartbeat_at).total_seconds(), settings.ttl.total_seconds())
         lease.busy_seconds += max(held, 0.0)
-        lease.cost_usd += max(held, 0.0) / 3600.0 * booking.nodes * booking.gpus_per_node \
+        lease.cost_usd += (
+            max(held, 0.0)
+            / 3600.0
+            * booking.nodes
+            * booking.gpus_per_node
             * booking.rate_usd_per_gpu_hour
+        )
     lease.last_heartbeat_at = now
     lease.lease_expires_at = now + settings.ttl
     lease.updated_at = now
     ceiling = float(run.estimate.get("ceiling_usd", 0.0))
     # Until the next beat the run may hold the booking up to the lease TTL: stop while even
     # that worst case stays under the ceiling.
-    next_interval = settings.ttl.total_seconds() / 3600.0 * booking.nodes \
-        * booking.gpus_per_node * booking.rate_usd_per_gpu_hour
+    next_interval = (
+        settings.ttl.total_seconds()
+        / 3600.0
+        * booking.nodes
+        * booking.gpus_per_node
+        * booking.rate_usd_per_gpu_hour
+    )
     stop, stop_code = None, None
     try:
         check_eligibility(booking_view(booking), now)
@@ -207,91 +279,175 @@ def heartbeat(session: Session, worker: AuthContext, settings: LeaseSettings, ru
         stop = "booking"
     elif ceiling and lease.cost_usd + next_interval > ceiling:
         stop, stop_code = "budget", "budget_exceeded"
-    return {"run_id": run.id, "state": run.state, "stop": stop, "stop_code": stop_code,
-            "lease_expires_at": lease.lease_expires_at.isoformat(),
-            "cost_usd": round(lease.cost_usd, 6)}
+    return {
+        "run_id": run.id,
+        "state": run.state,
+        "stop": stop,
+        "stop_code": stop_code,
+        "lease_expires_at": lease.lease_expires_at.isoformat(),
+        "cost_usd": round(lease.cost_usd, 6),
+    }
 
 
-def report(session: Session, worker: AuthContext, run_id: str, attempt: int,
-           events: Sequence[ReportedEvent]) -> dict[str, int]:
+def report(
+    session: Session,
+    worker: AuthContext,
+    run_id: str,
+    attempt: int,
+    events: Sequence[ReportedEvent],
+) -> dict[str, int]:
     """Ingest a batch of the pipeline's events (already validated), in order."""
     run, lease = _held(session, worker, run_id, attempt)
     counts = {"logs": 0, "metrics": 0, "checkpoints": 0, "events": 0}
     for item in events:
         if isinstance(item, LogEvent):
-            session.add(RunLog(run_id=run.id, account_id=run.account_id, attempt=attempt,
-                               level=item.level, message=item.message[:_MAX_LOG_CHARS]))
+            session.add(
+                RunLog(
+                    run_id=run.id,
+                    account_id=run.account_id,
+                    attempt=attempt,
+                    level=item.level,
+                    message=item.message[:_MAX_LOG_CHARS],
+                )
+            )
             counts["logs"] += 1
         elif isinstance(item, MetricEvent):
             for name, value in item.values.items():
                 if value is not None:  # a figure that is not finite or not known
-                    session.add(RunMetric(run_id=run.id, account_id=run.account_id,
-                                          attempt=attempt, stage=item.stage, step=item.step,
-                                          name=name, value=float(value)))
+                    session.add(
+                        RunMetric(
+                            run_id=run.id,
+                            account_id=run.account_id,
+                            attempt=attempt,
+                            stage=item.stage,
+                            step=item.step,
+                            name=name,
+                            value=float(value),
+                        )
+                    )
                     counts["metrics"] += 1
         elif isinstance(item, CheckpointEvent):
-            session.add(CheckpointRow(run_id=run.id, account_id=run.account_id,
-                                      attempt=attempt, stage=item.stage, step=item.step,
-                                      path=item.path, bytes=item.bytes, seconds=item.seconds))
+            session.add(
+                CheckpointRow(
+                    run_id=run.id,
+                    account_id=run.account_id,
+                    attempt=attempt,
+                    stage=item.stage,
+                    step=item.step,
+                    path=item.path,
+                    bytes=item.bytes,
+                    seconds=item.seconds,
+                )
+            )
             if item.productive_seconds is not None:
-                lease.productive_seconds = max(lease.productive_seconds,
-                                               item.productive_seconds)
-            record_event(session, run, "checkpoint", f"checkpoint committed at step "
-                         f"{item.step} ({item.stage})",
-                         data={"stage": item.stage, "step": item.step, "bytes": item.bytes,
-                               "seconds": item.seconds})
+                lease.productive_seconds = max(lease.productive_seconds, item.productive_seconds)
+            record_event(
+                session,
+                run,
+                "checkpoint",
+                f"checkpoint committed at step {item.step} ({item.stage})",
+                data={
+                    "stage": item.stage,
+                    "step": item.step,
+                    "bytes": item.bytes,
+                    "seconds": item.seconds,
+                },
+            )
             counts["checkpoints"] += 1
         elif isinstance(item, StageEvent):
             if item.status == "started":
                 run.stage = item.stage
-            record_event(session, run, "stage", f"stage {item.stage} {item.status}",
-                         data={"stage": item.stage, "status": item.status})
+            record_event(
+                session,
+                run,
+                "stage",
+                f"stage {item.stage} {item.status}",
+                data={"stage": item.stage, "status": item.status},
+            )
             counts["events"] += 1
         elif isinstance(item, SpikeEvent):
-            proposal = {"action": "restart_from_checkpoint", "stage": item.stage,
-                        "spike_step": item.step, "loss": item.loss,
-                        "z": item.z, "checkpoint_step": item.checkpoint_step,
-                        "skip_steps": item.skip_steps, "approved": False}
+            proposal = {
+                "action": "restart_from_checkpoint",
+                "stage": item.stage,
+                "spike_step": item.step,
+                "loss": item.loss,
+                "z": item.z,
+                "checkpoint_step": item.checkpoint_step,
+                "skip_steps": item.skip_steps,
+                "approved": False,
+            }
             lease.proposal = proposal
             lease.lease_expires_at = None
             lease.worker_principal_id = None
-            transition_run(session, run, RunState.awaiting_approval,
-                           reason=f"loss spike at step {item.step}: proposed restart from "
-                                  f"checkpoint {item.checkpoint_step} skipping "
-                                  f"{item.skip_steps} step(s) of data; needs a "
-                                  "run.restart_from_checkpoint confirmation",
-                           data=proposal)
+            transition_run(
+                session,
+                run,
+                RunState.awaiting_approval,
+                reason=f"loss spike at step {item.step}: proposed restart from "
+                f"checkpoint {item.checkpoint_step} skipping "
+                f"{item.skip_steps} step(s) of data; needs a "
+                "run.restart_from_checkpoint confirmation",
+                data=proposal,
+            )
             counts["events"] += 1
             break  # the attempt is over: nothing after a spike belongs to the run
         elif isinstance(item, RestartEvent):
             lease.interruptions += 1
-            record_event(session, run, "restart", "the training processes were restarted from "
-                         "the last committed checkpoint", data={"restarts": item.restarts})
+            record_event(
+                session,
+                run,
+                "restart",
+                "the training processes were restarted from the last committed checkpoint",
+                data={"restarts": item.restarts},
+            )
             counts["events"] += 1
         elif isinstance(item, GateEvent):
-            record_event(session, run, "gate",
-                         f"eval gate of {item.stage} "
-                         f"{'passed' if item.passed else 'FAILED'}",
-                         data={"stage": item.stage, "battery": item.battery,
-                               "results": [r.model_dump() for r in item.results],
-                               "passed": item.passed})
+            record_event(
+                session,
+                run,
+                "gate",
+                f"eval gate of {item.stage} {'passed' if item.passed else 'FAILED'}",
+                data={
+                    "stage": item.stage,
+                    "battery": item.battery,
+                    "results": [r.model_dump() for r in item.results],
+                    "passed": item.passed,
+                },
+            )
             counts["events"] += 1
     session.flush()
     return counts
 
 
-def finish_run(session: Session, worker: AuthContext, run_id: str, attempt: int, status: str,
-               failure_code: str | None, message: str) -> dict[str, Any]:
+def finish_run(
+    session: Session,
+    worker: AuthContext,
+    run_id: str,
+    attempt: int,
+    status: str,
+    failure_code: str | None,
+    message: str,
+) -> dict[str, Any]:
     run, lease = _held(session, worker, run_id, attempt)
-    targets = {"succeeded": RunState.succeeded, "failed": RunState.failed,
-               "gate_failed": RunState.gate_failed, "cancelled": RunState.cancelled}
+    targets = {
+        "succeeded": RunState.succeeded,
+        "failed": RunState.failed,
+        "gate_failed": RunState.gate_failed,
+        "cancelled": RunState.cancelled,
+    }
     if status not in targets:
         raise ItoError("invalid_arguments", "status must be one of " + ", ".join(targets))
     target = targets[status]
     if run.state == RunState.cancelling.value and target is not RunState.cancelled:
         target = RunState.cancelled
-    transition_run(session, run, target, reason=message[:500], failure_code=failure_code,
-                   data={"attempt": attempt})
+    transition_run(
+        session,
+        run,
+        target,
+        reason=message[:500],
+        failure_code=failure_code,
+        data={"attempt": attempt},
+    )
     lease.lease_expires_at = None
     lease.worker_principal_id = None
     return {"run_id": run.id, "state": run.state}

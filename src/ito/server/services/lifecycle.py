@@ -41,67 +41,132 @@ __all__ = [
     "mark_cleaned",
 ]
 
-CLEANUP_TRANSITIONS = {CleanupState.none: {CleanupState.cleaning},
-                       CleanupState.cleaning: {CleanupState.cleaned},
-                       CleanupState.cleaned: set()}
+CLEANUP_TRANSITIONS = {
+    CleanupState.none: {CleanupState.cleaning},
+    CleanupState.cleaning: {CleanupState.cleaned},
+    CleanupState.cleaned: set(),
+}
 
 
 # The polled reads, built once; each is one indexed range (``run_id, id``), bounded by ``limit``.
-_LOGS = (select(RunLog).where(RunLog.run_id == bindparam("run_id"),
-                              RunLog.account_id == bindparam("account_id"),
-                              RunLog.id > bindparam("since"))
-         .order_by(RunLog.id).limit(bindparam("limit")))
-_METRICS = (select(RunMetric).where(RunMetric.run_id == bindparam("run_id"),
-                                    RunMetric.account_id == bindparam("account_id"),
-                                    RunMetric.id > bindparam("since"))
-            .order_by(RunMetric.id).limit(bindparam("limit")))
-_METRICS_NAMED = (select(RunMetric).where(RunMetric.run_id == bindparam("run_id"),
-                                          RunMetric.account_id == bindparam("account_id"),
-                                          RunMetric.name == bindparam("name"),
-                                          RunMetric.id > bindparam("since"))
-                  .order_by(RunMetric.id).limit(bindparam("limit")))
+_LOGS = (
+    select(RunLog)
+    .where(
+        RunLog.run_id == bindparam("run_id"),
+        RunLog.account_id == bindparam("account_id"),
+        RunLog.id > bindparam("since"),
+    )
+    .order_by(RunLog.id)
+    .limit(bindparam("limit"))
+)
+_METRICS = (
+    select(RunMetric)
+    .where(
+        RunMetric.run_id == bindparam("run_id"),
+        RunMetric.account_id == bindparam("account_id"),
+        RunMetric.id > bindparam("since"),
+    )
+    .order_by(RunMetric.id)
+    .limit(bindparam("limit"))
+)
+_METRICS_NAMED = (
+    select(RunMetric)
+    .where(
+        RunMetric.run_id == bindparam("run_id"),
+        RunMetric.account_id == bindparam("account_id"),
+        RunMetric.name == bindparam("name"),
+        RunMetric.id > bindparam("since"),
+    )
+    .order_by(RunMetric.id)
+    .limit(bindparam("limit"))
+)
 
 
-def list_logs(session: Session, account_id: str, run_id: str, *, since: int = 0,
-              limit: int = 500) -> tuple[list[dict[str, Any]], int]:
+def list_logs(
+    session: Session, account_id: str, run_id: str, *, since: int = 0, limit: int = 500
+) -> tuple[list[dict[str, Any]], int]:
     get_run(session, account_id, run_id)
-    rows = list(session.scalars(_LOGS, {"run_id": run_id, "account_id": account_id,
-                                        "since": since, "limit": limit}))
-    lines = [{"cursor": r.id, "attempt": r.attempt, "level": r.level, "message": r.message,
-              "at": r.created_at.isoformat()} for r in rows]
+    rows = list(
+        session.scalars(
+            _LOGS, {"run_id": run_id, "account_id": account_id, "since": since, "limit": limit}
+        )
+    )
+    lines = [
+        {
+            "cursor": r.id,
+            "attempt": r.attempt,
+            "level": r.level,
+            "message": r.message,
+            "at": r.created_at.isoformat(),
+        }
+        for r in rows
+    ]
     return lines, rows[-1].id if rows else since
 
 
-def list_metrics(session: Session, account_id: str, run_id: str, *, name: str | None = None,
-                 since: int = 0, limit: int = 5000) -> tuple[list[dict[str, Any]], int]:
+def list_metrics(
+    session: Session,
+    account_id: str,
+    run_id: str,
+    *,
+    name: str | None = None,
+    since: int = 0,
+    limit: int = 5000,
+) -> tuple[list[dict[str, Any]], int]:
     get_run(session, account_id, run_id)
     params = {"run_id": run_id, "account_id": account_id, "since": since, "limit": limit}
     if name is None:
         rows = list(session.scalars(_METRICS, params))
     else:
         rows = list(session.scalars(_METRICS_NAMED, params | {"name": name}))
-    points = [{"cursor": r.id, "attempt": r.attempt, "stage": r.stage, "step": r.step,
-               "name": r.name, "value": r.value} for r in rows]
+    points = [
+        {
+            "cursor": r.id,
+            "attempt": r.attempt,
+            "stage": r.stage,
+            "step": r.step,
+            "name": r.name,
+            "value": r.value,
+        }
+        for r in rows
+    ]
     return points, rows[-1].id if rows else since
 
 
 def list_checkpoints(session: Session, account_id: str, run_id: str) -> list[CheckpointRow]:
     get_run(session, account_id, run_id)
-    return list(session.scalars(
-        select(CheckpointRow).where(CheckpointRow.run_id == run_id,
-                                    CheckpointRow.account_id == account_id)
-        .order_by(CheckpointRow.step, CheckpointRow.id)))
+    return list(
+        session.scalars(
+            select(CheckpointRow)
+            .where(CheckpointRow.run_id == run_id, CheckpointRow.account_id == account_id)
+            .order_by(CheckpointRow.step, CheckpointRow.id)
+        )
+    )
 
 
 def checkpoint_dict(row: CheckpointRow) -> dict[str, Any]:
-    return {"stage": row.stage, "step": row.step, "path": row.path, "bytes": row.bytes,
-            "seconds": row.seconds, "attempt": row.attempt,
-            "committed_at": row.created_at.isoformat(),
-            "deleted": row.deleted_at is not None}
+    return {
+        "stage": row.stage,
+        "step": row.step,
+        "path": row.path,
+        "bytes": row.bytes,
+        "seconds": row.seconds,
+        "attempt": row.attempt,
+        "committed_at": row.created_at.isoformat(),
+        "deleted": row.deleted_at is not None,
+    }
 
 
-def apply_run_action(db: Database, ctx: AuthContext, pepper: str, *, run_id: str, action: str,
-                     confirmation_ref: str, idempotency_key: str) -> tuple[dict[str, Any], bool]:
+def apply_run_action(
+    db: Database,
+    ctx: AuthContext,
+    pepper: str,
+    *,
+    run_id: str,
+    action: str,
+    confirmation_ref: str,
+    idempotency_key: str,
+) -> tuple[dict[str, Any], bool]:
     """Cancel or clean up a run behind its own confirmation and idempotency key."""
     act = ConfirmationAction(action)
     validate_idempotency_key(idempotency_key)
@@ -118,9 +183,12 @@ def apply_run_action(db: Database, ctx: AuthContext, pepper: str, *, run_id: str
             now = utcnow()
             confirmation = usable_confirmation(session, ctx, pepper, confirmation_ref, now)
             if confirmation.action != act.value or confirmation.target_id != run.id:
-                raise ItoError("confirmation_mismatch", "the confirmation approves another "
-                               "action or run", bound_action=confirmation.action,
-                               bound_target=confirmation.target_id)
+                raise ItoError(
+                    "confirmation_mismatch",
+                    "the confirmation approves another action or run",
+                    bound_action=confirmation.action,
+                    bound_target=confirmation.target_id,
+                )
             if act is ConfirmationAction.run_cancel:
                 if not RunState(run.state).is_cancellable():
                     raise ItoError("run_not_cancellable", state=run.state)
@@ -129,10 +197,14 @@ def apply_run_action(db: Database, ctx: AuthContext, pepper: str, *, run_id: str
             elif not RunState(run.state).is_terminal():
                 raise ItoError("run_not_terminal", state=run.state)
             elif run.cleanup_state != CleanupState.none.value:
-                raise ItoError("invalid_transition", "the run is already cleaned or being "
-                               "cleaned", cleanup_state=run.cleanup_state)
-            record = reserve_key(session, db, ctx.account_id, act.value, idempotency_key,
-                                 fingerprint)
+                raise ItoError(
+                    "invalid_transition",
+                    "the run is already cleaned or being cleaned",
+                    cleanup_state=run.cleanup_state,
+                )
+            record = reserve_key(
+                session, db, ctx.account_id, act.value, idempotency_key, fingerprint
+            )
             if record is None:
                 raise ItoError("idempotency_in_progress", idempotency_key=idempotency_key)
             mark_consumed(session, confirmation, run.id, now)
@@ -142,8 +214,13 @@ def apply_run_action(db: Database, ctx: AuthContext, pepper: str, *, run_id: str
                 _restart(session, run)
             else:
                 _request_cleanup(session, run)
-            data = {"run_id": run.id, "booking_id": run.booking_id, "state": run.state,
-                    "cleanup_state": run.cleanup_state, "idempotency_key": idempotency_key}
+            data = {
+                "run_id": run.id,
+                "booking_id": run.booking_id,
+                "state": run.state,
+                "cleanup_state": run.cleanup_state,
+                "idempotency_key": idempotency_key,
+            }
             bind_key(session, record, run.id, data)
             return data, False
     except ItoError as exc:
@@ -156,12 +233,15 @@ def _cancel(session: Session, run: Run) -> None:
     lease = lease_for(session, run)
     lease.cancel_requested_at = utcnow()
     held = lease.lease_expires_at is not None and run.state in (
-        RunState.running.value, RunState.awaiting_approval.value)
+        RunState.running.value,
+        RunState.awaiting_approval.value,
+    )
     transition_run(session, run, RunState.cancelling, reason="cancel confirmed by a human")
     if not held:
         # Nothing is executing it: queued, or recovering with no worker holding it.
-        transition_run(session, run, RunState.cancelled, reason="cancelled before any worker "
-                       "held it")
+        transition_run(
+            session, run, RunState.cancelled, reason="cancelled before any worker held it"
+        )
 
 
 def _check_restart(session: Session, run: Run, step: object) -> None:
@@ -169,18 +249,25 @@ def _check_restart(session: Session, run: Run, step: object) -> None:
     if run.state != RunState.awaiting_approval.value or not proposal:
         raise ItoError("invalid_transition", "the run has no proposed restart", state=run.state)
     if step != proposal.get("checkpoint_step"):
-        raise ItoError("confirmation_mismatch", "the confirmation names another checkpoint "
-                       "than the proposed one", proposed=proposal.get("checkpoint_step"),
-                       confirmed=step)
+        raise ItoError(
+            "confirmation_mismatch",
+            "the confirmation names another checkpoint than the proposed one",
+            proposed=proposal.get("checkpoint_step"),
+            confirmed=step,
+        )
 
 
 def _restart(session: Session, run: Run) -> None:
     lease = lease_for(session, run)
     assert lease.proposal is not None
     lease.proposal = dict(lease.proposal) | {"approved": True}
-    transition_run(session, run, RunState.recovering,
-                   reason=f"restart from checkpoint {lease.proposal['checkpoint_step']} confirmed "
-                          "by a human", data=lease.proposal)
+    transition_run(
+        session,
+        run,
+        RunState.recovering,
+        reason=f"restart from checkpoint {lease.proposal['checkpoint_step']} confirmed by a human",
+        data=lease.proposal,
+    )
 
 
 def _request_cleanup(session: Session, run: Run) -> None:
@@ -188,8 +275,9 @@ def _request_cleanup(session: Session, run: Run) -> None:
     lease_for(session, run).cleanup_requested_at = utcnow()
 
 
-def _cleanup_transition(session: Session, run: Run, target: CleanupState, message: str,
-                        **data: Any) -> None:
+def _cleanup_transition(
+    session: Session, run: Run, target: CleanupState, message: str, **data: Any
+) -> None:
     """The one way ``cleanup_state`` changes: checked against its table, recorded as an event."""
     current = CleanupState(run.cleanup_state)
     if target not in CLEANUP_TRANSITIONS[current]:
@@ -199,12 +287,19 @@ def _cleanup_transition(session: Session, run: Run, target: CleanupState, messag
     record_event(session, run, "cleanup", message, data={"cleanup_state": target.value} | data)
 
 
-def mark_cleaned(session: Session, worker: AuthContext, run_id: str,
-                 bytes_freed: int, paths: list[str]) -> dict[str, Any]:
+def mark_cleaned(
+    session: Session, worker: AuthContext, run_id: str, bytes_freed: int, paths: list[str]
+) -> dict[str, Any]:
     """The worker deleted the run's checkpoints and scratch data."""
-    run = session.scalar(select(Run).where(Run.id == run_id, Run.booking_id == worker.booking_id,
-                                           Run.account_id == worker.account_id)
-                         .with_for_update())
+    run = session.scalar(
+        select(Run)
+        .where(
+            Run.id == run_id,
+            Run.booking_id == worker.booking_id,
+            Run.account_id == worker.account_id,
+        )
+        .with_for_update()
+    )
     if run is None:
         raise ItoError("run_not_found")
     if run.cleanup_state != CleanupState.cleaning.value:
@@ -212,23 +307,35 @@ def mark_cleaned(session: Session, worker: AuthContext, run_id: str,
     now = utcnow()
     lease = lease_for(session, run)
     lease.bytes_freed += max(int(bytes_freed), 0)
-    for row in session.scalars(select(CheckpointRow).where(CheckpointRow.run_id == run.id,
-                                                           CheckpointRow.deleted_at.is_(None))):
+    for row in session.scalars(
+        select(CheckpointRow).where(
+            CheckpointRow.run_id == run.id, CheckpointRow.deleted_at.is_(None)
+        )
+    ):
         row.deleted_at = now
-    _cleanup_transition(session, run, CleanupState.cleaned,
-                        f"cleaned: {bytes_freed} bytes freed", bytes_freed=int(bytes_freed),
-                        paths=paths[:20])
-    return {"run_id": run.id, "cleanup_state": run.cleanup_state,
-            "bytes_freed": lease.bytes_freed}
+    _cleanup_transition(
+        session,
+        run,
+        CleanupState.cleaned,
+        f"cleaned: {bytes_freed} bytes freed",
+        bytes_freed=int(bytes_freed),
+        paths=paths[:20],
+    )
+    return {"run_id": run.id, "cleanup_state": run.cleanup_state, "bytes_freed": lease.bytes_freed}
 
 
 def cleanup_jobs(session: Session, worker: AuthContext) -> list[dict[str, Any]]:
-    runs = session.scalars(select(Run).where(Run.booking_id == worker.booking_id,
-                                             Run.account_id == worker.account_id,
-                                             Run.cleanup_state == CleanupState.cleaning.value))
+    runs = session.scalars(
+        select(Run).where(
+            Run.booking_id == worker.booking_id,
+            Run.account_id == worker.account_id,
+            Run.cleanup_state == CleanupState.cleaning.value,
+        )
+    )
     booking = session.get(Booking, worker.booking_id)
     storage = booking.storage_uri if booking is not None else None
     # The booking's storage root travels with each job: the worker re-checks that what it is
     # about to delete lies inside it.
-    return [{"run_id": r.id, "checkpoint_uri": r.checkpoint_uri, "storage_uri": storage}
-            for r in runs]
+    return [
+        {"run_id": r.id, "checkpoint_uri": r.checkpoint_uri, "storage_uri": storage} for r in runs
+    ]

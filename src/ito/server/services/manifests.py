@@ -29,8 +29,13 @@ def store_manifest(session: Session, account_id: str, raw: bytes) -> tuple[Manif
         # Same digest, same bytes: already validated when first stored.
         return existing, False
     manifest = parsed_manifest(raw, digest)
-    row = ManifestRow(account_id=account_id, digest=digest, content=raw, size_bytes=len(raw),
-                      summary=manifest_summary(manifest))
+    row = ManifestRow(
+        account_id=account_id,
+        digest=digest,
+        content=raw,
+        size_bytes=len(raw),
+        summary=manifest_summary(manifest),
+    )
     try:
         with session.begin_nested():
             session.add(row)
@@ -43,8 +48,11 @@ def store_manifest(session: Session, account_id: str, raw: bytes) -> tuple[Manif
 
 
 def find_manifest(session: Session, account_id: str, digest: str) -> ManifestRow | None:
-    return session.scalar(select(ManifestRow).where(ManifestRow.account_id == account_id,
-                                                    ManifestRow.digest == digest))
+    return session.scalar(
+        select(ManifestRow).where(
+            ManifestRow.account_id == account_id, ManifestRow.digest == digest
+        )
+    )
 
 
 def load_manifest(session: Session, account_id: str, digest: str) -> tuple[ManifestRow, Manifest]:
@@ -55,5 +63,10 @@ def load_manifest(session: Session, account_id: str, digest: str) -> tuple[Manif
 
 
 def manifest_dict(row: ManifestRow) -> dict[str, Any]:
-    return {"manifest_id": row.digest, "digest": row.digest, "size_bytes": row.size_bytes,
-            "summary": row.summary, "created_at": row.created_at.isoformat()}
+    return {
+        "manifest_id": row.digest,
+        "digest": row.digest,
+        "size_bytes": row.size_bytes,
+        "summary": row.summary,
+        "created_at": row.created_at.isoformat(),
+    }

@@ -28,31 +28,54 @@ def plan_run(session: Session, account_id: str, booking_id: str, raw: bytes) -> 
     try:
         eligibility: dict[str, Any] = eligibility_record(view, now)
     except ItoError as exc:
-        eligibility = {"eligible": False, "booking_id": booking.id, "checked_at": now.isoformat(),
-                       "error": exc.to_error_body()}
+        eligibility = {
+            "eligible": False,
+            "booking_id": booking.id,
+            "checked_at": now.isoformat(),
+            "error": exc.to_error_body(),
+        }
         refusals.append(exc.to_error_body())
 
     checks: dict[str, Any]
     try:
         result = check_resources(manifest, view, now)
         estimate = result.estimate
-        checks = {"ok": True, "checkpoint_uri": result.checkpoint_uri,
-                  "checkpoint_bytes_reserved": result.checkpoint_bytes}
+        checks = {
+            "ok": True,
+            "checkpoint_uri": result.checkpoint_uri,
+            "checkpoint_bytes_reserved": result.checkpoint_bytes,
+        }
     except ItoError as exc:
-        estimate = estimate_cost(manifest, accelerator=view.gpu, nodes=view.nodes,
-                                 gpus_per_node=view.gpus_per_node,
-                                 rate_usd_per_gpu_hour=view.rate_usd_per_gpu_hour)
+        estimate = estimate_cost(
+            manifest,
+            accelerator=view.gpu,
+            nodes=view.nodes,
+            gpus_per_node=view.gpus_per_node,
+            rate_usd_per_gpu_hour=view.rate_usd_per_gpu_hour,
+        )
         checks = {"ok": False, "error": exc.to_error_body()}
         refusals.append(exc.to_error_body())
 
     warnings: list[dict[str, Any]] = []
     post = [n for n in ("sft", "dpo", "rlvr") if getattr(manifest.post_training, n) is not None]
     if post:
-        warnings.append({"code": "post_training_not_run", "stages": post,
-                         "message": "these post-training stages are not run by this runtime "
-                                    "version; the run ends after its curriculum"})
-    stages = [{"stage": s.stage, "tokens": s.tokens, "seq_len": s.seq_len,
-               "estimated_seconds": round(s.seconds, 1)} for s in estimate.stages]
+        warnings.append(
+            {
+                "code": "post_training_not_run",
+                "stages": post,
+                "message": "these post-training stages are not run by this runtime "
+                "version; the run ends after its curriculum",
+            }
+        )
+    stages = [
+        {
+            "stage": s.stage,
+            "tokens": s.tokens,
+            "seq_len": s.seq_len,
+            "estimated_seconds": round(s.seconds, 1),
+        }
+        for s in estimate.stages
+    ]
     return {
         "ready": not refusals,
         "booking_id": booking.id,

@@ -73,13 +73,19 @@ ACTION = ConfirmationAction.train_create.value
 
 # The hot reads, built once: a request then pays for the query, not for building it.
 _RUN = select(Run).where(Run.id == bindparam("run_id"), Run.account_id == bindparam("account_id"))
-_EVENTS = (select(RunEvent)
-           .where(RunEvent.run_id == bindparam("run_id"),
-                  RunEvent.account_id == bindparam("account_id"),
-                  RunEvent.id > bindparam("after"))
-           .order_by(RunEvent.id).limit(bindparam("limit")))
-_CONFIRMATION = select(Confirmation).where(Confirmation.id == bindparam("ref"),
-                                           Confirmation.account_id == bindparam("account_id"))
+_EVENTS = (
+    select(RunEvent)
+    .where(
+        RunEvent.run_id == bindparam("run_id"),
+        RunEvent.account_id == bindparam("account_id"),
+        RunEvent.id > bindparam("after"),
+    )
+    .order_by(RunEvent.id)
+    .limit(bindparam("limit"))
+)
+_CONFIRMATION = select(Confirmation).where(
+    Confirmation.id == bindparam("ref"), Confirmation.account_id == bindparam("account_id")
+)
 
 
 @dataclass(frozen=True)
@@ -98,8 +104,9 @@ class CreateRunResult:
     replayed: bool
 
 
-def create_run(db: Database, ctx: AuthContext, pepper: str,
-               req: CreateRunRequest) -> CreateRunResult:
+def create_run(
+    db: Database, ctx: AuthContext, pepper: str, req: CreateRunRequest
+) -> CreateRunResult:
     """Create a run behind the five gates, holding the write lock as briefly as it can.
 
     First, outside any write transaction, what needs no lock: the manifest (parsed once per
@@ -112,8 +119,9 @@ def create_run(db: Database, ctx: AuthContext, pepper: str,
     exactly the code of the first failing gate, as before."""
     validate_idempotency_key(req.idempotency_key)
     raw = _decode_manifest(req)
-    fingerprint = idempotency_fingerprint(ACTION, req.booking_id, req.manifest_digest,
-                                          req.confirmation_ref)
+    fingerprint = idempotency_fingerprint(
+        ACTION, req.booking_id, req.manifest_digest, req.confirmation_ref
+    )
     try:
         prepared = _prepare(db, ctx, req, raw)
         with db.write() as session:
@@ -122,8 +130,7 @@ def create_run(db: Database, ctx: AuthContext, pepper: str,
             return _commit_prepared(session, db, ctx, pepper, req, raw, fingerprint, prepared)
     except ItoError as exc:
         if exc.code == "store_busy":
-            raise ItoError("idempotency_in_progress",
-                           idempotency_key=req.idempotency_key) from None
+            raise ItoError("idempotency_in_progress", idempotency_key=req.idempotency_key) from None
         raise
 
 
@@ -138,8 +145,9 @@ class _Prepared:
     checked: ResourceCheck
 
 
-def _prepare(db: Database, ctx: AuthContext, req: CreateRunRequest,
-             raw: bytes | None) -> _Prepared | None:
+def _prepare(
+    db: Database, ctx: AuthContext, req: CreateRunRequest, raw: bytes | None
+) -> _Prepared | None:
     """The lock-free part of a create, or ``None`` when some check refused (the write
     transaction then finds the first failing gate, in order). It works from this process's
     hints (:mod:`ito.server.services.hints`: the booking as last seen, manifests known to the
@@ -152,8 +160,11 @@ def _prepare(db: Database, ctx: AuthContext, req: CreateRunRequest,
             with db.read() as session:
                 view = booking_view(get_booking(session, ctx.account_id, req.booking_id))
                 remember_booking(view)
-                row = find_manifest(session, ctx.account_id, req.manifest_digest) \
-                    if manifest is None or not stored else None
+                row = (
+                    find_manifest(session, ctx.account_id, req.manifest_digest)
+                    if manifest is None or not stored
+                    else None
+                )
                 if row is not None:
                     stored = True
                     remember_manifest(ctx.account_id, row.digest)
@@ -168,20 +179,26 @@ def _prepare(db: Database, ctx: AuthContext, req: CreateRunRequest,
         checked = check_resources(manifest, view, now, run_id_hint=run_id)
     except ItoError:
         return None
-    return _Prepared(view=view, manifest=manifest, manifest_stored=stored, run_id=run_id,
-                     checked=checked)
+    return _Prepared(
+        view=view, manifest=manifest, manifest_stored=stored, run_id=run_id, checked=checked
+    )
 
 
 def _commit_prepared(
-    session: Session, db: Database, ctx: AuthContext, pepper: str, req: CreateRunRequest,
-    raw: bytes | None, fingerprint: str, prepared: _Prepared,
+    session: Session,
+    db: Database,
+    ctx: AuthContext,
+    pepper: str,
+    req: CreateRunRequest,
+    raw: bytes | None,
+    fingerprint: str,
+    prepared: _Prepared,
 ) -> CreateRunResult:
     """The atomic part of a create whose checks were prepared. Any refusal rolls back the
     reservation with everything else; the gates keep their order among themselves."""
     now = utcnow()
     lock_key(session, db, ctx.account_id, ACTION, req.idempotency_key)
-    record_id = reserve_key(session, db, ctx.account_id, ACTION, req.idempotency_key,
-                            fingerprint)
+    record_id = reserve_key(session, db, ctx.account_id, ACTION, req.idempotency_key, fingerprint)
     if record_id is None:
         # Another request with this key committed since the read: replay it (or refuse reuse).
         existing = find_key(session, ctx.account_id, ACTION, req.idempotency_key)
@@ -205,23 +222,26 @@ def _commit_prepared(
 
     # Gate 5: prepared; evaluated again only if the booking changed or its term ran short.
     checked = prepared.checked
-    if view != prepared.view or now + timedelta(seconds=checked.estimate.seconds) \
-            > view.term_end:
+    if view != prepared.view or now + timedelta(seconds=checked.estimate.seconds) > view.term_end:
         checked = check_resources(prepared.manifest, view, now, run_id_hint=prepared.run_id)
     _check_cost_bound(checked, confirmation)
 
     mark_consumed(session, confirmation, prepared.run_id, now)
     if not prepared.manifest_stored and raw is not None:
         store_manifest(session, ctx.account_id, raw)
-    data = _insert_run(session, ctx, req, prepared.run_id, booking.id, confirmation, checked,
-                       now)
+    data = _insert_run(session, ctx, req, prepared.run_id, booking.id, confirmation, checked, now)
     bind_key(session, record_id, prepared.run_id, data)
     return CreateRunResult(data=data, replayed=False)
 
 
 def _create_in_transaction(
-    session: Session, db: Database, ctx: AuthContext, pepper: str, req: CreateRunRequest,
-    raw: bytes | None, fingerprint: str,
+    session: Session,
+    db: Database,
+    ctx: AuthContext,
+    pepper: str,
+    req: CreateRunRequest,
+    raw: bytes | None,
+    fingerprint: str,
 ) -> CreateRunResult:
     """Every gate in order, inside the write transaction: the path of a request the lock-free
     read refused, so the refusal is the first failing gate's, seen under the lock."""
@@ -256,8 +276,7 @@ def _create_in_transaction(
 
     # Gate 4: reserve the key. Concurrent holders of the same key wait here for the winner's
     # commit (unique constraint / database lock), then replay its run.
-    record_id = reserve_key(session, db, ctx.account_id, ACTION, req.idempotency_key,
-                            fingerprint)
+    record_id = reserve_key(session, db, ctx.account_id, ACTION, req.idempotency_key, fingerprint)
     if record_id is None:
         existing = find_key(session, ctx.account_id, ACTION, req.idempotency_key)
         assert existing is not None
@@ -278,47 +297,82 @@ def _create_in_transaction(
 
 def _check_digest(confirmation: Confirmation, req: CreateRunRequest) -> None:
     if confirmation.manifest_digest != req.manifest_digest:
-        raise ItoError("manifest_digest_mismatch",
-                       "the manifest is not the one the confirmation approved",
-                       confirmation_manifest_id=confirmation.manifest_digest,
-                       presented_manifest_id=req.manifest_digest)
+        raise ItoError(
+            "manifest_digest_mismatch",
+            "the manifest is not the one the confirmation approved",
+            confirmation_manifest_id=confirmation.manifest_digest,
+            presented_manifest_id=req.manifest_digest,
+        )
 
 
 def _check_binding(confirmation: Confirmation, booking_id: str) -> None:
-    if confirmation.action != ACTION or confirmation.target_kind != "booking" \
-            or confirmation.target_id != booking_id:
-        raise ItoError("confirmation_mismatch", "the confirmation approves another action or "
-                       "booking", bound_action=confirmation.action,
-                       bound_target=confirmation.target_id)
+    if (
+        confirmation.action != ACTION
+        or confirmation.target_kind != "booking"
+        or confirmation.target_id != booking_id
+    ):
+        raise ItoError(
+            "confirmation_mismatch",
+            "the confirmation approves another action or booking",
+            bound_action=confirmation.action,
+            bound_target=confirmation.target_id,
+        )
 
 
 def _check_cost_bound(checked: ResourceCheck, confirmation: Confirmation) -> None:
     if checked.estimate.cost_usd > confirmation.cost_usd + 1e-9:
-        raise ItoError("confirmation_mismatch", "the estimate exceeds the confirmation's cost "
-                       "bound", cost_usd=checked.estimate.cost_usd,
-                       bound_usd=confirmation.cost_usd)
+        raise ItoError(
+            "confirmation_mismatch",
+            "the estimate exceeds the confirmation's cost bound",
+            cost_usd=checked.estimate.cost_usd,
+            bound_usd=confirmation.cost_usd,
+        )
 
 
-def _insert_run(session: Session, ctx: AuthContext, req: CreateRunRequest, run_id: str,
-                booking_id: str, confirmation: Confirmation, checked: ResourceCheck,
-                now: datetime) -> dict[str, Any]:
+def _insert_run(
+    session: Session,
+    ctx: AuthContext,
+    req: CreateRunRequest,
+    run_id: str,
+    booking_id: str,
+    confirmation: Confirmation,
+    checked: ResourceCheck,
+    now: datetime,
+) -> dict[str, Any]:
     """The run and its ``created`` event, written in one flush."""
     run = Run(
-        id=run_id, account_id=ctx.account_id, booking_id=booking_id,
-        manifest_digest=req.manifest_digest, idempotency_key=req.idempotency_key,
-        confirmation_id=confirmation.id, state=RunState.queued.value, stage=None,
-        cleanup_state="none", estimate=checked.estimate.to_dict(),
-        checkpoint_uri=checked.checkpoint_uri, created_by=ctx.principal_id,
-        created_at=now, updated_at=now,
+        id=run_id,
+        account_id=ctx.account_id,
+        booking_id=booking_id,
+        manifest_digest=req.manifest_digest,
+        idempotency_key=req.idempotency_key,
+        confirmation_id=confirmation.id,
+        state=RunState.queued.value,
+        stage=None,
+        cleanup_state="none",
+        estimate=checked.estimate.to_dict(),
+        checkpoint_uri=checked.checkpoint_uri,
+        created_by=ctx.principal_id,
+        created_at=now,
+        updated_at=now,
     )
     session.add(run)
-    session.add(RunEvent(run_id=run_id, account_id=ctx.account_id, kind="created",
-                         from_state=None, to_state="queued",
-                         message="run created behind all five gates",
-                         data={"confirmation_ref": confirmation.id,
-                               "cost_usd": checked.estimate.cost_usd,
-                               "idempotency_key": req.idempotency_key},
-                         created_at=now))
+    session.add(
+        RunEvent(
+            run_id=run_id,
+            account_id=ctx.account_id,
+            kind="created",
+            from_state=None,
+            to_state="queued",
+            message="run created behind all five gates",
+            data={
+                "confirmation_ref": confirmation.id,
+                "cost_usd": checked.estimate.cost_usd,
+                "idempotency_key": req.idempotency_key,
+            },
+            created_at=now,
+        )
+    )
     return _create_data(run)
 
 
@@ -326,8 +380,9 @@ def _decode_manifest(req: CreateRunRequest) -> bytes | None:
     if req.manifest_raw is None:
         return None
     if manifest_digest(req.manifest_raw) != req.manifest_digest:
-        raise ItoError("manifest_digest_mismatch", "the manifest bytes do not hash to the "
-                       "presented digest")
+        raise ItoError(
+            "manifest_digest_mismatch", "the manifest bytes do not hash to the presented digest"
+        )
     return req.manifest_raw
 
 
@@ -348,13 +403,26 @@ def _replay(session: Session, record: IdempotencyRecord, fingerprint: str) -> Cr
 
 
 def _create_data(run: Run) -> dict[str, Any]:
-    return {"booking_id": run.booking_id, "run_id": run.id, "manifest_id": run.manifest_digest,
-            "idempotency_key": run.idempotency_key, "state": run.state, "stage": run.stage}
+    return {
+        "booking_id": run.booking_id,
+        "run_id": run.id,
+        "manifest_id": run.manifest_digest,
+        "idempotency_key": run.idempotency_key,
+        "state": run.state,
+        "stage": run.stage,
+    }
 
 
-def transition_run(session: Session, run: Run, target: RunState, *, reason: str,
-                   stage: str | None = None, failure_code: str | None = None,
-                   data: dict[str, Any] | None = None) -> RunEvent:
+def transition_run(
+    session: Session,
+    run: Run,
+    target: RunState,
+    *,
+    reason: str,
+    stage: str | None = None,
+    failure_code: str | None = None,
+    data: dict[str, Any] | None = None,
+) -> RunEvent:
     """The only way a run changes state: checked against the table, recorded as an event."""
     current = RunState(run.state)
     check_transition(current, target)
@@ -367,15 +435,37 @@ def transition_run(session: Session, run: Run, target: RunState, *, reason: str,
     run.updated_at = now
     if target.is_terminal():
         run.finished_at = now
-    return record_event(session, run, "state", reason, from_state=current.value,
-                  to_state=target.value, data=data or {})
+    return record_event(
+        session,
+        run,
+        "state",
+        reason,
+        from_state=current.value,
+        to_state=target.value,
+        data=data or {},
+    )
 
 
-def record_event(session: Session, run: Run, kind: str, message: str, *,
-           from_state: str | None = None, to_state: str | None = None,
-           data: dict[str, Any] | None = None) -> RunEvent:
-    event = RunEvent(run_id=run.id, account_id=run.account_id, kind=kind, from_state=from_state,
-                     to_state=to_state, message=message, data=data or {}, created_at=utcnow())
+def record_event(
+    session: Session,
+    run: Run,
+    kind: str,
+    message: str,
+    *,
+    from_state: str | None = None,
+    to_state: str | None = None,
+    data: dict[str, Any] | None = None,
+) -> RunEvent:
+    event = RunEvent(
+        run_id=run.id,
+        account_id=run.account_id,
+        kind=kind,
+        from_state=from_state,
+        to_state=to_state,
+        message=message,
+        data=data or {},
+        created_at=utcnow(),
+    )
     session.add(event)
     session.flush()
     return event
@@ -389,8 +479,14 @@ def get_run(session: Session, account_id: str, run_id: str) -> Run:
     return run
 
 
-def list_runs(session: Session, account_id: str, *, idempotency_key: str | None = None,
-              booking_id: str | None = None, limit: int = 50) -> list[Run]:
+def list_runs(
+    session: Session,
+    account_id: str,
+    *,
+    idempotency_key: str | None = None,
+    booking_id: str | None = None,
+    limit: int = 50,
+) -> list[Run]:
     query = select(Run).where(Run.account_id == account_id)
     if idempotency_key is not None:
         query = query.where(Run.idempotency_key == idempotency_key)
@@ -399,16 +495,20 @@ def list_runs(session: Session, account_id: str, *, idempotency_key: str | None 
     return list(session.scalars(query.order_by(Run.created_at.desc(), Run.id).limit(limit)))
 
 
-def list_events(session: Session, account_id: str, run_id: str, *, after: int = 0,
-                limit: int = 200) -> list[RunEvent]:
+def list_events(
+    session: Session, account_id: str, run_id: str, *, after: int = 0, limit: int = 200
+) -> list[RunEvent]:
     return _events_of(session, get_run(session, account_id, run_id), after=after, limit=limit)
 
 
-def _events_of(session: Session, run: Run, *, after: int = 0,
-               limit: int = 200) -> list[RunEvent]:
+def _events_of(session: Session, run: Run, *, after: int = 0, limit: int = 200) -> list[RunEvent]:
     """One indexed page (``run_id, id``) of a run already checked to be the caller's."""
-    return list(session.scalars(_EVENTS, {"run_id": run.id, "account_id": run.account_id,
-                                          "after": after, "limit": limit}))
+    return list(
+        session.scalars(
+            _EVENTS,
+            {"run_id": run.id, "account_id": run.account_id, "after": after, "limit": limit},
+        )
+    )
 
 
 def run_status(session: Session, account_id: str, run_id: str) -> dict[str, Any]:
@@ -440,6 +540,12 @@ def run_dict(run: Run) -> dict[str, Any]:
 
 
 def event_dict(event: RunEvent) -> dict[str, Any]:
-    return {"id": event.id, "kind": event.kind, "from_state": event.from_state,
-            "to_state": event.to_state, "message": event.message, "data": event.data,
-            "at": event.created_at.isoformat()}
+    return {
+        "id": event.id,
+        "kind": event.kind,
+        "from_state": event.from_state,
+        "to_state": event.to_state,
+        "message": event.message,
+        "data": event.data,
+        "at": event.created_at.isoformat(),
+    }

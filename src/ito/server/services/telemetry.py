@@ -38,8 +38,9 @@ def _productive_seconds(session: Session, run_id: str) -> float:
 
 
 def _mean(session: Session, run_id: str, name: str) -> float | None:
-    value = session.scalar(select(func.avg(RunMetric.value))
-                           .where(RunMetric.run_id == run_id, RunMetric.name == name))
+    value = session.scalar(
+        select(func.avg(RunMetric.value)).where(RunMetric.run_id == run_id, RunMetric.name == name)
+    )
     return float(value) if value is not None else None
 
 
@@ -61,14 +62,21 @@ def _raw(session: Session, run: Run, booking: Booking) -> _Raw:
     lease = session.get(RunLease, run.id)
     busy = lease.busy_seconds if lease else 0.0
     written, seconds = session.execute(
-        select(func.coalesce(func.sum(CheckpointRow.bytes), 0),
-               func.coalesce(func.sum(CheckpointRow.seconds), 0.0))
-        .where(CheckpointRow.run_id == run.id)).one()
-    return _Raw(busy=busy, productive=_productive_seconds(session, run.id),
-                interruptions=lease.interruptions if lease else 0,
-                node_hours=busy * booking.nodes / 3600.0, written=int(written),
-                seconds=float(seconds), cost=lease.cost_usd if lease else 0.0,
-                bytes_freed=lease.bytes_freed if lease else 0)
+        select(
+            func.coalesce(func.sum(CheckpointRow.bytes), 0),
+            func.coalesce(func.sum(CheckpointRow.seconds), 0.0),
+        ).where(CheckpointRow.run_id == run.id)
+    ).one()
+    return _Raw(
+        busy=busy,
+        productive=_productive_seconds(session, run.id),
+        interruptions=lease.interruptions if lease else 0,
+        node_hours=busy * booking.nodes / 3600.0,
+        written=int(written),
+        seconds=float(seconds),
+        cost=lease.cost_usd if lease else 0.0,
+        bytes_freed=lease.bytes_freed if lease else 0,
+    )
 
 
 def _ratios(raw: _Raw) -> dict[str, Any]:
@@ -78,15 +86,18 @@ def _ratios(raw: _Raw) -> dict[str, Any]:
         "goodput": round(min(raw.productive / raw.busy, 1.0), 4) if raw.busy > 0 else None,
         "interruptions": raw.interruptions,
         "interruption_rate_per_node_hour": round(raw.interruptions / raw.node_hours, 4)
-        if raw.node_hours > 0 else None,
+        if raw.node_hours > 0
+        else None,
         "checkpoint_bandwidth_bytes_per_s": round(raw.written / raw.seconds, 1)
-        if raw.seconds > 0 else None,
+        if raw.seconds > 0
+        else None,
         "cost_usd": round(raw.cost, 6),
     }
 
 
-def _run_figures(session: Session, run: Run, booking: Booking,
-                 raw: _Raw | None = None) -> dict[str, Any]:
+def _run_figures(
+    session: Session, run: Run, booking: Booking, raw: _Raw | None = None
+) -> dict[str, Any]:
     raw = raw or _raw(session, run, booking)
     return {
         "run_id": run.id,
@@ -112,30 +123,38 @@ def run_telemetry(session: Session, account_id: str | None, run_id: str) -> dict
     return _run_figures(session, run, booking)
 
 
-def booking_telemetry(session: Session, account_id: str | None,
-                      booking_id: str) -> dict[str, Any]:
+def booking_telemetry(session: Session, account_id: str | None, booking_id: str) -> dict[str, Any]:
     from ito.server.services.bookings import get_booking
 
-    booking = get_booking(session, account_id, booking_id) if account_id \
+    booking = (
+        get_booking(session, account_id, booking_id)
+        if account_id
         else session.get(Booking, booking_id)
+    )
     if booking is None:
         from ito.core.errors import ItoError
 
         raise ItoError("booking_not_found")
-    runs = list(session.scalars(
-        select(Run).where(Run.booking_id == booking.id).order_by(Run.created_at)))
+    runs = list(
+        session.scalars(select(Run).where(Run.booking_id == booking.id).order_by(Run.created_at))
+    )
     raws = [_raw(session, run, booking) for run in runs]
-    total = _Raw(busy=sum(r.busy for r in raws), productive=sum(r.productive for r in raws),
-                 interruptions=sum(r.interruptions for r in raws),
-                 node_hours=sum(r.node_hours for r in raws),
-                 written=sum(r.written for r in raws), seconds=sum(r.seconds for r in raws),
-                 cost=sum(r.cost for r in raws))
+    total = _Raw(
+        busy=sum(r.busy for r in raws),
+        productive=sum(r.productive for r in raws),
+        interruptions=sum(r.interruptions for r in raws),
+        node_hours=sum(r.node_hours for r in raws),
+        written=sum(r.written for r in raws),
+        seconds=sum(r.seconds for r in raws),
+        cost=sum(r.cost for r in raws),
+    )
     return {
         "booking_id": booking.id,
         "runs": len(runs),
         **_ratios(total),
-        "per_run": [_run_figures(session, run, booking, raw)
-                    for run, raw in zip(runs, raws, strict=True)],
+        "per_run": [
+            _run_figures(session, run, booking, raw) for run, raw in zip(runs, raws, strict=True)
+        ],
     }
 
 
@@ -146,7 +165,9 @@ def prometheus_text(session: Session) -> str:
         "ito_run_goodput": ("goodput", "Productive training time ÷ wall time held"),
         "ito_run_interruptions_total": ("interruptions", "Interruptions of the run"),
         "ito_run_checkpoint_bandwidth_bytes_per_second": (
-            "checkpoint_bandwidth_bytes_per_s", "Checkpoint bytes ÷ seconds writing"),
+            "checkpoint_bandwidth_bytes_per_s",
+            "Checkpoint bytes ÷ seconds writing",
+        ),
         "ito_run_tokens_per_second": ("tokens_per_s", "Mean training tokens per second"),
         "ito_run_mfu": ("mfu", "Mean model-FLOPs utilisation"),
         "ito_run_cost_usd": ("cost_usd", "Cost accrued"),
@@ -161,6 +182,8 @@ def prometheus_text(session: Session) -> str:
         for booking, fig in figures:
             value = fig[field]
             if value is not None:
-                lines.append(f'{metric}{{booking="{booking.id}",run="{fig["run_id"]}",'
-                             f'account="{booking.account_id}"}} {float(value)}')
+                lines.append(
+                    f'{metric}{{booking="{booking.id}",run="{fig["run_id"]}",'
+                    f'account="{booking.account_id}"}} {float(value)}'
+                )
     return "\n".join(lines) + "\n"

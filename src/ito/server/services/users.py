@@ -45,16 +45,24 @@ _DUMMY_HASH = _HASHER.hash("not a password of anyone")
 def normalise_email(email: str) -> str:
     value = email.strip().lower()
     local, at, domain = value.partition("@")
-    if (not at or not local or "." not in domain or "@" in domain or len(value) > 254
-            or any(ch.isspace() or ord(ch) < 32 for ch in value)):
+    if (
+        not at
+        or not local
+        or "." not in domain
+        or "@" in domain
+        or len(value) > 254
+        or any(ch.isspace() or ord(ch) < 32 for ch in value)
+    ):
         raise ItoError("invalid_arguments", "the email address is not valid")
     return value
 
 
 def hash_password(password: str) -> str:
     if not PASSWORD_MIN_CHARS <= len(password) <= PASSWORD_MAX_CHARS:
-        raise ItoError("invalid_arguments", f"a password is {PASSWORD_MIN_CHARS}-"
-                       f"{PASSWORD_MAX_CHARS} characters")
+        raise ItoError(
+            "invalid_arguments",
+            f"a password is {PASSWORD_MIN_CHARS}-{PASSWORD_MAX_CHARS} characters",
+        )
     return _HASHER.hash(password)
 
 
@@ -84,8 +92,9 @@ class SignInCandidate:
     password_hash: str
 
 
-def create_user(session: Session, *, account_id: str, role: str, email: str,
-                password_hash: str) -> User:
+def create_user(
+    session: Session, *, account_id: str, role: str, email: str, password_hash: str
+) -> User:
     """A user and its principal, in the caller's transaction."""
     if role not in USER_ROLES:
         raise ItoError("invalid_arguments", f"a user's role must be one of {', '.join(USER_ROLES)}")
@@ -94,12 +103,18 @@ def create_user(session: Session, *, account_id: str, role: str, email: str,
         raise ItoError("account_not_found")
     if session.scalar(select(User.id).where(User.email == email)) is not None:
         raise ItoError("user_exists")
-    principal = Principal(id=new_id("prn"), account_id=account_id, role=role,
-                          name=f"{role} {email}")
+    principal = Principal(
+        id=new_id("prn"), account_id=account_id, role=role, name=f"{role} {email}"
+    )
     session.add(principal)
     session.flush()
-    user = User(id=new_id("usr"), account_id=account_id, principal_id=principal.id, email=email,
-                password_hash=password_hash)
+    user = User(
+        id=new_id("usr"),
+        account_id=account_id,
+        principal_id=principal.id,
+        email=email,
+        password_hash=password_hash,
+    )
     session.add(user)
     try:
         session.flush()
@@ -117,5 +132,6 @@ def find_sign_in_candidate(session: Session, email: str) -> SignInCandidate | No
     user = session.scalar(select(User).where(User.email == email))
     if user is None:
         return None
-    return SignInCandidate(user_id=user.id, account_id=user.account_id,
-                           password_hash=user.password_hash)
+    return SignInCandidate(
+        user_id=user.id, account_id=user.account_id, password_hash=user.password_hash
+    )

@@ -65,28 +65,41 @@ class SignedInUser:
 
     def auth_context(self) -> AuthContext:
         """The principal this user acts as, in the shape the services take."""
-        return AuthContext(account_id=self.account_id, principal_id=self.principal_id,
-                           role=self.role, key_id=self.session_id, key_prefix="web-session",
-                           booking_id=None)
+        return AuthContext(
+            account_id=self.account_id,
+            principal_id=self.principal_id,
+            role=self.role,
+            key_id=self.session_id,
+            key_prefix="web-session",
+            booking_id=None,
+        )
 
 
-def start_session(session: Session, pepper: str, *, user_id: str, account_id: str,
-                  now: datetime, ttl_seconds: int) -> tuple[str, WebSession]:
+def start_session(
+    session: Session, pepper: str, *, user_id: str, account_id: str, now: datetime, ttl_seconds: int
+) -> tuple[str, WebSession]:
     """A new session; returns the cookie secret (shown to the browser only) and the row."""
     # Housekeeping in the same transaction: this user's sessions that can never be used again.
-    session.execute(delete(WebSession).where(WebSession.user_id == user_id,
-                                             WebSession.expires_at <= now))
+    session.execute(
+        delete(WebSession).where(WebSession.user_id == user_id, WebSession.expires_at <= now)
+    )
     secret = new_secret()
-    row = WebSession(id=new_id("wss"), secret_hash=_session_hash(pepper, secret),
-                     user_id=user_id, account_id=account_id, created_at=now,
-                     expires_at=now + timedelta(seconds=ttl_seconds))
+    row = WebSession(
+        id=new_id("wss"),
+        secret_hash=_session_hash(pepper, secret),
+        user_id=user_id,
+        account_id=account_id,
+        created_at=now,
+        expires_at=now + timedelta(seconds=ttl_seconds),
+    )
     session.add(row)
     session.flush()
     return secret, row
 
 
-def resolve_session(session: Session, pepper: str, secret: str | None,
-                    now: datetime) -> SignedInUser | None:
+def resolve_session(
+    session: Session, pepper: str, secret: str | None, now: datetime
+) -> SignedInUser | None:
     """The signed-in user, or ``None`` for a missing, unknown, expired or ended session."""
     if not secret or len(secret) > 200:
         return None
@@ -101,11 +114,20 @@ def resolve_session(session: Session, pepper: str, secret: str | None,
     web, user, principal = row
     if web.revoked_at is not None or now >= web.expires_at:
         return None
-    return SignedInUser(session_id=web.id, user_id=user.id, account_id=user.account_id,
-                        principal_id=principal.id, role=principal.role, email=user.email)
+    return SignedInUser(
+        session_id=web.id,
+        user_id=user.id,
+        account_id=user.account_id,
+        principal_id=principal.id,
+        role=principal.role,
+        email=user.email,
+    )
 
 
 def end_session(session: Session, session_id: str, now: datetime) -> None:
-    session.execute(update(WebSession).where(WebSession.id == session_id,
-                                             WebSession.revoked_at.is_(None))
-                    .values(revoked_at=now).execution_options(synchronize_session=False))
+    session.execute(
+        update(WebSession)
+        .where(WebSession.id == session_id, WebSession.revoked_at.is_(None))
+        .values(revoked_at=now)
+        .execution_options(synchronize_session=False)
+    )

@@ -23,8 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ito.core.errors import ItoError
 
-__all__ = ["Database", "is_lock_timeout", "migrate", "schema_revision",
-           "several_processes_refusal"]
+__all__ = ["Database", "is_lock_timeout", "migrate", "schema_revision", "several_processes_refusal"]
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 POSTGRES_LOCK_TIMEOUT_MS = 10_000
@@ -36,16 +35,21 @@ MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
 
 class Database:
-    def __init__(self, url: str, *, pool_size: int = 10,
-                 ping_idle_s: float = POSTGRES_PING_IDLE_S) -> None:
+    def __init__(
+        self, url: str, *, pool_size: int = 10, ping_idle_s: float = POSTGRES_PING_IDLE_S
+    ) -> None:
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
         if self.is_sqlite:
             self._read_engine = _sqlite_engine(url, pool_size, immediate=False)
             self._write_engine = _sqlite_engine(url, pool_size, immediate=True)
         else:
-            engine = create_engine(url, pool_size=pool_size, max_overflow=pool_size * 2,
-                                   pool_recycle=POSTGRES_RECYCLE_S)
+            engine = create_engine(
+                url,
+                pool_size=pool_size,
+                max_overflow=pool_size * 2,
+                pool_recycle=POSTGRES_RECYCLE_S,
+            )
             event.listen(engine, "connect", _postgres_on_connect)
             event.listen(engine, "checkout", _ping_if_idle(engine, ping_idle_s))
             event.listen(engine, "checkin", _mark_used)
@@ -81,8 +85,12 @@ class Database:
 
 def is_lock_timeout(exc: BaseException) -> bool:
     text = str(getattr(exc, "orig", exc)).lower()
-    return "database is locked" in text or "lock timeout" in text or "lock_timeout" in text \
+    return (
+        "database is locked" in text
+        or "lock timeout" in text
+        or "lock_timeout" in text
         or "canceling statement due to lock timeout" in text
+    )
 
 
 def several_processes_refusal(db: Database) -> str | None:
@@ -104,8 +112,7 @@ def _sqlite_engine(url: str, pool_size: int, *, immediate: bool) -> Engine:
     kwargs: dict[str, Any] = {}
     if ":memory:" not in url and url.rstrip("/") not in ("sqlite:", "sqlite+pysqlite:"):
         kwargs = {"pool_size": pool_size, "max_overflow": pool_size * 2}
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30},
-                           **kwargs)
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **kwargs)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:

@@ -41,8 +41,9 @@ class AuditEvent(Base):
 
     __tablename__ = "audit_events"
     __table_args__ = (Index("ix_audit_events_account_id_id", "account_id", "id"),)
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"),
-                                    primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
     at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     actor: Mapped[str] = mapped_column(String(200))
     """Who acted: ``key:<operator key prefix>`` or ``cli:<os user>``; never a secret."""
@@ -68,9 +69,12 @@ class AuthFailure(Base):
     ones arrive. Holds no secret: keys are addresses, public prefixes and hashed emails."""
 
     __tablename__ = "auth_failures"
-    __table_args__ = (Index("ix_auth_failures_key_at", "key", "at"),
-                      Index("ix_auth_failures_at", "at"))
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"),
-                                    primary_key=True, autoincrement=True)
+    __table_args__ = (
+        Index("ix_auth_failures_key_at", "key", "at"),
+        Index("ix_auth_failures_at", "at"),
+    )
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
     key: Mapped[str] = mapped_column(String(200))
     at: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -57,9 +57,11 @@ class RunLog(Base):
 
 class RunMetric(Base):
     __tablename__ = "run_metrics"
-    __table_args__ = (Index("ix_run_metrics_run_id_name", "run_id", "name", "id"),
-                      # Every series of a run in cursor order (no name filter).
-                      Index("ix_run_metrics_run_id_id", "run_id", "id"))
+    __table_args__ = (
+        Index("ix_run_metrics_run_id_name", "run_id", "name", "id"),
+        # Every series of a run in cursor order (no name filter).
+        Index("ix_run_metrics_run_id_id", "run_id", "id"),
+    )
     id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))

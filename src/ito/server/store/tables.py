@@ -146,8 +146,9 @@ class ManifestRow(Base):
 
     __tablename__ = "manifests"
     __table_args__ = (UniqueConstraint("account_id", "digest"),)
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"),
-                                    primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
     digest: Mapped[str] = mapped_column(String(80))
     content: Mapped[bytes] = mapped_column(LargeBinary)
@@ -183,8 +184,9 @@ class Confirmation(Base):
 class IdempotencyRecord(Base):
     __tablename__ = "idempotency_records"
     __table_args__ = (UniqueConstraint("account_id", "action", "key"),)
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"),
-                                    primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
     action: Mapped[str] = mapped_column(String(40))
     key: Mapped[str] = mapped_column(String(255))
@@ -222,8 +224,9 @@ class Run(Base):
 class RunEvent(Base):
     __tablename__ = "run_events"
     __table_args__ = (Index("ix_run_events_run_id_id", "run_id", "id"),)
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"),
-                                    primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
     kind: Mapped[str] = mapped_column(String(40))
@@ -282,8 +285,9 @@ class DeviceCode(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
     last_polled_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
-    account_id: Mapped[str | None] = mapped_column(ForeignKey("accounts.id"), nullable=True,
-                                                   index=True)
+    account_id: Mapped[str | None] = mapped_column(
+        ForeignKey("accounts.id"), nullable=True, index=True
+    )
     """Set by the decision: the approving user's account."""
     decided_by: Mapped[str | None] = mapped_column(ForeignKey("users.id"), nullable=True)
     decided_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

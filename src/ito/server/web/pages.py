@@ -24,7 +24,7 @@ TEMPLATES = Path(__file__).parent / "templates"
 SECURITY_HEADERS = {
     # No script at all; inline styles only; forms post only back here; never framed.
     "content-security-policy": "default-src 'none'; style-src 'unsafe-inline'; "
-                               "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "x-frame-options": "DENY",
     "x-content-type-options": "nosniff",
     # /ui/device?user_code=… must not travel to another site in a Referer header.
@@ -35,8 +35,13 @@ SECURITY_HEADERS = {
 
 @lru_cache(maxsize=1)
 def _environment() -> Environment:
-    return Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True,
-                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    return Environment(
+        loader=FileSystemLoader(TEMPLATES),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
 
 
 def render(template: str, status: int = 200, **context: Any) -> HTMLResponse:
@@ -46,8 +51,15 @@ def render(template: str, status: int = 200, **context: Any) -> HTMLResponse:
     return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
 
 
-def error_page(error: ItoError, *, user: Any = None, csrf_token: str = "",
-               sign_in_url: str | None = None) -> HTMLResponse:
+def error_page(
+    error: ItoError, *, user: Any = None, csrf_token: str = "", sign_in_url: str | None = None
+) -> HTMLResponse:
     """The page for a refusal: its stable code, its safe message, and the right status."""
-    return render("error.html", error.status, error=error, user=user, csrf_token=csrf_token,
-                  sign_in_url=sign_in_url)
+    return render(
+        "error.html",
+        error.status,
+        error=error,
+        user=user,
+        csrf_token=csrf_token,
+        sign_in_url=sign_in_url,
+    )
