@@ -7,14 +7,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["BookingList", "BookingView", "ConfirmationTarget", "ConfirmationView"]
+__all__ = ["BookingDetail", "BookingList", "ConfirmationTarget", "ConfirmationView"]
 
 
 class _View(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-class BookingView(_View):
+class BookingDetail(_View):
     booking_id: str
     account_id: str
     state: str
@@ -33,7 +33,7 @@ class BookingView(_View):
 
 
 class BookingList(_View):
-    bookings: list[BookingView]
+    bookings: list[BookingDetail]
 
 
 class ConfirmationTarget(_View):

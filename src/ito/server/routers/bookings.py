@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query
 
-from ito.core.booking_views import BookingList, BookingView
+from ito.core.booking_views import BookingDetail, BookingList
 from ito.core.envelope import ok_envelope
 from ito.core.responses import Envelope, Open
 from ito.server.routers.deps import Requester, State
@@ -24,7 +24,7 @@ def bookings_list(caller: Requester, state: State) -> dict[str, Any]:
     return ok_envelope({"bookings": items}, f"{len(items)} booking(s)")
 
 
-@router.get("/{booking_id}", response_model=Envelope[BookingView])
+@router.get("/{booking_id}", response_model=Envelope[BookingDetail])
 def bookings_show(booking_id: str, caller: Requester, state: State) -> dict[str, Any]:
     with state.db.read() as session:
         data = booking_dict(get_booking(session, caller.account_id, booking_id))
