@@ -27,7 +27,9 @@ class Limits:
     def __init__(self, settings: ServerSettings, db: Database) -> None:
         self._lock = threading.Lock()
         self._requests = TokenBucket(settings.rate_limit_per_second, settings.rate_limit_burst)
-        self._failures = AuthFailures(db, settings.auth_failures_per_minute, 60.0)
+        self._failures = AuthFailures(
+            db, settings.pepper.get_secret_value(), settings.auth_failures_per_minute, 60.0
+        )
 
     def admit(self, principal_id: str) -> None:
         """Spend one request of a principal, or refuse with ``rate_limited``."""

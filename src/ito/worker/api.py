@@ -24,7 +24,7 @@ from ito.core.worker_messages import (
     HeartbeatAnswer,
     Lease,
 )
-from ito.transport import DEFAULT_TIMEOUT, Transport
+from ito.transport import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, Transport
 
 __all__ = ["WorkerApi", "report_batches"]
 
@@ -34,8 +34,15 @@ REPORT_MAX_BYTES = 1 << 20
 
 
 class WorkerApi:
-    def __init__(self, api_url: str, key: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
-        self._transport = Transport(api_url, key, timeout=timeout)
+    def __init__(
+        self,
+        api_url: str,
+        key: str,
+        *,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        self._transport = Transport(api_url, key, connect_timeout=connect_timeout, timeout=timeout)
 
     def close(self) -> None:
         self._transport.close()

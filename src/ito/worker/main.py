@@ -36,7 +36,12 @@ def main_command(
     settings = build(WorkerSettings)
     if settings.api_key is None:
         raise ItoError("not_authenticated", "set ITO_API_KEY to a worker key of the booking")
-    api = WorkerApi(settings.api_url, settings.api_key.get_secret_value(), timeout=settings.timeout)
+    api = WorkerApi(
+        settings.api_url,
+        settings.api_key.get_secret_value(),
+        connect_timeout=settings.connect_timeout,
+        timeout=settings.timeout,
+    )
     me = api.me()
     if me["role"] != "worker" or me["booking_id"] != booking:
         raise ItoError("forbidden_scope", "the key is not a worker key of this booking")

@@ -9,12 +9,9 @@ from typing import Any
 from pydantic import field_validator
 
 from ito.client.config import ClientConfig
+from ito.core.run_spec import FAULT_INJECTION_FIELDS
 
-__all__ = ["FAULT_INJECTION_KEYS", "WorkerSettings"]
-
-FAULT_INJECTION_KEYS = frozenset(
-    {"fail_at", "loss_spike_at", "max_steps_per_stage", "min_step_seconds", "pause_at_step"}
-)
+__all__ = ["WorkerSettings"]
 
 
 class WorkerSettings(ClientConfig):
@@ -29,7 +26,7 @@ class WorkerSettings(ClientConfig):
         if isinstance(value, str):
             value = json.loads(value)
         if value is not None and (
-            not isinstance(value, dict) or not set(value) <= FAULT_INJECTION_KEYS
+            not isinstance(value, dict) or not set(value) <= FAULT_INJECTION_FIELDS
         ):
-            raise ValueError(f"takes only {sorted(FAULT_INJECTION_KEYS)}")
+            raise ValueError(f"takes only {sorted(FAULT_INJECTION_FIELDS)}")
         return value

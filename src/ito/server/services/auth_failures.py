@@ -4,33 +4,31 @@ Guessing API keys or passwords gets ``limit`` tries per window (a minute) per ke
 address, a key's public prefix, an email — across all the processes of ``ito-server serve
 --workers N``: a process that never saw a guess still refuses the next one. Same rule as
 :class:`ito.core.rate_limit.FailureWindow`: past the limit a key is refused until its oldest
-counted failure (of the last ``limit``) leaves the window. Keys are stored as their sha256, so
-the table names no address or email. Rows older than the window are deleted as new failures
-arrive; only failures write, so successful requests never touch this table.
+counted failure (of the last ``limit``) leaves the window. Keys are stored as their HMAC under
+the server's pepper, so the table names no address or email, nor can one be guessed back by
+hashing candidates. Rows older than the window are deleted as new failures arrive; only failures
+write, so successful requests never touch this table.
 """
 
 from __future__ import annotations
 
-import hashlib
 from datetime import datetime, timedelta
 
 from sqlalchemy import delete, select
 
+from ito.server.services.credentials import hmac_hex
 from ito.server.store.db import Database
 from ito.server.store.operator_tables import AuthFailure
 
 __all__ = ["AuthFailures"]
 
 
-def _hashed(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
 class AuthFailures:
-    def __init__(self, db: Database, limit: int, window_seconds: float) -> None:
+    def __init__(self, db: Database, pepper: str, limit: int, window_seconds: float) -> None:
         if limit < 1 or window_seconds <= 0:
             raise ValueError("limit must be >= 1 and window_seconds > 0")
         self.db = db
+        self.pepper = pepper
         self.limit = limit
         self.window = timedelta(seconds=window_seconds)
 
@@ -42,7 +40,9 @@ class AuthFailures:
                 times = list(
                     session.scalars(
                         select(AuthFailure.at)
-                        .where(AuthFailure.key == _hashed(key), AuthFailure.at > now - self.window)
+                        .where(
+                            AuthFailure.key == self._hashed(key), AuthFailure.at > now - self.window
+                        )
                         .order_by(AuthFailure.at.desc())
                         .limit(self.limit)
                     )
@@ -56,4 +56,7 @@ class AuthFailures:
         """Count one failure against each key (and forget failures past the window)."""
         with self.db.write() as session:
             session.execute(delete(AuthFailure).where(AuthFailure.at <= now - self.window))
-            session.add_all([AuthFailure(key=_hashed(key), at=now) for key in keys])
+            session.add_all([AuthFailure(key=self._hashed(key), at=now) for key in keys])
+
+    def _hashed(self, key: str) -> str:
+        return hmac_hex(self.pepper, key)
