@@ -216,6 +216,20 @@ def start_server(
     )
 
 
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any ``ITO_…`` variable, plus ``extra``."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("ITO_")} | extra
+
+
+@pytest.fixture
+def fresh_failure_window(server: Server) -> Iterator[None]:
+    """The failed-authentication window is in the store, shared by every server on it: a test
+    that locks out an address starts and ends with it empty."""
+    server.sql("DELETE FROM auth_failures")
+    yield
+    server.sql("DELETE FROM auth_failures")
+
+
 def wait_healthy(process: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
     """Until ``url`` answers its health check; fails with the server's log if it exits first."""
 

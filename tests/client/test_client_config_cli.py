@@ -3,21 +3,15 @@ through one settings object, printed with where it came from, and no secret is p
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from tests.support import ITO, run_cli
+from tests.support import ITO, clean_env, run_cli
 
 KEY = "ito_req_AbCdEfGh_" + "Zq9" * 12
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ITO_")}
-    return env | extra
-
-
 def test_defaults_are_shown_as_defaults(tmp_path: Path) -> None:
-    shown = run_cli([ITO, "config", "--json"], _env(HOME=str(tmp_path)))
+    shown = run_cli([ITO, "config", "--json"], clean_env(HOME=str(tmp_path)))
     assert shown.rc == 0
     settings = shown.data["settings"]
     assert {name: s["source"] for name, s in settings.items()} == dict.fromkeys(
@@ -30,7 +24,7 @@ def test_defaults_are_shown_as_defaults(tmp_path: Path) -> None:
 
 
 def test_every_variable_is_honoured_and_no_secret_is_printed(tmp_path: Path) -> None:
-    env = _env(
+    env = clean_env(
         ITO_HOME=str(tmp_path / "home"),
         ITO_API_URL="https://alice:pa55word@api.test/",
         ITO_CONNECT_TIMEOUT="2.5",
@@ -61,13 +55,13 @@ def test_every_variable_is_honoured_and_no_secret_is_printed(tmp_path: Path) -> 
 
 
 def test_a_key_of_another_shape_is_not_shown_even_in_part() -> None:
-    shown = run_cli([ITO, "config", "--json"], _env(ITO_API_KEY="plainsecretvalue"))
+    shown = run_cli([ITO, "config", "--json"], clean_env(ITO_API_KEY="plainsecretvalue"))
     assert shown.data["credential"] == {"source": "ITO_API_KEY", "key_prefix": None}
     assert "plainsecretvalue" not in shown.stdout + shown.stderr
 
 
 def test_the_deadline_is_never_below_the_connect_timeout() -> None:
-    shown = run_cli([ITO, "config", "--json"], _env(ITO_CONNECT_TIMEOUT="9", ITO_TIMEOUT="3"))
+    shown = run_cli([ITO, "config", "--json"], clean_env(ITO_CONNECT_TIMEOUT="9", ITO_TIMEOUT="3"))
     assert shown.data["timeout_s"] == 9.0
 
 
@@ -78,6 +72,6 @@ def test_invalid_settings_are_refused_without_echoing_them() -> None:
         ("ITO_TIMEOUT", "99999"),
         ("ITO_ALLOW_FILE_TOKEN", "perhaps"),
     ):
-        refused = run_cli([ITO, "config", "--json"], _env(**{name: value}))
+        refused = run_cli([ITO, "config", "--json"], clean_env(**{name: value}))
         assert refused.rc == 1 and refused.code == "client_not_configured", name
         assert value not in refused.stdout + refused.stderr

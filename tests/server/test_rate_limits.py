@@ -9,7 +9,6 @@ tests/server/test_several_processes.py runs it on both, behind several processes
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -19,17 +18,12 @@ from tests.server.web_browser import Browser, csrf_field, make_approver
 from tests.support import Server, Tenant, extra_server, make_tenant, wait_until
 
 # One backend is enough here (see the module docstring).
-pytestmark = [pytest.mark.slow, pytest.mark.parametrize("backend_url", ["sqlite"], indirect=True)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.parametrize("backend_url", ["sqlite"], indirect=True),
+    pytest.mark.usefixtures("fresh_failure_window"),
+]
 BURST = 10
-
-
-@pytest.fixture(autouse=True)
-def _fresh_failure_window(server: Server) -> Iterator[None]:
-    """The failure window is in the store, shared by every server on it: this test's failures
-    count neither before nor after it."""
-    server.sql("DELETE FROM auth_failures")
-    yield
-    server.sql("DELETE FROM auth_failures")
 
 
 def _get(url: str, key: str, path: str = "/v1/runs") -> httpx.Response:

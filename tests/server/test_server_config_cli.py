@@ -5,12 +5,11 @@ created or opened."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from ito.server.settings import ServerSettings
-from tests.support import ITO_SERVER, run_cli
+from tests.support import ITO_SERVER, clean_env, run_cli
 
 PEPPER = "pepper-" + "Qx7" * 10
 NON_DEFAULT: dict[str, str] = {
@@ -34,11 +33,6 @@ NON_DEFAULT: dict[str, str] = {
 """A valid, non-default value for every setting but ``home`` (set separately)."""
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ITO_")}
-    return env | extra
-
-
 def _config(env: dict[str, str], *args: str) -> dict[str, Any]:
     shown = run_cli([ITO_SERVER, "config", "--json", *args], env)
     assert shown.rc == 0, shown.stdout + shown.stderr
@@ -51,7 +45,7 @@ def test_the_table_covers_every_setting() -> None:
 
 
 def test_every_variable_is_honoured_and_no_secret_is_printed(tmp_path: Path) -> None:
-    env = _env(
+    env = clean_env(
         ITO_HOME=str(tmp_path / "home"),
         **{f"ITO_{name.upper()}": value for name, value in NON_DEFAULT.items()},
     )
@@ -73,7 +67,7 @@ def test_every_variable_is_honoured_and_no_secret_is_printed(tmp_path: Path) -> 
 
 
 def test_defaults_and_the_embedded_pepper_file(tmp_path: Path) -> None:
-    env = _env(HOME=str(tmp_path))
+    env = clean_env(HOME=str(tmp_path))
     data = _config(env)
     settings = data["settings"]
     assert {s["source"] for s in settings.values()} == {"default"}
@@ -90,7 +84,7 @@ def test_defaults_and_the_embedded_pepper_file(tmp_path: Path) -> None:
 
 
 def test_the_database_option_wins_over_the_environment(tmp_path: Path) -> None:
-    env = _env(ITO_HOME=str(tmp_path), ITO_DATABASE_URL=NON_DEFAULT["database_url"])
+    env = clean_env(ITO_HOME=str(tmp_path), ITO_DATABASE_URL=NON_DEFAULT["database_url"])
     data = _config(env, "--database-url", f"sqlite:///{tmp_path}/other.db")
     assert data["settings"]["database_url"] == {
         "variable": "ITO_DATABASE_URL",
@@ -101,5 +95,5 @@ def test_the_database_option_wins_over_the_environment(tmp_path: Path) -> None:
 
 
 def test_an_invalid_setting_is_refused_by_its_code() -> None:
-    refused = run_cli([ITO_SERVER, "config", "--json"], _env(ITO_LEASE_TTL_SECONDS="soon"))
+    refused = run_cli([ITO_SERVER, "config", "--json"], clean_env(ITO_LEASE_TTL_SECONDS="soon"))
     assert refused.rc == 1 and refused.code == "invalid_arguments"

@@ -12,7 +12,6 @@ servers counted from this address.)"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -21,16 +20,12 @@ import pytest
 from tests.server.web_browser import browser, make_approver
 from tests.support import Server, extra_server, make_tenant
 
-pytestmark = [pytest.mark.slow, pytest.mark.parametrize("backend_url", ["sqlite"], indirect=True)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.parametrize("backend_url", ["sqlite"], indirect=True),
+    pytest.mark.usefixtures("fresh_failure_window"),
+]
 LIMIT = 3
-
-
-@pytest.fixture(autouse=True)
-def _fresh_failure_window(server: Server) -> Iterator[None]:
-    """This test's failures count neither before nor after it (the window is in the store)."""
-    server.sql("DELETE FROM auth_failures")
-    yield
-    server.sql("DELETE FROM auth_failures")
 
 
 def _get(url: str, key: str, forwarded_for: str | None = None) -> tuple[int, str | None]:
