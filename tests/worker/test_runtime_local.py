@@ -368,7 +368,7 @@ def test_a_killed_worker_is_detected_and_another_worker_resumes_the_run(
     os.killpg(first.pid, signal.SIGKILL)
     first.wait(timeout=30)
 
-    recovering = _wait_state(t, run_id, {"recovering"}, timeout=60)
+    recovering = _wait_state(t, run_id, {"recovering"}, timeout=240)
     assert recovering["state"] == "recovering"
     second = subprocess.Popen(
         [str(BIN / "ito-worker"), "--booking", t.booking_id, "--once"],
