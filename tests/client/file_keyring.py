@@ -13,7 +13,7 @@ from keyring.errors import PasswordDeleteError
 
 
 class FileKeyring(KeyringBackend):
-    priority = 1  # type: ignore[assignment]
+    priority = 1
 
     def _path(self) -> Path:
         return Path(os.environ["ITO_TEST_KEYRING_FILE"])

@@ -14,10 +14,9 @@ from typing import Any
 
 import pytest
 
-from tests.client.test_cli_local import _env
 from tests.core.credential_corpus import CREDENTIALS
 from tests.mcp.test_mcp_tools import Mcp, with_mcp
-from tests.support import ITO, run_cli
+from tests.support import ITO, clean_env, run_cli
 
 BOOKING = "bkg_" + "a" * 24
 CONFIRMATION = "cfr_" + "b" * 24
@@ -48,7 +47,7 @@ def _connections(sock: socket.socket) -> int:
 
 def _env_for(sock: socket.socket) -> dict[str, str]:
     port = sock.getsockname()[1]
-    return _env(
+    return clean_env(
         ITO_API_URL=f"http://127.0.0.1:{port}",
         ITO_API_KEY="ito_req_" + "x" * 30,
         ITO_CONNECT_TIMEOUT="2",
@@ -78,7 +77,7 @@ def _credentials_file(tmp_path: Path) -> Path:
 def _secret_manifest(tmp_path: Path) -> Path:
     init = run_cli(
         [ITO, "manifest", "init", "--out", str(tmp_path / "m"), "--recipe", "test", "--json"],
-        _env(),
+        clean_env(),
     )
     path = Path(init.data["manifest"])
     document: dict[str, Any] = json.loads(path.read_text())
@@ -165,7 +164,7 @@ def test_a_valid_manifest_does_reach_the_api(tmp_path: Path, listener: socket.so
     # answers, so the client gives up at its deadline).
     init = run_cli(
         [ITO, "manifest", "init", "--out", str(tmp_path / "m"), "--recipe", "test", "--json"],
-        _env(),
+        clean_env(),
     )
     result = run_cli(
         [ITO, "plan", "--booking", BOOKING, "--manifest", init.data["manifest"], "--json"],

@@ -31,7 +31,7 @@ def test_without_a_keyring_or_file_permission_saving_is_refused() -> None:
     import keyring
     from keyring.backends import fail
 
-    keyring.set_keyring(fail.Keyring())
+    keyring.set_keyring(fail.Keyring())  # type: ignore[no-untyped-call]
     with pytest.raises(ItoError) as refused:
         TokenStore(URL).save("ito_req_AbCdEfGh_secret")
     assert refused.value.code == "client_not_configured"
@@ -44,7 +44,7 @@ def test_keyring_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     from tests.client.file_keyring import FileKeyring
 
     monkeypatch.setenv("ITO_TEST_KEYRING_FILE", str(tmp_path / "ring.json"))
-    keyring.set_keyring(FileKeyring())
+    keyring.set_keyring(FileKeyring())  # type: ignore[no-untyped-call]
     store = TokenStore(URL)
     store.save("ito_req_AbCdEfGh_secret")
     assert resolve_token(URL) == ("ito_req_AbCdEfGh_secret", "keyring")

@@ -89,7 +89,7 @@ def test_plan_creates_nothing(tenant: Tenant) -> None:
     for _ in range(2):
         result = tenant.ito("plan", "--booking", tenant.booking_id, "--manifest", str(manifest))
         assert result.rc == 0 and result.data["ready"] is True
-        assert result.envelope["live_api_contacted"] is True
+        assert result.envelope is not None and result.envelope["live_api_contacted"] is True
     assert (
         tenant.counts()
         == before
@@ -201,6 +201,7 @@ def test_invalid_manifest_is_refused_with_json_paths(tenant: Tenant) -> None:
     ):
         result = tenant.ito(*args)
         assert result.code == "manifest_invalid", result.stdout
+        assert result.envelope is not None
         paths = {e["path"] for e in result.envelope["error"]["details"]["errors"]}
         assert {"$.budget.ceiling_usd", "$.surprise"} <= paths
     assert tenant.counts()["manifests"] == 0

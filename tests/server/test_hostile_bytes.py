@@ -113,7 +113,7 @@ def test_hostile_characters_in_query_values_and_headers_are_invalid_arguments(
     response = httpx.get(
         tenant.server.url + "/v1/me",
         timeout=30,
-        headers={"authorization": b"Bearer ito_req_\x85bad_" + b"x" * 40},
+        headers={b"authorization": b"Bearer ito_req_\x85bad_" + b"x" * 40},
     )
     _refused(response)
 

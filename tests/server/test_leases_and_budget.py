@@ -11,7 +11,7 @@ import pytest
 from ito.core.errors import ItoError
 from ito.core.pipeline_events import MetricEvent
 from ito.server.services.bookings import set_booking_state
-from ito.server.services.credentials import authenticate
+from ito.server.services.credentials import AuthContext, authenticate
 from ito.server.services.leases import (
     LeaseSettings,
     expire_leases,
@@ -51,6 +51,7 @@ def _run_with_worker(tenant: Tenant, rate: float):  # type: ignore[no-untyped-de
     db = Database(tenant.server.database_url)
     with db.read() as session:
         worker = authenticate(session, tenant.server.env["ITO_PEPPER"], key["api_key"])
+    assert isinstance(worker, AuthContext)
     return db, worker, run_id
 
 
@@ -120,6 +121,7 @@ def test_booking_telemetry_sums_unrounded_run_figures_and_counts_a_recomputed_st
     db = Database(tenant.server.database_url)
     with db.read() as session:
         worker = authenticate(session, tenant.server.env["ITO_PEPPER"], key["api_key"])
+    assert isinstance(worker, AuthContext)
     now = utcnow()
     # Step durations below the millisecond the figures are shown with, so that summing rounded
     # per-run figures would give another booking goodput: 3 × 0.3 ms in 1 s held (run one);

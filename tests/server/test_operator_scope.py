@@ -105,7 +105,7 @@ def routes(module: Any) -> list[tuple[str, str]]:
         (method, route.path)
         for route in module.router.routes
         if isinstance(route, APIRoute)
-        for method in sorted(route.methods)
+        for method in sorted(route.methods or ())
     ]
 
 
