@@ -979,10 +979,31 @@ def baseline_rows(url: str) -> int | None:
 async def baseline_round(
     base_url: str, server: Server, args: argparse.Namespace, deadline: float
 ) -> dict[str, Any]:
-    """Same shape as the create burst: every client opens its connection and warms the server
-    with one untimed insert, then all fire ``--runs-per-client`` inserts together."""
-    rec = Recorder()
+    """Two rounds against the bare app, each after every client opened its connection and
+    warmed the server with one untimed insert. **Burst**: the same shape as the create burst
+    (all clients fire ``--runs-per-client`` inserts together), for the create ratios.
+    **Steady**: the same shape as the read-only round (each client fires ``3 x --read-polls``
+    requests one after another, as many as a read client), for the read ratios: a p99 from the
+    same number of requests at the same concurrency, not from the burst's few."""
     tag = secrets.token_hex(3)
+    burst = await _baseline_inserts(
+        base_url, server, args, deadline, tag + "b", args.runs_per_client
+    )
+    steady = await _baseline_inserts(
+        base_url, server, args, deadline, tag + "s", 3 * args.read_polls
+    )
+    return burst | {"steady": steady}
+
+
+async def _baseline_inserts(
+    base_url: str,
+    server: Server,
+    args: argparse.Namespace,
+    deadline: float,
+    tag: str,
+    per_client: int,
+) -> dict[str, Any]:
+    rec = Recorder()
     ready = asyncio.Barrier(args.clients + 1)
     go = asyncio.Event()
     ends: list[float] = []
@@ -1000,7 +1021,7 @@ async def baseline_round(
             )
             await ready.wait()
             await go.wait()
-            for i in range(args.runs_per_client):
+            for i in range(per_client):
                 if time.monotonic() > deadline:
                     rec.add("insert.skipped_deadline", 0.0, "skipped")
                     break
@@ -1024,7 +1045,7 @@ async def baseline_round(
     cpu1, own1 = server.cpu(), time.process_time()
     ok = rec.outcomes.get("insert", Counter()).get("200", 0)
     return {
-        "requests": args.clients * args.runs_per_client,
+        "requests": args.clients * per_client,
         "inserted": ok,
         "wall_s": round(wall, 3),
         "inserts_per_s": round(ok / wall, 2) if wall > 0 else None,
@@ -1143,11 +1164,20 @@ def bench_backend(
         _per(result["baseline"]["server_cpu_s"], max(1, result["baseline"]["inserted"]))
     )
     bare_p99 = result["baseline"]["insert"]["p99_ms"]
+    steady = result["baseline"]["steady"]
+    steady_p99 = steady["insert"]["p99_ms"]
     for what in ("status", "logs", "metrics"):
         p99 = ito["endpoints"].get(f"read.{what}", {}).get("p99_ms")
         result[f"ratio_p99_{what}_vs_insert"] = (
-            round(p99 / bare_p99, 3) if p99 and bare_p99 else None
+            round(p99 / steady_p99, 3) if p99 and steady_p99 else None
         )
+    reads = ito.get("reads", {})
+    result["server_cpu_ms_per_read"] = _round(
+        _per(reads.get("server_cpu_s"), max(1, reads.get("requests", 0)))
+    )
+    result["server_cpu_ms_per_steady_insert"] = _round(
+        _per(steady["server_cpu_s"], max(1, steady["inserted"]))
+    )
     create_p99 = ito["endpoints"].get("runs.create_burst", {}).get("p99_ms")
     result["ratio_p99_create_vs_insert"] = (
         round(create_p99 / bare_p99, 3) if create_p99 and bare_p99 else None
@@ -1231,6 +1261,22 @@ def print_report(results: list[dict[str, Any]], args: argparse.Namespace) -> Non
                 base["insert"]["p50_ms"],
                 base["insert"]["p99_ms"],
             ),
+            (
+                "ito reads (status, logs, metrics)",
+                ito.get("reads", {}).get("requests"),
+                ito.get("reads", {}).get("wall_s"),
+                None,
+                ep.get("read.status", {}).get("p50_ms"),
+                ep.get("read.status", {}).get("p99_ms"),
+            ),
+            (
+                "bare insert, steady (as the reads)",
+                base["steady"]["inserted"],
+                base["steady"]["wall_s"],
+                base["steady"]["inserts_per_s"],
+                base["steady"]["insert"]["p50_ms"],
+                base["steady"]["insert"]["p99_ms"],
+            ),
         ]
         for what, n, wall, rate, p50, p99 in rows:
             print(
@@ -1245,10 +1291,12 @@ def print_report(results: list[dict[str, Any]], args: argparse.Namespace) -> Non
         n_rows = max(1, base["inserted"])
         print(
             f"{r['backend']:9} p99 / bare insert p99: create "
-            f"{_fmt(r['ratio_p99_create_vs_insert'])}, status "
+            f"{_fmt(r['ratio_p99_create_vs_insert'])} (burst vs burst); status "
             f"{_fmt(r['ratio_p99_status_vs_insert'])}, logs {_fmt(r['ratio_p99_logs_vs_insert'])}"
-            f", metrics {_fmt(r['ratio_p99_metrics_vs_insert'])}; server CPU per create / per "
-            f"insert {_fmt(r['ratio_cpu_create_vs_insert'])}"
+            f", metrics {_fmt(r['ratio_p99_metrics_vs_insert'])} (steady vs steady); server CPU "
+            f"per create / per insert {_fmt(r['ratio_cpu_create_vs_insert'])}; server CPU ms per "
+            f"read {_fmt(r['server_cpu_ms_per_read'])} vs per steady insert "
+            f"{_fmt(r['server_cpu_ms_per_steady_insert'])}"
         )
         print(
             f"{r['backend']:9} CPU s server/bench: flow {_fmt(ito['flow']['server_cpu_s'])}/"

@@ -78,7 +78,7 @@ def _caller(request: Request, state: State) -> Credential:
     if scheme.lower() != "bearer" or not token.strip():
         raise ItoError("not_authenticated")
     try:
-        with state.db.read() as session:
+        with state.db.lookup() as session:  # one SELECT: no transaction around it
             caller = authenticate(session, state.pepper, token.strip())
     except ItoError as exc:
         if exc.code == "not_authenticated":  # an unknown key: guessing costs a try

@@ -31,6 +31,8 @@ POSTGRES_PING_IDLE_S = 5.0
 """A pooled PostgreSQL connection idle this long is pinged before use; a busier one is not."""
 POSTGRES_RECYCLE_S = 1800
 _LAST_USED = "ito_last_used"
+_NO_BEGIN = "ito_no_begin"
+"""An execution option: on SQLite, run this connection's statements without ``BEGIN``."""
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
 
@@ -56,6 +58,11 @@ class Database:
             self._read_engine = self._write_engine = engine
         self._read = sessionmaker(self._read_engine, expire_on_commit=False)
         self._write = sessionmaker(self._write_engine, expire_on_commit=False)
+        # Same pool as the reads; only how a transaction starts differs (see :meth:`lookup`).
+        autocommit = {_NO_BEGIN: True} if self.is_sqlite else {"isolation_level": "AUTOCOMMIT"}
+        self._lookup = sessionmaker(
+            self._read_engine.execution_options(**autocommit), expire_on_commit=False
+        )
 
     @property
     def engine(self) -> Engine:
@@ -64,6 +71,16 @@ class Database:
     @contextmanager
     def read(self) -> Iterator[Session]:
         with self._read() as session, session.begin():
+            yield session
+
+    @contextmanager
+    def lookup(self) -> Iterator[Session]:
+        """A session for one read statement outside any transaction: no ``BEGIN`` before it
+        and no ``COMMIT`` after (SQLite's autocommit; PostgreSQL's ``AUTOCOMMIT``), so the
+        statement is its own snapshot and costs one round trip, not three. For a lookup that is
+        a single ``SELECT`` on every request (an API key by its prefix); anything that reads
+        twice and needs both answers from one snapshot uses :meth:`read`."""
+        with self._lookup() as session:
             yield session
 
     @contextmanager
@@ -128,7 +145,13 @@ def _sqlite_engine(url: str, pool_size: int, *, immediate: bool) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+        if conn.get_execution_options().get(_NO_BEGIN):
+            return  # Database.lookup(): one statement, autocommit
+        # Straight to the driver: this runs once per transaction, and SQLAlchemy's execution
+        # machinery (context, cursor wrapper, events) would cost more than the statement.
+        conn.connection.driver_connection.execute(  # type: ignore[union-attr]
+            "BEGIN IMMEDIATE" if immediate else "BEGIN"
+        )
 
     return engine
 
