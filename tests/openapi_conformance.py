@@ -53,6 +53,10 @@ class _Operation:
         )
         self.responses: dict[str, Any] = spec.get("responses", {})
 
+    @property
+    def label(self) -> str:
+        return f"{self.method} {self.template}"
+
 
 class ConformanceProxy:
     def __init__(self, upstream: str) -> None:
@@ -66,6 +70,9 @@ class ConformanceProxy:
         ]
         self.mismatches: list[str] = []
         self.checked = 0
+        self.answered: set[str] = set()
+        """The operations (``GET /v1/runs/{run_id}``) that answered a success through the
+        proxy: which documented answers real calls have checked."""
         self._lock = threading.Lock()
         self._validators: dict[str, Draft202012Validator] = {}
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -91,6 +98,12 @@ class ConformanceProxy:
             found, self.mismatches = self.mismatches, []
             return found
 
+    def operation(self, method: str, path: str) -> _Operation | None:
+        """The documented operation this request is, if any."""
+        return next(
+            (o for o in self.operations if o.method == method and o.regex.match(path)), None
+        )
+
     # ---- checking ------------------------------------------------------------------------------
 
     def check(
@@ -99,15 +112,13 @@ class ConformanceProxy:
         """Why this answer does not match the document, or ``None``."""
         if method == "OPTIONS" or path == "/ui" or path.startswith("/ui/"):
             return None  # the allowed methods (not an operation), and the HTML pages
-        operation = next(
-            (o for o in self.operations if o.method == method and o.regex.match(path)), None
-        )
+        operation = self.operation(method, path)
         if operation is None:
             # No such operation: the answer must still be the documented error envelope.
             schema: dict[str, Any] | None = {"$ref": "#/components/schemas/ErrorEnvelope"}
             label = f"{method} {path} (no operation)"
         else:
-            label = f"{method} {operation.template}"
+            label = operation.label
             documented = (
                 operation.responses.get(str(status))
                 or operation.responses.get(f"{str(status)[0]}XX")
@@ -174,10 +185,13 @@ class ConformanceProxy:
                         answer.headers.get("content-type", ""),
                         answer.content,
                     )
+                    operation = proxy.operation(self.command, path)
                     with proxy._lock:
                         proxy.checked += 1
                         if problem is not None:
                             proxy.mismatches.append(problem)
+                        elif operation is not None and answer.is_success:
+                            proxy.answered.add(operation.label)
                 self.send_response(answer.status_code)
                 for key, value in answer.headers.multi_items():
                     if key.lower() not in _HOP:

@@ -3,11 +3,19 @@ those read and decide routes, as models (see :mod:`ito.core.run_views` for the r
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["BookingDetail", "BookingList", "ConfirmationTarget", "ConfirmationView"]
+__all__ = [
+    "BookingDetail",
+    "BookingList",
+    "BookingTerm",
+    "BookingTopology",
+    "ConfirmationTarget",
+    "ConfirmationView",
+    "EligibilityRecord",
+]
 
 
 class _View(BaseModel):
@@ -34,6 +42,34 @@ class BookingDetail(_View):
 
 class BookingList(_View):
     bookings: list[BookingDetail]
+
+
+class BookingTopology(_View):
+    gpu: str
+    nodes: int
+    gpus_per_node: int
+    gpu_memory_gb: int
+
+
+class BookingTerm(_View):
+    start: str
+    end: str
+
+
+class EligibilityRecord(_View):
+    """A booking found eligible just now (§5.2), bound to its account, topology, region,
+    fabric and term. An ineligible booking is a refusal, not a record."""
+
+    eligible: Literal[True]
+    account_id: str
+    booking_id: str
+    topology: BookingTopology
+    region: str
+    fabric: str
+    term: BookingTerm
+    checked_at: str
+    valid_until: str
+    """The earlier of the check's time-to-live and the booking's term end."""
 
 
 class ConfirmationTarget(_View):

@@ -1,11 +1,15 @@
-"""What the API answers about itself and about the caller: the health check and ``/v1/me`` —
-the ``data`` of those routes, as models (see :mod:`ito.core.run_views` for the rules)."""
+"""What the API answers about itself and about the caller: the health check, ``/v1/me`` and
+the account overview — the ``data`` of those routes, as models (see :mod:`ito.core.run_views`
+for the rules)."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["Health", "Identity"]
+from ito.core.booking_views import BookingDetail
+from ito.core.run_views import RunView
+
+__all__ = ["AccountOverview", "Health", "Identity"]
 
 
 class Health(BaseModel):
@@ -25,3 +29,13 @@ class Identity(BaseModel):
     key_prefix: str
     booking_id: str | None
     """The booking a worker credential is bound to."""
+
+
+class AccountOverview(BaseModel):
+    """The caller's account at a glance: every booking and the most recent runs."""
+
+    model_config = ConfigDict(extra="ignore")
+    account_id: str
+    bookings: list[BookingDetail]
+    recent_runs: list[RunView]
+    """The ten newest, newest first."""

@@ -16,7 +16,8 @@ __all__ = ["Envelope", "ErrorBody", "ErrorEnvelope", "Open"]
 DataT = TypeVar("DataT")
 
 Open = dict[str, Any]
-"""The ``data`` of an answer whose fields are not (yet) modelled: any JSON object."""
+"""Any JSON object: the ``data`` of an answer that is itself an open document (the manifest's
+JSON Schema at ``/v1/schemas/manifest``); every other route's ``data`` has its own model."""
 
 
 class Envelope(BaseModel, Generic[DataT]):

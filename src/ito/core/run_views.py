@@ -18,6 +18,8 @@ __all__ = [
     "LogPage",
     "MetricPage",
     "MetricPoint",
+    "RunActionResult",
+    "RunCreated",
     "RunDetail",
     "RunEventPage",
     "RunEventView",
@@ -50,6 +52,33 @@ class RunView(_View):
     created_at: str
     updated_at: str
     finished_at: str | None
+
+
+class RunCreated(_View):
+    """A run created behind the five gates, or the one its idempotency key already created."""
+
+    booking_id: str
+    run_id: str
+    manifest_id: str
+    idempotency_key: str
+    state: str
+    """The run's state now (a replay reads it afresh)."""
+    stage: str | None
+    replayed: bool
+    """True when this idempotency key had already created the run: nothing new was created."""
+
+
+class RunActionResult(_View):
+    """A confirmed cancel, cleanup or restart of a run, or its replay."""
+
+    run_id: str
+    booking_id: str
+    state: str
+    """The run's state now (a replay reads it afresh)."""
+    cleanup_state: str
+    idempotency_key: str
+    replayed: bool
+    """True when this idempotency key had already requested the action: nothing new."""
 
 
 class RunEventView(_View):

@@ -6,9 +6,10 @@ from typing import Any
 
 from fastapi import APIRouter, Query
 
-from ito.core.booking_views import BookingDetail, BookingList
+from ito.core.booking_views import BookingDetail, BookingList, EligibilityRecord
+from ito.core.desk_views import AccountEventList
 from ito.core.envelope import ok_envelope
-from ito.core.responses import Envelope, Open
+from ito.core.responses import Envelope
 from ito.server.routers.deps import Requester, State
 from ito.server.routers.route import OneHopRoute
 from ito.server.services.audit import account_event_dict, list_account_events
@@ -31,14 +32,14 @@ def bookings_show(booking_id: str, caller: Requester, state: State) -> dict[str,
     return ok_envelope(data, f"booking {booking_id} is {data['state']}")
 
 
-@router.get("/{booking_id}/eligibility", response_model=Envelope[Open])
+@router.get("/{booking_id}/eligibility", response_model=Envelope[EligibilityRecord])
 def bookings_eligibility(booking_id: str, caller: Requester, state: State) -> dict[str, Any]:
     with state.db.read() as session:
         record = eligibility(session, caller.account_id, booking_id)
     return ok_envelope(record, "the booking is eligible for training, checked just now")
 
 
-@router.get("/{booking_id}/events", response_model=Envelope[Open])
+@router.get("/{booking_id}/events", response_model=Envelope[AccountEventList])
 def bookings_events(
     booking_id: str, caller: Requester, state: State, limit: int = Query(default=100, ge=1, le=1000)
 ) -> dict[str, Any]:

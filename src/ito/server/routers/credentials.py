@@ -7,8 +7,9 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from ito.core.credential_views import SelfRevoked
 from ito.core.envelope import ok_envelope
-from ito.core.responses import Envelope, Open
+from ito.core.responses import Envelope
 from ito.server.routers.deps import Caller, State
 from ito.server.routers.route import OneHopRoute
 from ito.server.services.audit import Actor, audited
@@ -18,7 +19,7 @@ router = APIRouter(prefix="/v1/credentials", route_class=OneHopRoute)
 log = logging.getLogger("ito.server.credentials")
 
 
-@router.post("/self/revoke", response_model=Envelope[Open])
+@router.post("/self/revoke", response_model=Envelope[SelfRevoked])
 def revoke_self(caller: Caller, state: State) -> dict[str, Any]:
     if isinstance(caller, OperatorContext):  # an operator credential changing is a desk action
         with audited(

@@ -16,9 +16,11 @@ from typing import Any, Literal
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
+from ito.core.booking_views import BookingDetail
+from ito.core.desk_views import AccountCreated, AuditLog, KeyCreated, KeyRevoked
 from ito.core.envelope import ok_envelope
 from ito.core.errors import ItoError
-from ito.core.responses import Envelope, Open
+from ito.core.responses import Envelope
 from ito.server.routers.deps import Desk, State
 from ito.server.routers.route import OneHopRoute
 from ito.server.services.accounts import create_account
@@ -72,7 +74,7 @@ class BookingStateBody(_Body):
     state: Literal["completed", "expired", "revoked", "released"]
 
 
-@router.post("/accounts", response_model=Envelope[Open])
+@router.post("/accounts", response_model=Envelope[AccountCreated])
 def desk_account_create(body: AccountBody, caller: Desk, state: State) -> dict[str, Any]:
     with audited(
         state.db,
@@ -87,7 +89,7 @@ def desk_account_create(body: AccountBody, caller: Desk, state: State) -> dict[s
     return ok_envelope(data, "account created")
 
 
-@router.post("/keys", response_model=Envelope[Open])
+@router.post("/keys", response_model=Envelope[KeyCreated])
 def desk_key_create(body: KeyBody, caller: Desk, state: State) -> dict[str, Any]:
     with audited(
         state.db,
@@ -128,7 +130,7 @@ def desk_key_create(body: KeyBody, caller: Desk, state: State) -> dict[str, Any]
     )
 
 
-@router.post("/keys/{key_id}/revoke", response_model=Envelope[Open])
+@router.post("/keys/{key_id}/revoke", response_model=Envelope[KeyRevoked])
 def desk_key_revoke(key_id: str, caller: Desk, state: State) -> dict[str, Any]:
     with audited(state.db, Actor.of(caller), "key.revoke", target_kind="key", target_id=key_id) as (
         session,
@@ -140,7 +142,7 @@ def desk_key_revoke(key_id: str, caller: Desk, state: State) -> dict[str, Any]:
     return ok_envelope(data, "key revoked")
 
 
-@router.post("/bookings", response_model=Envelope[Open])
+@router.post("/bookings", response_model=Envelope[BookingDetail])
 def desk_booking_create(body: BookingBody, caller: Desk, state: State) -> dict[str, Any]:
     with audited(
         state.db,
@@ -173,7 +175,7 @@ def desk_booking_create(body: BookingBody, caller: Desk, state: State) -> dict[s
     return ok_envelope(data, "booking recorded")
 
 
-@router.post("/bookings/{booking_id}/state", response_model=Envelope[Open])
+@router.post("/bookings/{booking_id}/state", response_model=Envelope[BookingDetail])
 def desk_booking_state(
     booking_id: str, body: BookingStateBody, caller: Desk, state: State
 ) -> dict[str, Any]:
@@ -191,7 +193,7 @@ def desk_booking_state(
     return ok_envelope(data, f"booking is now {data['state']}")
 
 
-@router.get("/audit", response_model=Envelope[Open])
+@router.get("/audit", response_model=Envelope[AuditLog])
 def desk_audit(
     caller: Desk,
     state: State,

@@ -10,8 +10,9 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Body, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from ito.core.credential_views import DeviceGrant, DeviceToken
 from ito.core.envelope import ok_envelope
-from ito.core.responses import Envelope, Open
+from ito.core.responses import Envelope
 from ito.server.routers.deps import State, source_of
 from ito.server.routers.route import OneHopRoute
 from ito.server.services.device_auth import poll_device_code, start_device_login
@@ -34,7 +35,7 @@ class DeviceTokenBody(BaseModel):
     """Optional, as RFC 8628 §3.4 names it; any other grant is refused."""
 
 
-@router.post("/code", response_model=Envelope[Open])
+@router.post("/code", response_model=Envelope[DeviceGrant])
 def device_code(
     request: Request, state: State, body: Annotated[DeviceCodeBody | None, Body()] = None
 ) -> dict[str, Any]:
@@ -64,7 +65,7 @@ def device_code(
     )
 
 
-@router.post("/token", response_model=Envelope[Open])
+@router.post("/token", response_model=Envelope[DeviceToken])
 def device_token(body: DeviceTokenBody, state: State) -> dict[str, Any]:
     with state.db.write() as session:
         outcome = poll_device_code(session, state.pepper, body.device_code, utcnow())

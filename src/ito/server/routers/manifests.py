@@ -10,7 +10,8 @@ from fastapi.concurrency import run_in_threadpool
 from ito.core.envelope import ok_envelope
 from ito.core.errors import ItoError
 from ito.core.manifest import MANIFEST_MAX_BYTES, manifest_digest
-from ito.core.responses import Envelope, Open
+from ito.core.manifest_views import ManifestStored, ManifestView, Plan
+from ito.core.responses import Envelope
 from ito.server.routers.deps import Requester, State, read_bounded_body
 from ito.server.routers.route import OneHopRoute
 from ito.server.services.manifests import find_manifest, manifest_dict, store_manifest
@@ -19,7 +20,7 @@ from ito.server.services.plans import plan_run
 router = APIRouter(prefix="/v1", route_class=OneHopRoute)
 
 
-@router.post("/manifests", response_model=Envelope[Open])
+@router.post("/manifests", response_model=Envelope[ManifestStored])
 async def manifests_upload(request: Request, caller: Requester, state: State) -> dict[str, Any]:
     raw = await read_bounded_body(request, MANIFEST_MAX_BYTES, "manifest_too_large")
 
@@ -37,7 +38,7 @@ async def manifests_upload(request: Request, caller: Requester, state: State) ->
     return ok_envelope(data | {"created": created}, notice)
 
 
-@router.get("/manifests/{digest}", response_model=Envelope[Open])
+@router.get("/manifests/{digest}", response_model=Envelope[ManifestView])
 def manifests_show(digest: str, caller: Requester, state: State) -> dict[str, Any]:
     with state.db.read() as session:
         row = find_manifest(session, caller.account_id, digest)
@@ -46,7 +47,8 @@ def manifests_show(digest: str, caller: Requester, state: State) -> dict[str, An
         return ok_envelope(manifest_dict(row), "manifest found")
 
 
-@router.post("/plans", response_model=Envelope[Open])
+# Unset fields left out: a refusal's ``details`` is absent when it has none, as in every error.
+@router.post("/plans", response_model=Envelope[Plan], response_model_exclude_unset=True)
 async def plans_create(
     booking_id: str, request: Request, caller: Requester, state: State
 ) -> dict[str, Any]:

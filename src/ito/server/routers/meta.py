@@ -8,9 +8,10 @@ from typing import Any
 from fastapi import APIRouter, Query
 
 from ito import __version__
+from ito.core.desk_views import AccountEventList
 from ito.core.envelope import ok_envelope
 from ito.core.manifest import manifest_json_schema
-from ito.core.meta_views import Health, Identity
+from ito.core.meta_views import AccountOverview, Health, Identity
 from ito.core.responses import Envelope, Open
 from ito.server.routers.deps import Caller, Requester, RequesterOrApprover, State
 from ito.server.routers.route import OneHopRoute
@@ -28,6 +29,8 @@ def health() -> dict[str, Any]:
 
 @router.get("/schemas/manifest", response_model=Envelope[Open])
 def manifest_schema() -> dict[str, Any]:
+    """The manifest's JSON Schema (draft 2020-12). Its ``data`` stays an open object on
+    purpose: it *is* a schema document, whose shape JSON Schema's own meta-schema defines."""
     return ok_envelope(manifest_json_schema(), "schema ito.training.manifest.v1")
 
 
@@ -46,7 +49,7 @@ def me(caller: Caller) -> dict[str, Any]:
     )
 
 
-@router.get("/status", response_model=Envelope[Open])
+@router.get("/status", response_model=Envelope[AccountOverview])
 def status(caller: Requester, state: State) -> dict[str, Any]:
     with state.db.read() as session:
         bookings = [booking_dict(b) for b in list_bookings(session, caller.account_id)]
@@ -57,7 +60,7 @@ def status(caller: Requester, state: State) -> dict[str, Any]:
     )
 
 
-@router.get("/account/events", response_model=Envelope[Open])
+@router.get("/account/events", response_model=Envelope[AccountEventList])
 def account_events(
     caller: RequesterOrApprover, state: State, limit: int = Query(default=100, ge=1, le=1000)
 ) -> dict[str, Any]:

@@ -9,11 +9,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ito.core.envelope import ok_envelope
 from ito.core.manifest import MANIFEST_MAX_BYTES
-from ito.core.responses import Envelope, Open
+from ito.core.responses import Envelope
 from ito.core.run_views import (
     CheckpointList,
     LogPage,
     MetricPage,
+    RunActionResult,
+    RunCreated,
     RunDetail,
     RunEventPage,
     RunList,
@@ -51,7 +53,7 @@ class RunCreateBody(BaseModel):
     manifest_b64: str | None = Field(default=None, max_length=2 * MANIFEST_MAX_BYTES)
 
 
-@router.post("", response_model=Envelope[Open])
+@router.post("", response_model=Envelope[RunCreated])
 def runs_create(body: RunCreateBody, caller: Requester, state: State) -> dict[str, Any]:
     result = create_run(
         state.db,
@@ -151,21 +153,21 @@ def _action(
     return ok_envelope(data | {"replayed": replayed}, notice)
 
 
-@router.post("/{run_id}/cancel", response_model=Envelope[Open])
+@router.post("/{run_id}/cancel", response_model=Envelope[RunActionResult])
 def runs_cancel(
     run_id: str, body: RunActionBody, caller: Requester, state: State
 ) -> dict[str, Any]:
     return _action(run_id, "run.cancel", body, caller, state)
 
 
-@router.post("/{run_id}/cleanup", response_model=Envelope[Open])
+@router.post("/{run_id}/cleanup", response_model=Envelope[RunActionResult])
 def runs_cleanup(
     run_id: str, body: RunActionBody, caller: Requester, state: State
 ) -> dict[str, Any]:
     return _action(run_id, "run.cleanup", body, caller, state)
 
 
-@router.post("/{run_id}/restart", response_model=Envelope[Open])
+@router.post("/{run_id}/restart", response_model=Envelope[RunActionResult])
 def runs_restart(
     run_id: str, body: RunActionBody, caller: Requester, state: State
 ) -> dict[str, Any]:

@@ -17,7 +17,8 @@ from sqlalchemy.orm import Session
 
 from ito.core.envelope import ok_envelope
 from ito.core.errors import ItoError
-from ito.core.responses import Envelope, Open
+from ito.core.responses import Envelope
+from ito.core.telemetry_views import BookingTelemetry, RunTelemetry
 from ito.server.routers.deps import Desk, RequesterOrDesk, State
 from ito.server.routers.route import OneHopRoute
 from ito.server.services.audit import Actor, audited
@@ -27,7 +28,7 @@ from ito.server.services.telemetry import booking_telemetry, prometheus_text, ru
 router = APIRouter(route_class=OneHopRoute)
 
 
-@router.get("/v1/telemetry", response_model=Envelope[Open])
+@router.get("/v1/telemetry", response_model=Envelope[RunTelemetry | BookingTelemetry])
 def telemetry(
     state: State, caller: RequesterOrDesk, booking_id: str | None = None, run_id: str | None = None
 ) -> dict[str, Any]:
