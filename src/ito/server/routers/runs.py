@@ -182,7 +182,7 @@ def runs_logs(
     since: int = Query(default=0, ge=0, le=CURSOR_MAX),
     limit: int = Query(default=500, ge=1, le=5000),
 ) -> dict[str, Any]:
-    with state.db.read() as session:
+    with state.db.lookup() as session:  # one statement
         lines, cursor = list_logs(session, caller.account_id, run_id, since=since, limit=limit)
     return ok_envelope({"lines": lines, "next_cursor": cursor}, f"{len(lines)} line(s)")
 
@@ -196,7 +196,7 @@ def runs_metrics(
     since: int = Query(default=0, ge=0, le=CURSOR_MAX),
     limit: int = Query(default=5000, ge=1, le=50000),
 ) -> dict[str, Any]:
-    with state.db.read() as session:
+    with state.db.lookup() as session:  # one statement
         points, cursor = list_metrics(
             session, caller.account_id, run_id, name=name, since=since, limit=limit
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import and_, bindparam, select
 from sqlalchemy.orm import Session
 
 from ito.core.errors import ItoError
@@ -48,48 +48,66 @@ CLEANUP_TRANSITIONS = {
 }
 
 
-# The polled reads, built once; each is one indexed range (``run_id, id``), bounded by ``limit``.
+# The polled reads, built once, each ONE statement: the run, tenant-scoped (another tenant's
+# looks missing), LEFT JOIN one page of its rows (the indexed range ``run_id, id > cursor``,
+# bounded by ``limit``). A run with no new rows still answers one row, its page columns NULL;
+# no row at all means no such run for this account. Polling with a cursor (mostly empty pages)
+# thus costs one query, not a run lookup and then a range.
 _LOGS = (
-    select(RunLog)
-    .where(
-        RunLog.run_id == bindparam("run_id"),
-        RunLog.account_id == bindparam("account_id"),
-        RunLog.id > bindparam("since"),
-    )
+    select(RunLog.id, RunLog.attempt, RunLog.level, RunLog.message, RunLog.created_at)
+    .select_from(Run)
+    .outerjoin(RunLog, and_(RunLog.run_id == Run.id, RunLog.id > bindparam("since")))
+    .where(Run.id == bindparam("run_id"), Run.account_id == bindparam("account_id"))
     .order_by(RunLog.id)
     .limit(bindparam("limit"))
 )
+_METRIC_COLUMNS = (
+    RunMetric.id,
+    RunMetric.attempt,
+    RunMetric.stage,
+    RunMetric.step,
+    RunMetric.name,
+    RunMetric.value,
+)
 _METRICS = (
-    select(RunMetric)
-    .where(
-        RunMetric.run_id == bindparam("run_id"),
-        RunMetric.account_id == bindparam("account_id"),
-        RunMetric.id > bindparam("since"),
-    )
+    select(*_METRIC_COLUMNS)
+    .select_from(Run)
+    .outerjoin(RunMetric, and_(RunMetric.run_id == Run.id, RunMetric.id > bindparam("since")))
+    .where(Run.id == bindparam("run_id"), Run.account_id == bindparam("account_id"))
     .order_by(RunMetric.id)
     .limit(bindparam("limit"))
 )
 _METRICS_NAMED = (
-    select(RunMetric)
-    .where(
-        RunMetric.run_id == bindparam("run_id"),
-        RunMetric.account_id == bindparam("account_id"),
-        RunMetric.name == bindparam("name"),
-        RunMetric.id > bindparam("since"),
+    select(*_METRIC_COLUMNS)
+    .select_from(Run)
+    .outerjoin(
+        RunMetric,
+        and_(
+            RunMetric.run_id == Run.id,
+            RunMetric.name == bindparam("name"),
+            RunMetric.id > bindparam("since"),
+        ),
     )
+    .where(Run.id == bindparam("run_id"), Run.account_id == bindparam("account_id"))
     .order_by(RunMetric.id)
     .limit(bindparam("limit"))
 )
+
+
+def _page(session: Session, query: Any, params: dict[str, Any]) -> list[Any]:
+    """The rows of one of the queries above, or ``run_not_found``."""
+    rows = session.execute(query, params).all()
+    if not rows:
+        raise ItoError("run_not_found")
+    return [row for row in rows if row.id is not None]
 
 
 def list_logs(
     session: Session, account_id: str, run_id: str, *, since: int = 0, limit: int = 500
 ) -> tuple[list[dict[str, Any]], int]:
-    get_run(session, account_id, run_id)
-    rows = list(
-        session.scalars(
-            _LOGS, {"run_id": run_id, "account_id": account_id, "since": since, "limit": limit}
-        )
+    """One page of a run's log lines after ``since`` and the next cursor: one statement."""
+    rows = _page(
+        session, _LOGS, {"run_id": run_id, "account_id": account_id, "since": since, "limit": limit}
     )
     lines = [
         {
@@ -113,12 +131,17 @@ def list_metrics(
     since: int = 0,
     limit: int = 5000,
 ) -> tuple[list[dict[str, Any]], int]:
-    get_run(session, account_id, run_id)
-    params = {"run_id": run_id, "account_id": account_id, "since": since, "limit": limit}
+    """One page of a run's metric points (of one series, if ``name``): one statement."""
+    params: dict[str, Any] = {
+        "run_id": run_id,
+        "account_id": account_id,
+        "since": since,
+        "limit": limit,
+    }
     if name is None:
-        rows = list(session.scalars(_METRICS, params))
+        rows = _page(session, _METRICS, params)
     else:
-        rows = list(session.scalars(_METRICS_NAMED, params | {"name": name}))
+        rows = _page(session, _METRICS_NAMED, params | {"name": name})
     points = [
         {
             "cursor": r.id,
