@@ -101,8 +101,8 @@ def runs_list(
 
 @router.get("/{run_id}", response_model=Envelope[RunDetail])
 def runs_show(run_id: str, caller: Requester, state: State) -> dict[str, Any]:
-    with state.db.read() as session:
-        data = run_status(session, caller.account_id, run_id)
+    with state.db.read_rows() as connection:
+        data = run_status(connection, caller.account_id, run_id)
     return ok_envelope(data, f"run {run_id} is {data['state']}")
 
 
@@ -182,8 +182,8 @@ def runs_logs(
     since: int = Query(default=0, ge=0, le=CURSOR_MAX),
     limit: int = Query(default=500, ge=1, le=5000),
 ) -> dict[str, Any]:
-    with state.db.lookup() as session:  # one statement
-        lines, cursor = list_logs(session, caller.account_id, run_id, since=since, limit=limit)
+    with state.db.lookup() as connection:  # one statement
+        lines, cursor = list_logs(connection, caller.account_id, run_id, since=since, limit=limit)
     return ok_envelope({"lines": lines, "next_cursor": cursor}, f"{len(lines)} line(s)")
 
 
@@ -196,9 +196,9 @@ def runs_metrics(
     since: int = Query(default=0, ge=0, le=CURSOR_MAX),
     limit: int = Query(default=5000, ge=1, le=50000),
 ) -> dict[str, Any]:
-    with state.db.lookup() as session:  # one statement
+    with state.db.lookup() as connection:  # one statement
         points, cursor = list_metrics(
-            session, caller.account_id, run_id, name=name, since=since, limit=limit
+            connection, caller.account_id, run_id, name=name, since=since, limit=limit
         )
     return ok_envelope({"points": points, "next_cursor": cursor}, f"{len(points)} point(s)")
 

@@ -20,6 +20,7 @@ import string
 from dataclasses import dataclass
 
 from sqlalchemy import bindparam, select
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from ito.core.errors import ItoError
@@ -49,8 +50,10 @@ _ALPHABET = string.ascii_letters + string.digits
 
 
 # Built once: a request's lookup then costs the query, not the building of its statement.
-_TENANT_KEY = select(ApiKey).where(ApiKey.prefix == bindparam("prefix"))
-_OPERATOR_KEY = select(OperatorKey).where(OperatorKey.prefix == bindparam("prefix"))
+# Plain rows (the tables' columns), not ORM objects: authentication runs on every request and
+# reads, never changes, what it finds (:meth:`ito.server.store.db.Database.lookup`).
+_TENANT_KEY = select(ApiKey.__table__).where(ApiKey.prefix == bindparam("prefix"))
+_OPERATOR_KEY = select(OperatorKey.__table__).where(OperatorKey.prefix == bindparam("prefix"))
 
 
 def hmac_hex(pepper: str, value: str) -> str:
@@ -167,7 +170,7 @@ def _new_secret(role: str) -> tuple[str, str]:
     return prefix, f"{prefix}_{secrets.token_urlsafe(32)}"
 
 
-def authenticate(session: Session, pepper: str, presented: str) -> Credential:
+def authenticate(session: Session | Connection, pepper: str, presented: str) -> Credential:
     """Resolve a presented key, or raise ``not_authenticated`` / ``credential_revoked``."""
     parts = presented.split("_")
     if len(parts) < 4 or parts[0] != "ito":
@@ -175,7 +178,7 @@ def authenticate(session: Session, pepper: str, presented: str) -> Credential:
     prefix = "_".join(parts[:3])
     if parts[1] == _ROLE_TAG[OPERATOR_ROLE]:
         return _authenticate_operator(session, pepper, prefix, presented)
-    key = session.scalar(_TENANT_KEY, {"prefix": prefix})
+    key = session.execute(_TENANT_KEY, {"prefix": prefix}).first()
     if key is None or not hmac.compare_digest(key.secret_hash, hmac_hex(pepper, presented)):
         raise ItoError("not_authenticated")
     if key.role not in TENANT_ROLES:  # a tenant row never carries the operator's role
@@ -193,9 +196,9 @@ def authenticate(session: Session, pepper: str, presented: str) -> Credential:
 
 
 def _authenticate_operator(
-    session: Session, pepper: str, prefix: str, presented: str
+    session: Session | Connection, pepper: str, prefix: str, presented: str
 ) -> OperatorContext:
-    key = session.scalar(_OPERATOR_KEY, {"prefix": prefix})
+    key = session.execute(_OPERATOR_KEY, {"prefix": prefix}).first()
     if key is None or not hmac.compare_digest(key.secret_hash, hmac_hex(pepper, presented)):
         raise ItoError("not_authenticated")
     if key.revoked_at is not None:

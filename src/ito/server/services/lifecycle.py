@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import and_, bindparam, select
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from ito.core.errors import ItoError
@@ -94,7 +95,7 @@ _METRICS_NAMED = (
 )
 
 
-def _page(session: Session, query: Any, params: dict[str, Any]) -> list[Any]:
+def _page(session: Session | Connection, query: Any, params: dict[str, Any]) -> list[Any]:
     """The rows of one of the queries above, or ``run_not_found``."""
     rows = session.execute(query, params).all()
     if not rows:
@@ -103,7 +104,7 @@ def _page(session: Session, query: Any, params: dict[str, Any]) -> list[Any]:
 
 
 def list_logs(
-    session: Session, account_id: str, run_id: str, *, since: int = 0, limit: int = 500
+    session: Session | Connection, account_id: str, run_id: str, *, since: int = 0, limit: int = 500
 ) -> tuple[list[dict[str, Any]], int]:
     """One page of a run's log lines after ``since`` and the next cursor: one statement."""
     rows = _page(
@@ -123,7 +124,7 @@ def list_logs(
 
 
 def list_metrics(
-    session: Session,
+    session: Session | Connection,
     account_id: str,
     run_id: str,
     *,

@@ -60,9 +60,7 @@ class Database:
         self._write = sessionmaker(self._write_engine, expire_on_commit=False)
         # Same pool as the reads; only how a transaction starts differs (see :meth:`lookup`).
         autocommit = {_NO_BEGIN: True} if self.is_sqlite else {"isolation_level": "AUTOCOMMIT"}
-        self._lookup = sessionmaker(
-            self._read_engine.execution_options(**autocommit), expire_on_commit=False
-        )
+        self._lookup_engine = self._read_engine.execution_options(**autocommit)
 
     @property
     def engine(self) -> Engine:
@@ -74,14 +72,23 @@ class Database:
             yield session
 
     @contextmanager
-    def lookup(self) -> Iterator[Session]:
-        """A session for one read statement outside any transaction: no ``BEGIN`` before it
+    def read_rows(self) -> Iterator[Connection]:
+        """One read transaction, like :meth:`read`, on a plain connection: for hot reads that
+        answer rows (the tables' columns), not ORM objects."""
+        with self._read_engine.connect() as connection, connection.begin():
+            yield connection
+
+    @contextmanager
+    def lookup(self) -> Iterator[Connection]:
+        """A connection for one read statement outside any transaction: no ``BEGIN`` before it
         and no ``COMMIT`` after (SQLite's autocommit; PostgreSQL's ``AUTOCOMMIT``), so the
-        statement is its own snapshot and costs one round trip, not three. For a lookup that is
-        a single ``SELECT`` on every request (an API key by its prefix); anything that reads
-        twice and needs both answers from one snapshot uses :meth:`read`."""
-        with self._lookup() as session:
-            yield session
+        statement is its own snapshot and costs one round trip, not three; and no ORM session
+        (its identity map and bookkeeping cost more than such a query). For the single
+        ``SELECT`` on every request (an API key by its prefix) and for one-statement pages
+        answered as plain rows; anything that reads twice and needs both answers from one
+        snapshot uses :meth:`read`."""
+        with self._lookup_engine.connect() as connection:
+            yield connection
 
     @contextmanager
     def write(self) -> Iterator[Session]:
