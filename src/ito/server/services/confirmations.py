@@ -28,7 +28,7 @@ from ito.server.services.credentials import AuthContext, hmac_hex
 from ito.server.services.manifest_cache import parsed_manifest
 from ito.server.services.manifests import load_manifest, store_manifest
 from ito.server.store.runtime_tables import RunLease
-from ito.server.store.tables import Confirmation, Run, utcnow
+from ito.server.store.tables import Confirmation, Run, table_of, utcnow
 
 __all__ = [
     "check_usable",
@@ -41,19 +41,21 @@ __all__ = [
 ]
 
 
+_CONFIRMATIONS = table_of(Confirmation)
 _CONSUME = (
-    update(Confirmation)
+    update(_CONFIRMATIONS)
     .where(
-        Confirmation.id == bindparam("ref"), Confirmation.state == ConfirmationState.approved.value
+        _CONFIRMATIONS.c.id == bindparam("ref"),
+        _CONFIRMATIONS.c.state == ConfirmationState.approved.value,
     )
     .values(
         state=ConfirmationState.consumed.value,
         consumed_at=bindparam("now"),
         consumed_by_run_id=bindparam("run_id"),
     )
-    .execution_options(synchronize_session=False)
 )
-"""Built once: the conditional consumption every gated action runs under the lock."""
+"""Built once: the conditional consumption every gated action runs under the lock, as a plain
+statement on the session's connection (no ORM bulk machinery, no autoflush)."""
 
 
 def request_confirmation(
@@ -227,7 +229,9 @@ def check_usable(confirmation: Confirmation, ctx: AuthContext, pepper: str, now:
 
 def mark_consumed(session: Session, confirmation: Confirmation, run_id: str, now: datetime) -> None:
     """Consume exactly once: a conditional update that only one transaction can win."""
-    result = session.execute(_CONSUME, {"ref": confirmation.id, "now": now, "run_id": run_id})
+    result = session.connection().execute(
+        _CONSUME, {"ref": confirmation.id, "now": now, "run_id": run_id}
+    )
     if getattr(result, "rowcount", 0) != 1:
         raise ItoError("confirmation_consumed")
 

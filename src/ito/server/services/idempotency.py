@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from ito.core.errors import ItoError
 from ito.server.store.db import Database
-from ito.server.store.tables import IdempotencyRecord, utcnow
+from ito.server.store.tables import IdempotencyRecord, table_of, utcnow
 
 __all__ = ["bind_key", "find_key", "lock_key", "replayable", "reserve_key"]
 
@@ -22,17 +22,19 @@ _FIND = select(IdempotencyRecord).where(
     IdempotencyRecord.action == bindparam("action"),
     IdempotencyRecord.key == bindparam("key"),
 )
+# The two writes every confirmed action makes run on the session's connection as plain
+# statements: the ORM's bulk machinery and autoflush would cost more than the statements.
+_RECORDS = table_of(IdempotencyRecord)
 _BIND = (
-    update(IdempotencyRecord)
-    .where(IdempotencyRecord.id == bindparam("record_id"))
+    update(_RECORDS)
+    .where(_RECORDS.c.id == bindparam("record_id"))
     .values(run_id=bindparam("run_id"), response=bindparam("response"))
-    .execution_options(synchronize_session=False)
 )
 
 
 def _reserve_statement(insert: Any) -> Any:
     return (
-        insert(IdempotencyRecord)
+        insert(_RECORDS)
         .values(
             account_id=bindparam("account_id"),
             action=bindparam("action"),
@@ -41,7 +43,7 @@ def _reserve_statement(insert: Any) -> Any:
             created_at=bindparam("created_at"),
         )
         .on_conflict_do_nothing(index_elements=["account_id", "action", "key"])
-        .returning(IdempotencyRecord.id)
+        .returning(_RECORDS.c.id)
     )
 
 
@@ -70,23 +72,29 @@ def reserve_key(
 ) -> int | None:
     """Insert the record and return its id, or ``None`` if another transaction holds the key.
     The record is bound to what it created by :func:`bind_key`, in the same transaction."""
-    inserted = session.execute(
-        _RESERVE[db.is_sqlite],
-        {
-            "account_id": account_id,
-            "action": action,
-            "key": key,
-            "fingerprint": fingerprint,
-            "created_at": utcnow(),
-        },
-    ).scalar_one_or_none()
+    inserted = (
+        session.connection()
+        .execute(
+            _RESERVE[db.is_sqlite],
+            {
+                "account_id": account_id,
+                "action": action,
+                "key": key,
+                "fingerprint": fingerprint,
+                "created_at": utcnow(),
+            },
+        )
+        .scalar_one_or_none()
+    )
     return None if inserted is None else int(inserted)
 
 
 def bind_key(session: Session, record_id: int, run_id: str, response: dict[str, Any]) -> None:
     """Bind a reserved record to the run it created and the response a retry replays: one
     UPDATE, no read back."""
-    session.execute(_BIND, {"record_id": record_id, "run_id": run_id, "response": response})
+    session.connection().execute(
+        _BIND, {"record_id": record_id, "run_id": run_id, "response": response}
+    )
 
 
 def replayable(record: IdempotencyRecord, fingerprint: str) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import bindparam, insert, select
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.orm import Session
 
@@ -53,6 +53,7 @@ from ito.server.store.tables import (
     IdempotencyRecord,
     Run,
     RunEvent,
+    table_of,
     utcnow,
 )
 
@@ -97,6 +98,8 @@ _EVENT_ROWS = (
     .order_by(RunEvent.id)
     .limit(STATUS_EVENTS)
 )
+_INSERT_RUN = insert(table_of(Run))
+_INSERT_EVENT = insert(table_of(RunEvent))
 _CONFIRMATION = select(Confirmation).where(
     Confirmation.id == bindparam("ref"), Confirmation.account_id == bindparam("account_id")
 )
@@ -353,41 +356,55 @@ def _insert_run(
     checked: ResourceCheck,
     now: datetime,
 ) -> dict[str, Any]:
-    """The run and its ``created`` event, written in one flush."""
-    run = Run(
-        id=run_id,
-        account_id=ctx.account_id,
-        booking_id=booking_id,
-        manifest_digest=req.manifest_digest,
-        idempotency_key=req.idempotency_key,
-        confirmation_id=confirmation.id,
-        state=RunState.queued.value,
-        stage=None,
-        cleanup_state="none",
-        estimate=checked.estimate.to_dict(),
-        checkpoint_uri=checked.checkpoint_uri,
-        created_by=ctx.principal_id,
-        created_at=now,
-        updated_at=now,
+    """The run and its ``created`` event: two plain INSERTs on the session's connection (no
+    ORM unit of work for rows this transaction only writes)."""
+    connection = session.connection()
+    connection.execute(
+        _INSERT_RUN,
+        {
+            "id": run_id,
+            "account_id": ctx.account_id,
+            "booking_id": booking_id,
+            "manifest_digest": req.manifest_digest,
+            "idempotency_key": req.idempotency_key,
+            "confirmation_id": confirmation.id,
+            "state": RunState.queued.value,
+            "stage": None,
+            "cleanup_state": "none",
+            "estimate": checked.estimate.to_dict(),
+            "checkpoint_uri": checked.checkpoint_uri,
+            "created_by": ctx.principal_id,
+            "created_at": now,
+            "updated_at": now,
+            "finished_at": None,
+            "failure_code": None,
+        },
     )
-    session.add(run)
-    session.add(
-        RunEvent(
-            run_id=run_id,
-            account_id=ctx.account_id,
-            kind="created",
-            from_state=None,
-            to_state="queued",
-            message="run created behind all five gates",
-            data={
+    connection.execute(
+        _INSERT_EVENT,
+        {
+            "run_id": run_id,
+            "account_id": ctx.account_id,
+            "kind": "created",
+            "from_state": None,
+            "to_state": RunState.queued.value,
+            "message": "run created behind all five gates",
+            "data": {
                 "confirmation_ref": confirmation.id,
                 "cost_usd": checked.estimate.cost_usd,
                 "idempotency_key": req.idempotency_key,
             },
-            created_at=now,
-        )
+            "created_at": now,
+        },
     )
-    return _create_data(run)
+    return {
+        "booking_id": booking_id,
+        "run_id": run_id,
+        "manifest_id": req.manifest_digest,
+        "idempotency_key": req.idempotency_key,
+        "state": RunState.queued.value,
+        "stage": None,
+    }
 
 
 def _decode_manifest(req: CreateRunRequest) -> bytes | None:
@@ -414,17 +431,6 @@ def _replay(session: Session, record: IdempotencyRecord, fingerprint: str) -> Cr
     data["state"] = run.state
     data["stage"] = run.stage
     return CreateRunResult(data=data, replayed=True)
-
-
-def _create_data(run: Run) -> dict[str, Any]:
-    return {
-        "booking_id": run.booking_id,
-        "run_id": run.id,
-        "manifest_id": run.manifest_digest,
-        "idempotency_key": run.idempotency_key,
-        "state": run.state,
-        "stage": run.stage,
-    }
 
 
 def transition_run(

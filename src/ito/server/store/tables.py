@@ -21,6 +21,7 @@ from sqlalchemy import (
     LargeBinary,
     MetaData,
     String,
+    Table,
     Text,
     TypeDecorator,
     UniqueConstraint,
@@ -43,6 +44,7 @@ __all__ = [
     "UTCDateTime",
     "User",
     "WebSession",
+    "table_of",
     "utcnow",
 ]
 
@@ -82,6 +84,14 @@ NAMING = {
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
+
+
+def table_of(model: type[Base]) -> Table:
+    """A model's table, typed as one (SQLAlchemy types ``__table__`` as any ``FromClause``),
+    for plain statements on a hot path that skip the ORM."""
+    table = model.__table__
+    assert isinstance(table, Table)
+    return table
 
 
 class Account(Base):
