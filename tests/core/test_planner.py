@@ -23,6 +23,7 @@ from ito.core.planner import (
     ReasonCode,
     plan,
 )
+from ito.core.planner_checks import useful_tp
 from ito.core.planner_memory import activation_bytes_per_token, memory_per_gpu
 from ito.core.planner_time import step_time
 
@@ -138,6 +139,20 @@ def test_405b_on_64_h100_does_not_fit() -> None:
 def test_150m_on_64_h100_with_a_tiny_batch_is_an_oversized_booking() -> None:
     inp = _input(M150, nodes=8, sequences=16, seq_len=2048)
     assert "booking_oversized" in _refusal(inp)
+
+
+def test_a_booking_is_oversized_only_when_the_batch_cannot_keep_it_busy() -> None:
+    assert [useful_tp(_input(m)) for m in (M150, LLAMA3_8B, LLAMA3_70B, LLAMA3_405B)] == [
+        1,
+        4,
+        8,
+        8,
+    ]
+    # 8B on 128 GPUs with 64 sequences: tensor parallel 2 keeps every GPU busy.
+    assert plan(_input(LLAMA3_8B, nodes=16, sequences=64)).tp == 2
+    # A big model on a big booking with a big batch is no waste.
+    huge = plan(_input(LLAMA3_405B, nodes=4096, sequences=16384))
+    assert huge.global_batch_tokens == 16384 * SEQ
 
 
 def test_a_batch_smaller_than_the_data_parallel_ranks_leaves_accelerators_idle() -> None:

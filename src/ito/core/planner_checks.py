@@ -20,7 +20,7 @@ __all__ = [
     "FP8_MIN_CAPABILITY",
     "MAX_BUBBLE",
     "MAX_EXPOSED_DP",
-    "OVERSIZE_FACTOR",
+    "MIN_TP_COLUMNS",
     "Candidate",
     "Reason",
     "ReasonCode",
@@ -29,6 +29,7 @@ __all__ = [
     "idle",
     "nearest",
     "tp_misfit",
+    "useful_tp",
 ]
 
 MAX_BUBBLE = 0.25
@@ -36,9 +37,10 @@ MAX_BUBBLE = 0.25
 quarter of the step idle is where we call it waste)."""
 MAX_EXPOSED_DP = 0.25
 """Largest data-parallel communication the compute cannot hide, as a share of the compute."""
-OVERSIZE_FACTOR = 8
-"""A booking is far larger than the model needs from this many times the GPUs the model
-states need, when the batch cannot feed every GPU as a data-parallel rank either."""
+MIN_TP_COLUMNS = 768
+"""Narrowest per-rank hidden slice tensor parallelism is worth: Megatron-LM's configurations
+(Narayanan et al. 2021, Table 1) grow the tensor-parallel degree with the hidden size and never
+go below hidden/tp = 768; narrower matmuls run far from peak."""
 FP8_MIN_CAPABILITY = (8, 9)
 """fp8 tensor cores arrive with Ada/Hopper, compute capability 8.9 (``torch._scaled_mm``)."""
 
@@ -309,18 +311,34 @@ def global_reasons(inp: PlannerInput) -> list[Reason]:
                 f"{inp.fabric.name} does not join nodes; {inp.nodes} nodes need a fabric",
             )
         )
-    sequences, needed = inp.sequences, minimum_gpus(inp)
-    oversized = inp.world >= OVERSIZE_FACTOR * needed
-    if sequences is not None and sequences < inp.world and oversized:
+    sequences, tp = inp.sequences, useful_tp(inp)
+    if sequences is not None and sequences * tp < inp.world:
+        # Every GPU needs a share of some sequence: data parallelism gives one per sequence,
+        # tensor parallelism splits one over at most ``useful_tp`` GPUs, and pipelines or
+        # context parallelism do not widen a small batch (a pipeline needs m ≥ 3(p-1)
+        # micro-batches to keep its bubble small; the engine has no context parallelism).
         reasons.append(
             Reason(
                 ReasonCode.booking_oversized,
-                f"the model states fit on {needed} GPU(s) and the batch of {sequences} "
-                f"sequences feeds {sequences} data-parallel ranks, but {inp.world} GPUs are "
-                "booked",
+                f"a batch of {sequences} sequences keeps at most {sequences * tp} GPUs busy "
+                f"(tensor parallel up to {tp} for a hidden size of {inp.model.hidden}), but "
+                f"{inp.world} are booked; the model states alone fit on "
+                f"{minimum_gpus(inp)} GPU(s)",
             )
         )
     return reasons
+
+
+def useful_tp(inp: PlannerInput) -> int:
+    """The largest tensor-parallel degree inside a node that divides the model and leaves
+    every rank at least MIN_TP_COLUMNS of the hidden size."""
+    return max(
+        t
+        for t in range(1, inp.gpus_per_node + 1)
+        if inp.gpus_per_node % t == 0
+        and not tp_misfit(inp.model, t)
+        and (t == 1 or inp.model.hidden // t >= MIN_TP_COLUMNS)
+    )
 
 
 def _need(candidate: Candidate) -> tuple[float, float]:
