@@ -17,7 +17,7 @@ from ito.core.hardware import ACCELERATORS, FABRIC_LINKS
 from ito.core.model_sizes import SIZES
 from ito.core.planner import ModelShape, Parallelism, PlannerInput, PlanRefused, plan
 
-__all__ = ["DEFAULT_VOCAB", "PlannerRequest", "planner_envelope", "render_plan"]
+__all__ = ["DEFAULT_VOCAB", "PlannerRequest", "planner_envelope", "planner_input", "render_plan"]
 
 DEFAULT_VOCAB = 128256
 """Llama 3's tokenizer, assumed when an explicit shape gives no vocabulary."""
