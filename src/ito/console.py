@@ -65,6 +65,8 @@ def _render_error(envelope: dict[str, Any]) -> None:
         highlight=False,
         markup=True,
     )
+    for reason in error.get("reasons") or []:
+        console.print(f"  - {reason['code']}: {reason['message']}", highlight=False, markup=False)
     details = error.get("details")
     if details:
         console.print(json.dumps(details, indent=2), highlight=False, markup=False)

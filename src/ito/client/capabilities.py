@@ -21,6 +21,7 @@ _COMMANDS: list[tuple[str, bool, str, str, str, str]] = [
     ("config", True, "none", "none", "none", "none"),
     ("manifest init", True, "none", "none", "none", "none"),
     ("manifest validate", True, "none", "none", "none", "none"),
+    ("planner", True, "none", "none", "none", "none"),
     ("auth", True, "required", "ito_api", "none", "none"),
     ("login", True, "device_bootstrap", "ito_api", "credential_write", "device_owner"),
     ("logout", True, "required", "ito_api", "credential_revoke", "device_owner"),

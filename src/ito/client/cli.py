@@ -180,6 +180,84 @@ def manifest_validate(path: str) -> None:
     )
 
 
+@app.command()
+def planner(
+    gpu: Annotated[str, typer.Option(help="Accelerator: a100 | h100 | h200 | b200 | cpu.")],
+    size: Annotated[
+        str | None, typer.Option(help="A named size (tiny, 150m, 1b, 8b) instead of a shape.")
+    ] = None,
+    params: Annotated[int | None, typer.Option(help="Parameters (solves --ffn if absent).")] = None,
+    layers: Annotated[int | None, typer.Option(help="Decoder layers.")] = None,
+    hidden: Annotated[int | None, typer.Option(help="Hidden size.")] = None,
+    heads: Annotated[int | None, typer.Option(help="Attention heads.")] = None,
+    kv_heads: Annotated[int | None, typer.Option(help="Key/value heads (default: heads).")] = None,
+    ffn: Annotated[int | None, typer.Option(help="SwiGLU width.")] = None,
+    vocab: Annotated[int | None, typer.Option(help="Vocabulary (default: Llama 3's).")] = None,
+    seq_len: Annotated[
+        int | None, typer.Option(help="Tokens per sequence (default with --size: its maximum).")
+    ] = None,
+    nodes: Annotated[int, typer.Option(help="Nodes.")] = 1,
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node.")] = 8,
+    fabric: Annotated[
+        str, typer.Option(help="Between nodes: infiniband | roce | ethernet | nvlink.")
+    ] = "infiniband",
+    global_batch_tokens: Annotated[
+        int | None, typer.Option(help="Tokens per optimizer step (default: planner's choice).")
+    ] = None,
+    fp8: Annotated[bool, typer.Option("--fp8", help="Request fp8 matmuls.")] = False,
+    dp_replicate: Annotated[int | None, typer.Option(help="Pin HSDP replicas.")] = None,
+    dp_shard: Annotated[int | None, typer.Option(help="Pin the FSDP shard degree.")] = None,
+    tp: Annotated[int | None, typer.Option(help="Pin tensor parallel.")] = None,
+    pp: Annotated[int | None, typer.Option(help="Pin pipeline stages.")] = None,
+    cp: Annotated[int | None, typer.Option(help="Pin context parallel.")] = None,
+    micro_batch: Annotated[int | None, typer.Option(help="Pin sequences per micro-batch.")] = None,
+    activation_checkpointing: Annotated[
+        str | None, typer.Option(help="Pin none | selective | full.")
+    ] = None,
+    allow_wasteful: Annotated[
+        bool,
+        typer.Option("--allow-wasteful", help="Warn about wasteful choices instead of refusing."),
+    ] = False,
+) -> None:
+    """Choose parallelism and precision for a model on hardware, or say why none fits.
+    Computed locally: no server, no credential."""
+    from ito.client.planning import PlannerRequest, planner_envelope, render_plan
+    from ito.core.planner import Parallelism
+
+    try:
+        pinned = Parallelism(
+            dp_replicate=dp_replicate,
+            dp_shard=dp_shard,
+            tp=tp,
+            pp=pp,
+            cp=cp,
+            micro_batch=micro_batch,
+            activation_checkpointing=activation_checkpointing,  # type: ignore[arg-type]
+        )
+    except ValueError as exc:
+        _local_fail(ItoError("invalid_arguments", str(exc)))
+    request = PlannerRequest(
+        gpu=gpu,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        fabric=fabric,
+        size=size,
+        params=params,
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv_heads,
+        ffn=ffn,
+        vocab=vocab,
+        seq_len=seq_len,
+        global_batch_tokens=global_batch_tokens,
+        fp8=fp8,
+        parallelism=pinned,
+        allow_wasteful=allow_wasteful,
+    )
+    Output.finish(planner_envelope(request), render=render_plan)
+
+
 # --- API commands --------------------------------------------------------------------------------
 
 

@@ -11,7 +11,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["Envelope", "ErrorBody", "ErrorEnvelope", "Open"]
+__all__ = ["Envelope", "ErrorBody", "ErrorEnvelope", "Open", "ReasonBody"]
 
 DataT = TypeVar("DataT")
 
@@ -32,6 +32,15 @@ class Envelope(BaseModel, Generic[DataT]):
     data: DataT
 
 
+class ReasonBody(BaseModel):
+    """One reason of a refusal that has several (``plan_refused``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    code: str
+    """Stable snake_case code of the reason (e.g. ``memory_exceeded``)."""
+    message: str
+
+
 class ErrorBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     code: str
@@ -39,6 +48,8 @@ class ErrorBody(BaseModel):
     message: str
     retryable: bool
     details: dict[str, Any] | None = None
+    reasons: list[ReasonBody] | None = None
+    """Every reason, for a refusal that has several (``plan_refused``)."""
 
 
 class ErrorEnvelope(BaseModel):

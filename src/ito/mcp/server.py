@@ -66,6 +66,17 @@ ENVELOPE_SCHEMA: dict[str, Any] = {
                 "message": {"type": "string"},
                 "retryable": {"type": "boolean"},
                 "details": {"type": "object"},
+                "reasons": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["code", "message"],
+                        "properties": {
+                            "code": {"type": "string"},
+                            "message": {"type": "string"},
+                        },
+                    },
+                },
             },
         },
     },

@@ -1,0 +1,207 @@
+"""Memory per GPU of one layout: model states, activations, buffers.
+
+Model states follow the Ultra-Scale Playbook ("Memory usage in transformers", ZeRO-3) for
+mixed-precision Adam as FSDP2 runs it: fp32 sharded parameters (4 bytes), fp32 sharded
+gradients (4, ``reduce_dtype=float32``) and two fp32 Adam moments (8), i.e. 16 bytes per
+parameter, divided by every degree that splits the parameter: tensor parallel, the pipeline
+stage, and the FSDP shard group ``dp_shard × cp``. Replication (``dp_replicate``) divides
+nothing.
+
+Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+Transformer Models", §4, eq. 2 and 4), rewritten for Llama's layer:
+
+* no dropout (their ``sbh`` mask terms vanish), RMSNorm instead of LayerNorm;
+* attention by a fused kernel (SDPA flash / memory-efficient): the ``5·a·s²·b`` score and
+  softmax terms vanish, the kernel keeps its fp32 log-sum-exp, 4 bytes per head and token;
+* grouped-query attention: k and v are ``kv_heads/heads`` as wide as q;
+* the SwiGLU MLP of width ``f`` keeps four ``f``-wide tensors (gate, up, SiLU(gate), their
+  product) where GPT's GeLU MLP keeps two ``4h``-wide ones;
+* tensor parallelism with sequence parallelism divides what is stored by ``tp`` (their eq. 4),
+  except the inputs of the column-parallel projections, which PyTorch's DTensor sequence
+  parallel keeps all-gathered (two ``h``-wide tensors per layer).
+
+Per layer and token, with ``e`` bytes per element (2 in bf16), ``t`` = tp, ``g`` = kv/heads,
+``a`` = heads: ``none`` keeps ``e·(4h + 2gh + 4f)/t + 2e·h + 4a/t``; ``selective`` keeps the
+outputs of the matmuls and of attention and recomputes norms and element-wise ops,
+``e·(4h + 2gh + 2f)/t + 4a/t``; ``full`` keeps the layer's input only, ``e·h/t``, and
+rematerialises one layer at a time. Every mode also holds one layer's full activations as the
+working set of the backward in progress. The loss keeps an fp32 log-softmax of the logits and,
+at the start of the backward, its gradient and the logits' gradient: 12 bytes per vocabulary
+entry and token, divided by ``tp`` (loss parallel), on the last stage only. Under 1F1B
+(Narayanan et al. 2021 §2.2) the first stage holds ``min(pp, micro-batches)`` micro-batches of
+activations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from ito.core.planner_inputs import ActivationCheckpointing, Layout, ModelShape, PlannerInput
+
+__all__ = [
+    "FRAGMENTATION_MARGIN",
+    "MemoryBreakdown",
+    "activation_bytes_per_token",
+    "largest_unit",
+    "memory_per_gpu",
+    "minimum_gpus",
+    "stage_parameters",
+]
+
+STATE_BYTES = {"parameters": 4, "gradients": 4, "optimizer_states": 8}
+"""fp32 sharded parameters, fp32 sharded gradients, Adam's two fp32 moments (ZeRO §3.1)."""
+REDUCE_BYTES = 4
+"""Gradients are reduced in fp32 (``MixedPrecisionPolicy(reduce_dtype=float32)``)."""
+LOGIT_BYTES_PER_ENTRY = 12
+"""fp32 log-softmax output, its gradient and the fp32 logits' gradient, live together at the
+start of the backward (cross-entropy on upcast logits, as TorchTitan computes it)."""
+LSE_BYTES_PER_HEAD = 4
+"""The fp32 log-sum-exp a flash-attention kernel saves per head and token."""
+RUNTIME_RESERVE = 2 << 30
+"""Bytes outside PyTorch's allocator on a GPU: CUDA context, NCCL channels, cuBLAS workspaces
+(assumed: about 0.5 GiB of context plus NCCL's buffers)."""
+FRAGMENTATION_MARGIN = 0.10
+"""Share of memory left unplanned for the caching allocator's fragmentation: reserved memory
+commonly runs 5-15 % above allocated in PyTorch training (an assumption, to be calibrated)."""
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes per GPU on the layout's fullest pipeline stage."""
+
+    parameters: int
+    gradients: int
+    optimizer_states: int
+    activations: int
+    buffers: int
+    """FSDP's all-gathered parameters and unsharded gradients in flight (or, with a pipeline,
+    the stage's unsharded parameters and accumulated gradients)."""
+    runtime_reserve: int
+    capacity: int
+    stage: Literal["only", "first", "last"]
+
+    @property
+    def peak_allocated(self) -> int:
+        """What ``torch.cuda.max_memory_allocated`` should show."""
+        return (
+            self.parameters
+            + self.gradients
+            + self.optimizer_states
+            + self.activations
+            + self.buffers
+        )
+
+    @property
+    def total(self) -> int:
+        return self.peak_allocated + self.runtime_reserve
+
+    @property
+    def headroom(self) -> int:
+        return self.capacity - self.total
+
+    @property
+    def usable(self) -> int:
+        return int(self.capacity * (1 - FRAGMENTATION_MARGIN))
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.usable
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {
+            "peak_allocated": self.peak_allocated,
+            "total": self.total,
+            "headroom": self.headroom,
+            "usable": self.usable,
+        }
+
+
+def activation_bytes_per_token(
+    shape: ModelShape, tp: int, mode: ActivationCheckpointing, element: int
+) -> float:
+    """Bytes one decoder layer keeps per token between its forward and its backward."""
+    h, f, g = shape.hidden, shape.ffn, shape.kv_fraction
+    lse = LSE_BYTES_PER_HEAD * shape.heads / tp
+    if mode == "none":
+        return element * (4 * h + 2 * g * h + 4 * f) / tp + 2 * element * h + lse
+    if mode == "selective":
+        return element * (4 * h + 2 * g * h + 2 * f) / tp + lse
+    return element * h / tp
+
+
+def stage_parameters(shape: ModelShape, layout: Layout, stage: str = "fullest") -> int:
+    """Parameters of one pipeline stage: the embedding goes with the first, the final norm
+    and output projection with the last (TorchTitan's pipeline split); ``fullest`` is the
+    larger of the two."""
+    layers = layout.layers_per_stage(shape.layers) * shape.layer_parameters
+    if layout.pp == 1:
+        return shape.parameters
+    if stage == "first":
+        return layers + shape.embedding_parameters
+    if stage == "last":
+        return layers + shape.output_parameters
+    return layers + max(shape.embedding_parameters, shape.output_parameters)
+
+
+def largest_unit(shape: ModelShape) -> int:
+    """FSDP units are the decoder layers, the embedding and the output (TorchTitan
+    ``apply_fsdp``); the largest bounds what one all-gather materialises."""
+    return max(shape.layer_parameters, shape.embedding_parameters, shape.output_parameters)
+
+
+def _stage_memory(
+    inp: PlannerInput, layout: Layout, stage: Literal["only", "first", "last"]
+) -> MemoryBreakdown:
+    shape, e, t = inp.model, inp.compute_bytes, layout.tp
+    local = stage_parameters(shape, layout, stage) / t
+    shard = local / layout.fsdp
+    states = {name: round(bytes_ * shard) for name, bytes_ in STATE_BYTES.items()}
+
+    tokens = layout.tokens_per_microbatch(inp.seq_len)
+    layers = layout.layers_per_stage(shape.layers)
+    kept = activation_bytes_per_token(shape, t, layout.activation_checkpointing, e)
+    working = activation_bytes_per_token(shape, t, "none", e)
+    in_flight = min(layout.pp, layout.microbatches) if stage == "first" else 1
+    activations = kept * layers * tokens * in_flight + working * tokens
+    if stage != "first":
+        activations += LOGIT_BYTES_PER_ENTRY * shape.vocab / t * tokens
+
+    unit = largest_unit(shape) / t
+    upcast = REDUCE_BYTES if e != REDUCE_BYTES else 0
+    if layout.pp == 1:
+        # Two units all-gathered (the one computing, the one prefetched) and one unit's
+        # gradient with its fp32 copy for the reduce-scatter (FSDP2 defaults).
+        buffers = 2 * e * unit + (e + upcast) * unit
+    else:
+        # torch.distributed.pipelining keeps FSDP2 stages unsharded across micro-batches and
+        # accumulates unsharded fp32 gradients until the last one (stage.py
+        # ``backward_maybe_with_nosync``).
+        buffers = e * local + REDUCE_BYTES * local + e * unit
+    return MemoryBreakdown(
+        parameters=states["parameters"],
+        gradients=states["gradients"],
+        optimizer_states=states["optimizer_states"],
+        activations=round(activations),
+        buffers=round(buffers),
+        runtime_reserve=RUNTIME_RESERVE if inp.on_gpu else 0,
+        capacity=inp.accelerator.memory_bytes,
+        stage=stage,
+    )
+
+
+def memory_per_gpu(inp: PlannerInput, layout: Layout) -> MemoryBreakdown:
+    """The fuller of the first and last pipeline stages (the only one without a pipeline)."""
+    if layout.pp == 1:
+        return _stage_memory(inp, layout, "only")
+    first = _stage_memory(inp, layout, "first")
+    last = _stage_memory(inp, layout, "last")
+    return first if first.total >= last.total else last
+
+
+def minimum_gpus(inp: PlannerInput) -> int:
+    """GPUs the model states alone need, fully sharded: a lower bound on any layout."""
+    room = inp.accelerator.memory_bytes * (1 - FRAGMENTATION_MARGIN)
+    room -= RUNTIME_RESERVE if inp.on_gpu else 0
+    states = sum(STATE_BYTES.values()) * inp.model.parameters
+    return max(1, -(-int(states) // int(room)))
