@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import bindparam, select
+from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session
 
 from ito.core.errors import ItoError
@@ -17,13 +18,14 @@ from ito.core.secret_scan import scan_text
 from ito.core.states import RunState
 from ito.core.storage import booking_storage_uri
 from ito.server.ids import new_id
-from ito.server.store.tables import Account, Booking, Run, utcnow
+from ito.server.store.tables import Account, Booking, Run, table_of, utcnow
 
 __all__ = [
     "BOOKING_STATES",
     "NewBooking",
     "booking_dict",
     "booking_view",
+    "booking_view_now",
     "create_booking",
     "eligibility",
     "get_booking",
@@ -170,6 +172,9 @@ _BOOKING = select(Booking).where(
     Booking.id == bindparam("booking_id"), Booking.account_id == bindparam("account_id")
 )
 """Built once (the hot lookup of every create)."""
+_BOOKING_ROW = select(table_of(Booking)).where(
+    Booking.id == bindparam("booking_id"), Booking.account_id == bindparam("account_id")
+)
 
 
 def get_booking(session: Session, account_id: str, booking_id: str) -> Booking:
@@ -188,7 +193,21 @@ def list_bookings(session: Session, account_id: str) -> list[Booking]:
     )
 
 
-def booking_view(booking: Booking) -> BookingView:
+def booking_view_now(session: Session, account_id: str, booking_id: str) -> BookingView:
+    """This account's booking as the gates see it, read as a plain row on the transaction's
+    connection (the create path reads it, never changes it); ``booking_not_found`` as
+    :func:`get_booking`."""
+    row = (
+        session.connection()
+        .execute(_BOOKING_ROW, {"booking_id": booking_id, "account_id": account_id})
+        .first()
+    )
+    if row is None:
+        raise ItoError("booking_not_found")
+    return booking_view(row)
+
+
+def booking_view(booking: Booking | Row[Any]) -> BookingView:
     return BookingView(
         id=booking.id,
         account_id=booking.account_id,

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import bindparam, select, update
+from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session
 
 from ito.core.errors import ItoError
@@ -202,7 +203,9 @@ def usable_confirmation(
     return confirmation
 
 
-def check_usable(confirmation: Confirmation, ctx: AuthContext, pepper: str, now: datetime) -> None:
+def check_usable(
+    confirmation: Confirmation | Row[Any], ctx: AuthContext, pepper: str, now: datetime
+) -> None:
     """:func:`usable_confirmation`'s checks on a confirmation already loaded."""
     state = confirmation.state
     if state == ConfirmationState.consumed.value:
@@ -227,7 +230,9 @@ def check_usable(confirmation: Confirmation, ctx: AuthContext, pepper: str, now:
         )
 
 
-def mark_consumed(session: Session, confirmation: Confirmation, run_id: str, now: datetime) -> None:
+def mark_consumed(
+    session: Session, confirmation: Confirmation | Row[Any], run_id: str, now: datetime
+) -> None:
     """Consume exactly once: a conditional update that only one transaction can win."""
     result = session.connection().execute(
         _CONSUME, {"ref": confirmation.id, "now": now, "run_id": run_id}
@@ -236,7 +241,7 @@ def mark_consumed(session: Session, confirmation: Confirmation, run_id: str, now
         raise ItoError("confirmation_consumed")
 
 
-def _seal(pepper: str, c: Confirmation) -> str:
+def _seal(pepper: str, c: Confirmation | Row[Any]) -> str:
     bindings = [
         c.id,
         c.account_id,

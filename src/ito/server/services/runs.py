@@ -29,7 +29,7 @@ from ito.core.gates import (
 from ito.core.manifest import Manifest, manifest_digest
 from ito.core.states import ConfirmationAction, RunState, check_transition
 from ito.server.ids import new_id
-from ito.server.services.bookings import booking_view, get_booking
+from ito.server.services.bookings import booking_view, booking_view_now, get_booking
 from ito.server.services.confirmations import check_usable, mark_consumed
 from ito.server.services.credentials import AuthContext
 from ito.server.services.hints import (
@@ -100,9 +100,10 @@ _EVENT_ROWS = (
 )
 _INSERT_RUN = insert(table_of(Run))
 _INSERT_EVENT = insert(table_of(RunEvent))
-_CONFIRMATION = select(Confirmation).where(
+_CONFIRMATION = select(table_of(Confirmation)).where(
     Confirmation.id == bindparam("ref"), Confirmation.account_id == bindparam("account_id")
 )
+"""A plain row: the create reads the confirmation, and consumes it by a conditional UPDATE."""
 
 
 @dataclass(frozen=True)
@@ -223,8 +224,7 @@ def _commit_prepared(
         return _replay(session, existing, fingerprint)
 
     # Gate 1, fresh: the booking as it is now, under the write lock.
-    booking = get_booking(session, ctx.account_id, req.booking_id)
-    view = booking_view(booking)
+    view = booking_view_now(session, ctx.account_id, req.booking_id)
     remember_booking(view)
     check_eligibility(view, now)
 
@@ -235,7 +235,7 @@ def _commit_prepared(
 
     # Gate 3, on the row just read.
     check_usable(confirmation, ctx, pepper, now)
-    _check_binding(confirmation, booking.id)
+    _check_binding(confirmation, view.id)
 
     # Gate 5: prepared; evaluated again only if the booking changed or its term ran short.
     checked = prepared.checked
@@ -246,7 +246,7 @@ def _commit_prepared(
     mark_consumed(session, confirmation, prepared.run_id, now)
     if not prepared.manifest_stored and raw is not None:
         store_manifest(session, ctx.account_id, raw)
-    data = _insert_run(session, ctx, req, prepared.run_id, booking.id, confirmation, checked, now)
+    data = _insert_run(session, ctx, req, prepared.run_id, view.id, confirmation, checked, now)
     bind_key(session, record_id, prepared.run_id, data)
     return CreateRunResult(data=data, replayed=False)
 
@@ -269,8 +269,7 @@ def _create_in_transaction(
         return _replay(session, existing, fingerprint)
 
     # Gate 1: fresh eligibility, computed now, inside this transaction.
-    booking = get_booking(session, ctx.account_id, req.booking_id)
-    view = booking_view(booking)
+    view = booking_view_now(session, ctx.account_id, req.booking_id)
     remember_booking(view)
     check_eligibility(view, now)
 
@@ -289,7 +288,7 @@ def _create_in_transaction(
 
     # Gate 3: approved, unexpired, unconsumed, every binding equal.
     check_usable(confirmation, ctx, pepper, now)
-    _check_binding(confirmation, booking.id)
+    _check_binding(confirmation, view.id)
 
     # Gate 4: reserve the key. Concurrent holders of the same key wait here for the winner's
     # commit (unique constraint / database lock), then replay its run.
@@ -307,12 +306,12 @@ def _create_in_transaction(
     mark_consumed(session, confirmation, run_id, now)
     if row is None and raw is not None:
         store_manifest(session, ctx.account_id, raw)
-    data = _insert_run(session, ctx, req, run_id, booking.id, confirmation, checked, now)
+    data = _insert_run(session, ctx, req, run_id, view.id, confirmation, checked, now)
     bind_key(session, record_id, run_id, data)
     return CreateRunResult(data=data, replayed=False)
 
 
-def _check_digest(confirmation: Confirmation, req: CreateRunRequest) -> None:
+def _check_digest(confirmation: Confirmation | Row[Any], req: CreateRunRequest) -> None:
     if confirmation.manifest_digest != req.manifest_digest:
         raise ItoError(
             "manifest_digest_mismatch",
@@ -322,7 +321,7 @@ def _check_digest(confirmation: Confirmation, req: CreateRunRequest) -> None:
         )
 
 
-def _check_binding(confirmation: Confirmation, booking_id: str) -> None:
+def _check_binding(confirmation: Confirmation | Row[Any], booking_id: str) -> None:
     if (
         confirmation.action != ACTION
         or confirmation.target_kind != "booking"
@@ -336,7 +335,7 @@ def _check_binding(confirmation: Confirmation, booking_id: str) -> None:
         )
 
 
-def _check_cost_bound(checked: ResourceCheck, confirmation: Confirmation) -> None:
+def _check_cost_bound(checked: ResourceCheck, confirmation: Confirmation | Row[Any]) -> None:
     if checked.estimate.cost_usd > confirmation.cost_usd + 1e-9:
         raise ItoError(
             "confirmation_mismatch",
@@ -352,7 +351,7 @@ def _insert_run(
     req: CreateRunRequest,
     run_id: str,
     booking_id: str,
-    confirmation: Confirmation,
+    confirmation: Confirmation | Row[Any],
     checked: ResourceCheck,
     now: datetime,
 ) -> dict[str, Any]:
@@ -417,8 +416,10 @@ def _decode_manifest(req: CreateRunRequest) -> bytes | None:
     return req.manifest_raw
 
 
-def _confirmation_for(session: Session, account_id: str, ref: str) -> Confirmation:
-    confirmation = session.scalar(_CONFIRMATION, {"ref": ref, "account_id": account_id})
+def _confirmation_for(session: Session, account_id: str, ref: str) -> Row[Any]:
+    confirmation = (
+        session.connection().execute(_CONFIRMATION, {"ref": ref, "account_id": account_id}).first()
+    )
     if confirmation is None:
         raise ItoError("confirmation_not_found")
     return confirmation
