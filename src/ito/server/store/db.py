@@ -10,6 +10,7 @@ a lock (``store_busy``), and is pinged before use only after being idle a while.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -56,6 +57,8 @@ class Database:
             event.listen(engine, "checkout", _ping_if_idle(engine, ping_idle_s))
             event.listen(engine, "checkin", _mark_used)
             self._read_engine = self._write_engine = engine
+        self._writer = threading.Lock()
+        """SQLite: this process's writers queue here before ``BEGIN IMMEDIATE`` (:meth:`write`)."""
         self._read = sessionmaker(self._read_engine, expire_on_commit=False)
         self._write = sessionmaker(self._write_engine, expire_on_commit=False)
         # Same pool as the reads; only how a transaction starts differs (see :meth:`lookup`).
@@ -92,7 +95,27 @@ class Database:
 
     @contextmanager
     def write(self) -> Iterator[Session]:
-        """One write transaction: committed on success, rolled back on any exception."""
+        """One write transaction: committed on success, rolled back on any exception.
+
+        On SQLite the threads of one process first queue on a lock of this process, then take
+        the database's write lock (``BEGIN IMMEDIATE``): SQLite's busy handler polls a held
+        lock with sleeps that grow to 100 ms, so writers of one process that queued on it would
+        leave the lock idle between holders; on a Python lock the next one starts the moment
+        the last commits. Other processes still wait on the database lock (``busy_timeout``)."""
+        if self.is_sqlite:
+            if not self._writer.acquire(timeout=SQLITE_BUSY_TIMEOUT_MS / 1000):
+                raise ItoError("store_busy")
+            try:
+                with self._transaction() as session:
+                    yield session
+            finally:
+                self._writer.release()
+        else:
+            with self._transaction() as session:
+                yield session
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Session]:
         try:
             with self._write() as session, session.begin():
                 yield session
