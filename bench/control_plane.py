@@ -1204,6 +1204,49 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+TARGETS = (
+    # (figure, goal, at least (True) or at most (False)): the issue's targets, as ratios
+    # against the bare app measured in the same run.
+    ("ratio_gated_create", 0.5, True),
+    ("ratio_cpu_create_vs_insert", 2.5, False),
+    ("ratio_p99_create_vs_insert", 2.0, False),
+    ("ratio_p99_status_vs_insert", 1.0, False),
+    ("ratio_p99_logs_vs_insert", 1.0, False),
+    ("ratio_p99_metrics_vs_insert", 1.0, False),
+)
+
+
+def print_medians(
+    results: list[dict[str, Any]], args: argparse.Namespace
+) -> dict[str, dict[str, Any]]:
+    """The median (and range) of each target ratio per backend over ``--repeat`` runs."""
+    medians: dict[str, dict[str, Any]] = {}
+    print(f"\nmedians over {args.repeat} runs per backend (min..max), against the targets")
+    for backend in args.backend_list:
+        runs = [r for r in results if r["backend"] == backend and "error" not in r]
+        medians[backend] = {"runs": len(runs)}
+        for figure, goal, at_least in TARGETS:
+            values = sorted(r[figure] for r in runs if r.get(figure) is not None)
+            if not values:
+                continue
+            mid = len(values) // 2
+            median = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+            met = median >= goal if at_least else median <= goal
+            medians[backend][figure] = {
+                "median": round(median, 3),
+                "min": values[0],
+                "max": values[-1],
+                "goal": goal,
+                "met": met,
+            }
+            sign = ">=" if at_least else "<="
+            print(
+                f"{backend:9} {figure:30} {median:7.3f} ({values[0]:.3f}..{values[-1]:.3f})  "
+                f"goal {sign} {goal}  {'met' if met else 'NOT met'}"
+            )
+    return medians
+
+
 def print_report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print(
         f"\ncontrol-plane bench: {args.clients} clients x {args.runs_per_client} runs, "
@@ -1371,6 +1414,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run every backend this many times (fresh set-up each, backends interleaved) and "
+        "print the median of each target ratio: one run on a noisy 2-core machine is anecdote",
+    )
+    parser.add_argument(
         "--pg-admin-url",
         default=DEFAULT_PG_ADMIN_URL,
         help="loopback PostgreSQL URL used to create and drop the bench database",
@@ -1380,7 +1430,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--max-seconds",
         type=float,
         default=300.0,
-        help="overall deadline: no new work starts after it",
+        help="deadline of each backend run: no new work starts after it",
     )
     args = parser.parse_args(argv)
     if (
@@ -1396,6 +1446,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(
             "out-of-range --clients / --runs-per-client / --polls / --dup-keys / --dup-rounds"
         )
+    if not 1 <= args.repeat <= 20:
+        parser.error("--repeat must be 1..20")
     args.backend_list = [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = set(args.backend_list) - {"sqlite", "postgres"}
     if unknown or not args.backend_list:
@@ -1408,20 +1460,22 @@ def main(argv: list[str] | None = None) -> int:
     from ito.core.manifest import manifest_digest
     from ito.recipes import build_recipe
 
-    deadline = time.monotonic() + args.max_seconds
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ito-bench-") as tmp:
         root = Path(tmp)
         manifest = json.dumps(build_recipe("test", str(root / "data")).manifest).encode()
         digest = manifest_digest(manifest)
-        for name in args.backend_list:
+        for index, name in enumerate([b for _ in range(args.repeat) for b in args.backend_list]):
+            run_root = root / f"run-{index}"
+            run_root.mkdir()
             try:
                 context = (
-                    sqlite_backend(root)
+                    sqlite_backend(run_root)
                     if name == "sqlite"
-                    else postgres_backend(root, args.pg_admin_url)
+                    else postgres_backend(run_root, args.pg_admin_url)
                 )
                 with context as backend:
+                    deadline = time.monotonic() + args.max_seconds
                     results.append(bench_backend(backend, args, manifest, digest, deadline))
             except (Exception, SystemExit) as exc:  # one backend failing must not hide the other
                 results.append({"backend": name, "error": f"{type(exc).__name__}: {exc}"[:2000]})
@@ -1433,7 +1487,10 @@ def main(argv: list[str] | None = None) -> int:
         "polls": args.polls,
         "cpus": os.cpu_count(),
         "backends": {r["backend"]: r for r in results},
+        "runs": results if args.repeat > 1 else None,
     }
+    if args.repeat > 1:
+        summary["medians"] = print_medians(results, args)
     print(json.dumps(summary, sort_keys=True, default=str))
     failed = any(
         "error" in r or r.get("duplicates") or r["ito"]["dup"]["anomalies"] for r in results
