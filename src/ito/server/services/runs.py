@@ -215,7 +215,10 @@ def _commit_prepared(
     """The atomic part of a create whose checks were prepared. Any refusal rolls back the
     reservation with everything else; the gates keep their order among themselves."""
     now = utcnow()
-    lock_key(session, db, ctx.account_id, ACTION, req.idempotency_key)
+    # The reservation comes first here, so it is also the lock: a second holder of the key
+    # waits on the unique index until this transaction ends (PostgreSQL; SQLite's
+    # BEGIN IMMEDIATE serialises writers anyway), then finds the record and replays it. No
+    # separate advisory lock, one round trip fewer.
     record_id = reserve_key(session, db, ctx.account_id, ACTION, req.idempotency_key, fingerprint)
     if record_id is None:
         # Another request with this key committed since the read: replay it (or refuse reuse).
