@@ -226,10 +226,7 @@ def _commit_prepared(
         assert existing is not None
         return _replay(session, existing, fingerprint)
 
-    # Gate 1, fresh: the booking as it is now, under the write lock.
-    view = booking_view_now(session, ctx.account_id, req.booking_id)
-    remember_booking(view)
-    check_eligibility(view, now)
+    view = _gate_1(session, ctx, req, now)
 
     # Gate 2: the manifest (its existence or bytes were established and it cannot change:
     # content-addressed, immutable) is the one the confirmation is bound to.
@@ -244,14 +241,18 @@ def _commit_prepared(
     checked = prepared.checked
     if view != prepared.view or now + timedelta(seconds=checked.estimate.seconds) > view.term_end:
         checked = check_resources(prepared.manifest, view, now, run_id_hint=prepared.run_id)
-    _check_cost_bound(checked, confirmation)
-
-    mark_consumed(session, confirmation, prepared.run_id, now)
-    if not prepared.manifest_stored and raw is not None:
-        store_manifest(session, ctx.account_id, raw)
-    data = _insert_run(session, ctx, req, prepared.run_id, view.id, confirmation, checked, now)
-    bind_key(session, record_id, prepared.run_id, data)
-    return CreateRunResult(data=data, replayed=False)
+    return _write_run(
+        session,
+        ctx,
+        req,
+        raw if not prepared.manifest_stored else None,
+        run_id=prepared.run_id,
+        view=view,
+        confirmation=confirmation,
+        checked=checked,
+        record_id=record_id,
+        now=now,
+    )
 
 
 def _create_in_transaction(
@@ -271,10 +272,7 @@ def _create_in_transaction(
     if existing is not None:
         return _replay(session, existing, fingerprint)
 
-    # Gate 1: fresh eligibility, computed now, inside this transaction.
-    view = booking_view_now(session, ctx.account_id, req.booking_id)
-    remember_booking(view)
-    check_eligibility(view, now)
+    view = _gate_1(session, ctx, req, now)
 
     # Gate 2: the manifest is known (or its bytes came along), valid, and its digest is the one
     # the confirmation is bound to.
@@ -304,11 +302,50 @@ def _create_in_transaction(
     # Gate 5: fabric, capacity, data policy, checkpoint storage, term and cost.
     run_id = new_id("run")
     checked = check_resources(manifest, view, now, run_id_hint=run_id)
-    _check_cost_bound(checked, confirmation)
+    return _write_run(
+        session,
+        ctx,
+        req,
+        raw if row is None else None,
+        run_id=run_id,
+        view=view,
+        confirmation=confirmation,
+        checked=checked,
+        record_id=record_id,
+        now=now,
+    )
 
+
+def _gate_1(
+    session: Session, ctx: AuthContext, req: CreateRunRequest, now: datetime
+) -> BookingView:
+    """Gate 1, fresh: the booking as it is now, read under the write lock, eligible."""
+    view = booking_view_now(session, ctx.account_id, req.booking_id)
+    remember_booking(view)
+    check_eligibility(view, now)
+    return view
+
+
+def _write_run(
+    session: Session,
+    ctx: AuthContext,
+    req: CreateRunRequest,
+    new_manifest: bytes | None,
+    *,
+    run_id: str,
+    view: BookingView,
+    confirmation: Confirmation | Row[Any],
+    checked: ResourceCheck,
+    record_id: int,
+    now: datetime,
+) -> CreateRunResult:
+    """The end of every create that passed gates 1 to 5: the cost bound, then the writes —
+    the confirmation consumed, the manifest stored (``new_manifest``: bytes the store lacks),
+    the run and its event, the key bound to them."""
+    _check_cost_bound(checked, confirmation)
     mark_consumed(session, confirmation, run_id, now)
-    if row is None and raw is not None:
-        store_manifest(session, ctx.account_id, raw)
+    if new_manifest is not None:
+        store_manifest(session, ctx.account_id, new_manifest)
     data = _insert_run(session, ctx, req, run_id, view.id, confirmation, checked, now)
     bind_key(session, record_id, run_id, data)
     return CreateRunResult(data=data, replayed=False)
