@@ -60,9 +60,7 @@ class Limits:
         looked up here (DESIGN §5.1: its secret is 256 random bits, so failures cannot be a
         path to guessing it, only to denying it)."""
         keys = [source] + ([f"prefix:{key_prefix}"] if key_prefix else [])
-        now = utcnow()
-        wait = self._failures.blocked(keys, now)
-        self._failures.fail(keys, now)
+        wait = self._failures.record(keys, utcnow())
         if wait is not None:
             raise ItoError(
                 "rate_limited", "too many failed sign-ins from here", retry_after_s=round(wait, 3)
