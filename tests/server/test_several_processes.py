@@ -77,3 +77,16 @@ def test_the_request_rate_is_counted_per_process_as_documented(
     refused = [a for a in answers if a.status_code != 200]
     assert burst <= admitted <= 2 * (burst + 0.2 * elapsed + 1)
     assert refused and all(a.json()["error"]["code"] == "rate_limited" for a in refused)
+
+
+def test_failures_counted_by_one_server_process_lock_out_at_another(
+    server: Server, two_processes: str
+) -> None:
+    """Proof that does not depend on how the kernel spreads connections: the guesses go to the
+    test's own server (another process, whose limit is far above LIMIT, so it refuses none),
+    and the next guess, at the two-process server, is refused — it can only have counted them
+    in the database."""
+    codes = [_fresh(server.url, GUESS).json()["error"]["code"] for _ in range(LIMIT)]
+    assert codes == ["not_authenticated"] * LIMIT
+    refused = _fresh(two_processes, GUESS)
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limited"
