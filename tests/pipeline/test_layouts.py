@@ -35,11 +35,18 @@ REL_TOL = 1e-5
 LAYOUTS: dict[str, tuple[int, dict[str, Any]]] = {
     "one_process": (1, {"micro_batch": 4, "grad_accum": 2}),
     "dp_shard_2": (2, {"dp_shard": 2, "micro_batch": 4}),
-    "tp_2": (2, {"tp": 2, "micro_batch": 4, "grad_accum": 2}),
-    "dp_replicate_2": (2, {"dp_replicate": 2, "micro_batch": 4}),
+    "tp_2": (
+        2,
+        {"tp": 2, "micro_batch": 4, "grad_accum": 2, "activation_checkpointing": "selective"},
+    ),
+    "dp_replicate_2": (
+        2,
+        {"dp_replicate": 2, "micro_batch": 4, "activation_checkpointing": "full"},
+    ),
     "dp_shard_2_tp_2": (4, {"dp_shard": 2, "tp": 2, "micro_batch": 4}),
 }
-"""Processes and layout; every one trains on 8 sequences per step."""
+"""Processes and layout; every one trains on 8 sequences per step (two of them recompute their
+activations: checkpointing changes memory, never the numbers)."""
 
 
 def layout_spec(root: Path, layout: dict[str, Any] | None, **overrides: Any) -> Path:
@@ -148,6 +155,7 @@ def test_each_run_reports_the_mesh_it_built_as_planned(runs: dict[str, Path]) ->
             layout["micro_batch"],
             layout.get("grad_accum", 1),
         )
+        assert mesh["activation_checkpointing"] == layout.get("activation_checkpointing", "none")
 
 
 @pytest.mark.slow
@@ -180,3 +188,18 @@ def test_a_pipeline_degree_ends_the_run_layout_unsupported_before_training(
     assert evs[-1]["type"] == "done" and evs[-1]["status"] == "failed"
     assert evs[-1]["code"] == "layout_unsupported"
     assert not [e for e in evs if e["type"] in ("metric", "mesh")]
+
+
+@pytest.mark.slow
+def test_the_meta_device_model_gets_the_seeded_eager_initialisation_on_a_tp_fsdp_mesh() -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    script = Path(__file__).with_name("init_check.py")
+    result = subprocess.run(
+        [TORCHRUN, "--standalone", "--nproc-per-node=2", str(script), "dp_shard=1", "tp=2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+        check=False,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
