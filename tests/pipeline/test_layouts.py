@@ -1,5 +1,6 @@
 """The engine applies the planned layout (DESIGN §7.2): the same run on one process, FSDP over
-two, tensor parallel over two, HSDP over two and FSDP × TP over four gives the same loss curve
+two, tensor parallel over two, HSDP over two, FSDP × TP over four and a two-stage 1F1B pipeline
+gives the same loss curve
 (fp32, same data and seed, the same global batch of 8 sequences); a checkpoint written under one
 layout resumes under another (DCP resharding) and continues the curve; a degree the engine
 cannot apply, or degrees that do not make the world, end the run before training with their
@@ -44,6 +45,7 @@ LAYOUTS: dict[str, tuple[int, dict[str, Any]]] = {
         {"dp_replicate": 2, "micro_batch": 4, "activation_checkpointing": "full"},
     ),
     "dp_shard_2_tp_2": (4, {"dp_shard": 2, "tp": 2, "micro_batch": 4}),
+    "pp_2": (2, {"pp": 2, "micro_batch": 4, "pp_microbatches": 2}),
 }
 """Processes and layout; every one trains on 8 sequences per step (two of them recompute their
 activations: checkpointing changes memory, never the numbers)."""
@@ -112,7 +114,8 @@ def test_a_spec_without_a_layout_is_fsdp_over_every_rank() -> None:
 @pytest.mark.parametrize(
     ("fields", "world", "code"),
     [
-        ({"pp": 2, "dp_shard": 1}, 2, "layout_unsupported"),
+        ({"pp": 2, "pp_microbatches": 1}, 2, "layout_unsupported"),
+        ({"pp": 2, "pp_microbatches": 2, "grad_accum": 2}, 2, "layout_unsupported"),
         ({"cp": 2}, 2, "layout_unsupported"),
         ({"pp_microbatches": 4, "dp_shard": 2}, 2, "layout_unsupported"),
         ({"dp_shard": 2, "tp": 2}, 2, "mesh_mismatch"),
@@ -146,20 +149,23 @@ def test_every_layout_gives_the_same_losses_for_twenty_steps(runs: dict[str, Pat
 def test_each_run_reports_the_mesh_it_built_as_planned(runs: dict[str, Path]) -> None:
     for name, (nproc, layout) in LAYOUTS.items():
         (mesh,) = [e for e in events(runs[name]) if e["type"] == "mesh"]
-        planned = {dim: layout.get(dim, 1) for dim in ("pp", "dp_replicate", "dp_shard", "cp")}
-        assert mesh["dims"] == planned | {"tp": layout.get("tp", 1)}, name
+        planned = {
+            dim: layout.get(dim, 1) for dim in ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+        }
+        assert mesh["dims"] == planned, name
         assert math.prod(mesh["dims"].values()) == nproc
         assert list(mesh["dims"]) == ["pp", "dp_replicate", "dp_shard", "cp", "tp"]
         assert mesh["planned"] is True and mesh["param_dtype"] == "float32"
-        assert (mesh["micro_batch"], mesh["grad_accum"]) == (
+        assert (mesh["micro_batch"], mesh["grad_accum"], mesh["pp_microbatches"]) == (
             layout["micro_batch"],
             layout.get("grad_accum", 1),
+            layout.get("pp_microbatches", 1),
         )
         assert mesh["activation_checkpointing"] == layout.get("activation_checkpointing", "none")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", ["tp_2", "one_process"])
+@pytest.mark.parametrize("target", ["tp_2", "one_process", "pp_2"])
 def test_a_checkpoint_written_at_dp_shard_2_resumes_under_another_layout(
     runs: dict[str, Path], tmp_path: Path, target: str
 ) -> None:
@@ -178,10 +184,10 @@ def test_a_checkpoint_written_at_dp_shard_2_resumes_under_another_layout(
 
 
 @pytest.mark.slow
-def test_a_pipeline_degree_ends_the_run_layout_unsupported_before_training(
+def test_a_context_parallel_degree_ends_the_run_layout_unsupported_before_training(
     tmp_path: Path,
 ) -> None:
-    spec = layout_spec(tmp_path, {"pp": 2, "micro_batch": 4})
+    spec = layout_spec(tmp_path, {"cp": 2, "micro_batch": 4})
     result = torchrun(spec, 2)
     assert result.returncode != 0
     evs = events(tmp_path)

@@ -18,8 +18,9 @@ worker itself makes):
 - ``restart``: ``restarts`` — torchrun restarted the ranks (an interruption)
 - ``spike``: ``stage``, ``step``, ``loss``, ``z``, ``checkpoint_step``, ``skip_steps``
 - ``mesh``: ``dims`` (name → degree, outermost first), ``device``, ``micro_batch``,
-  ``grad_accum``, ``activation_checkpointing``, ``param_dtype``, ``reduce_dtype``, ``planned``
-  — the device mesh and layout the engine built, once per attempt
+  ``grad_accum``, ``pp_microbatches``, ``activation_checkpointing``, ``param_dtype``,
+  ``reduce_dtype``, ``planned`` — the device mesh and layout the engine built, once per
+  attempt
 - ``done``: ``status`` — the engine's last word, read by the supervisor and never reported
 """
 
@@ -149,6 +150,7 @@ class MeshEvent(_Event):
     device: Annotated[str, Field(min_length=1, max_length=16)]
     micro_batch: Annotated[int, Field(ge=1, le=1 << 16)]
     grad_accum: Annotated[int, Field(ge=1, le=1 << 16)]
+    pp_microbatches: Annotated[int, Field(ge=1, le=1 << 16)] = 1
     activation_checkpointing: Literal["none", "selective", "full"]
     param_dtype: Literal["float32", "bfloat16"]
     reduce_dtype: Literal["float32", "bfloat16"]

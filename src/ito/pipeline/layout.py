@@ -6,9 +6,10 @@ fp32. The mesh is built in TorchTitan's order, outermost first ``pp, dp_replicat
 tp`` (torchtitan ``ParallelDims.build_mesh``), every dimension named even at degree 1, so the
 mesh the engine reports compares one to one with the plan's ``mesh``.
 
-Nothing planned is ignored: a degree the engine cannot apply yet (context parallel, pipeline
-parallel) is refused with ``layout_unsupported``, and a mesh that differs from the plan (the
-degrees do not multiply to the world size) with ``mesh_mismatch`` — both before any training.
+Nothing planned is ignored: a degree the engine cannot apply (context parallel, a pipeline
+with fewer micro-batches than stages) is refused with ``layout_unsupported``, and a mesh that
+differs from the plan (the degrees do not multiply to the world size) with ``mesh_mismatch`` —
+both before any training.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ DEFAULT_MICRO_BATCH = 4
 
 UNSUPPORTED: dict[str, str] = {
     "cp": "context parallel is not applied by this engine",
-    "pp": "pipeline parallel is not applied by this engine yet",
 }
 """Degrees the planner may model that the engine refuses above 1, and why."""
 
@@ -50,7 +50,9 @@ class EngineLayout:
     micro_batch: int
     """Sequences per micro-batch on one data-parallel rank."""
     grad_accum: int
-    """Micro-batches accumulated per optimizer step."""
+    """Micro-batches accumulated per optimizer step (without a pipeline)."""
+    pp_microbatches: int
+    """Micro-batches of the pipeline schedule per optimizer step (with one)."""
     activation_checkpointing: Literal["none", "selective", "full"]
     param_dtype: torch.dtype
     reduce_dtype: torch.dtype
@@ -67,6 +69,7 @@ class EngineLayout:
             cp=1,
             micro_batch=DEFAULT_MICRO_BATCH,
             grad_accum=1,
+            pp_microbatches=1,
             activation_checkpointing="none",
             param_dtype=torch.float32,
             reduce_dtype=torch.float32,
@@ -84,9 +87,17 @@ class EngineLayout:
                 raise ItoError(
                     "layout_unsupported", f"the plan has {dim}={getattr(spec, dim)}: {why}"
                 )
-        if spec.pp_microbatches > 1:
+        if spec.pp == 1 and spec.pp_microbatches > 1:
             raise ItoError(
                 "layout_unsupported", "the plan has pp_microbatches without a pipeline to run"
+            )
+        if spec.pp > 1 and (spec.pp_microbatches < spec.pp or spec.grad_accum > 1):
+            # 1F1B keeps every stage busy only with at least as many micro-batches as stages;
+            # a pipeline accumulates through its schedule, never around it.
+            raise ItoError(
+                "layout_unsupported",
+                f"pp={spec.pp} needs pp_microbatches >= {spec.pp} and grad_accum 1 "
+                f"(the plan has {spec.pp_microbatches} and {spec.grad_accum})",
             )
         layout = cls(
             dp_replicate=spec.dp_replicate,
@@ -96,6 +107,7 @@ class EngineLayout:
             cp=spec.cp,
             micro_batch=spec.micro_batch,
             grad_accum=spec.grad_accum,
+            pp_microbatches=spec.pp_microbatches,
             activation_checkpointing=spec.activation_checkpointing,
             param_dtype=DTYPES[spec.param_dtype],
             reduce_dtype=DTYPES[spec.reduce_dtype],
@@ -126,7 +138,7 @@ class EngineLayout:
     @property
     def sequences_per_rank(self) -> int:
         """Sequences one data-parallel rank trains on per optimizer step."""
-        return self.micro_batch * self.grad_accum
+        return self.micro_batch * (self.pp_microbatches if self.pp > 1 else self.grad_accum)
 
     @property
     def mixed_precision(self) -> bool:

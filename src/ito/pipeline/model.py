@@ -17,6 +17,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from ito.core.hardware import ACCELERATORS
 from ito.core.model_sizes import ModelSize
 from ito.pipeline.parallelize import initialize, parallelize
+from ito.pipeline.pipeline_stages import split_stage
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -62,11 +63,17 @@ def build_model(
     size: ModelSize, seed: int, mesh: DeviceMesh, layout: EngineLayout, device: torch.device
 ) -> LlamaForCausalLM:
     """The model of ``size`` laid out on ``mesh`` as ``layout`` says, initialised from ``seed``
-    (the same values on any layout). Leaves the global RNG as seeded initialisation leaves it."""
+    (the same values on any layout); with a pipeline, this rank's stage of it. Leaves the
+    global RNG as seeded initialisation leaves it."""
     with torch.device("meta"):
         model = LlamaForCausalLM(llama_config(size))
+    template = None
+    if layout.pp > 1:
+        with torch.device("meta"):
+            template = LlamaForCausalLM(llama_config(size))
+        split_stage(model, mesh["pp"].get_local_rank(), layout.pp)
     parallelize(model, mesh, layout)
-    initialize(model, seed, device)
+    initialize(model, seed, device, template)
     return model
 
 

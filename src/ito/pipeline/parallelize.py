@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from ito.pipeline.layout import EngineLayout
 
-__all__ = ["TP_PLAN", "initialize", "parallelize"]
+__all__ = ["TP_PLAN", "clip_grad_norm", "decoder_layers", "initialize", "parallelize"]
 
 TP_PLAN: dict[str, str] = {
     "self_attn.q_proj": "colwise",
@@ -74,9 +74,15 @@ def parallelize(model: LlamaForCausalLM, mesh: DeviceMesh, layout: EngineLayout)
     )
     # Each decoder layer is its own FSDP2 unit and the root holds the embeddings and the head,
     # so only one layer's full parameters are gathered at a time.
-    for layer in model.model.layers:
+    for layer in decoder_layers(model):
         fully_shard(layer, mesh=dp_mesh, mp_policy=policy)
     fully_shard(model, mesh=dp_mesh, mp_policy=policy)
+
+
+def decoder_layers(model: LlamaForCausalLM) -> list[nn.Module]:
+    """The decoder layers this rank holds (all of them, or its pipeline stage's)."""
+    layers = model.model.layers
+    return list(layers.values()) if isinstance(layers, nn.ModuleDict) else list(layers)
 
 
 def _tensor_parallel(model: LlamaForCausalLM, tp_mesh: DeviceMesh) -> None:
@@ -98,7 +104,7 @@ def _tensor_parallel(model: LlamaForCausalLM, tp_mesh: DeviceMesh) -> None:
         )
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     plan = {name: styles[style]() for name, style in TP_PLAN.items()}
-    for layer in model.model.layers:
+    for layer in decoder_layers(model):
         parallelize_module(layer, tp_mesh, plan)
 
 
@@ -122,20 +128,34 @@ def _activation_checkpointing(model: LlamaForCausalLM, mode: str) -> None:
 
 
 @torch.no_grad()
-def initialize(model: LlamaForCausalLM, seed: int, device: torch.device) -> None:
+def initialize(
+    model: LlamaForCausalLM,
+    seed: int,
+    device: torch.device,
+    template: LlamaForCausalLM | None = None,
+) -> None:
     """Materialise the sharded ``model`` (``to_empty``) and give it the values
-    ``torch.manual_seed(seed); LlamaForCausalLM(config)`` would on ``device``."""
+    ``torch.manual_seed(seed); LlamaForCausalLM(config)`` would on ``device``.
+
+    ``template``: the whole model (on ``meta``) when ``model`` is one pipeline stage of it; the
+    draws of the modules other stages hold are replayed and dropped, so every stage gets its
+    part of the same model."""
     model.to_empty(device=device)
+    held = dict(model.named_modules())
+    whole = template if template is not None else model
     torch.manual_seed(seed)
-    _replay(model, model, float(model.config.initializer_range), device, set())
+    std = float(model.config.initializer_range)
+    _replay(whole, "", model, held, std, device, set())
 
 
 def _replay(
     module: nn.Module,
+    name: str,
     root: LlamaForCausalLM,
+    held: dict[str, nn.Module],
     std: float,
     device: torch.device,
-    done: set[nn.Module],
+    done: set[str],
 ) -> None:
     """The generator draws of constructing ``module``, in construction (= registration) order.
 
@@ -154,22 +174,28 @@ def _replay(
         else:
             nn.init.normal_(scratch)
         return
-    for child in module.children():
-        _replay(child, root, std, device, done)
+    for child_name, child in module.named_children():
+        _replay(
+            child, f"{name}.{child_name}" if name else child_name, root, held, std, device, done
+        )
     if not isinstance(module, PreTrainedModel):
         return
-    for sub in module.modules():
-        if sub in done:
+    for sub_name, sub in module.named_modules(prefix=name):
+        if sub_name in done:
             continue
-        done.add(sub)
+        done.add(sub_name)
+        mine = held.get(sub_name)  # None: another pipeline stage holds it
         if isinstance(sub, nn.Linear | nn.Embedding):
-            _assign(sub.weight, torch.empty(sub.weight.shape, device=device).normal_(0, std))
-        elif "RMSNorm" in type(sub).__name__:
-            weight = sub.weight
+            value = torch.empty(sub.weight.shape, device=device).normal_(0, std)
+            if mine is not None:
+                assert isinstance(mine.weight, torch.Tensor)
+                _assign(mine.weight, value)
+        elif mine is not None and "RMSNorm" in type(sub).__name__:
+            weight = mine.weight
             assert isinstance(weight, torch.Tensor)
             _assign(weight, torch.ones(weight.shape, device=device))
-        elif "RotaryEmbedding" in type(sub).__name__:
-            root._init_weights(sub)  # type: ignore[no-untyped-call]  # inv_freq, no randomness
+        elif mine is not None and "RotaryEmbedding" in type(sub).__name__:
+            root._init_weights(mine)  # type: ignore[no-untyped-call]  # inv_freq, no randomness
 
 
 def _assign(param: torch.Tensor, full: torch.Tensor) -> None:
@@ -185,11 +211,15 @@ def _assign(param: torch.Tensor, full: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+def clip_grad_norm(
+    parameters: list[torch.Tensor],
+    max_norm: float,
+    pp_group: torch.distributed.ProcessGroup | None = None,
+) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_`` for parameters that live on different meshes (tensor
     parallel weights on ``dp_shard × tp``, the rest on ``dp_shard``): the norm of each mesh's
-    gradients is computed together and made whole, then the norms are combined. Returns the
-    total norm as a plain tensor."""
+    gradients is computed together and made whole, then the norms are combined — with the other
+    pipeline stages' too (``pp_group``). Returns the total norm as a plain tensor."""
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.experimental import implicit_replication
 
@@ -203,6 +233,10 @@ def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float) -> torch.Ten
         norm = torch.nn.utils.get_total_norm(group)
         norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
     total: torch.Tensor = torch.linalg.vector_norm(torch.stack(norms))
+    if pp_group is not None:
+        squared = total**2
+        torch.distributed.all_reduce(squared, group=pp_group)
+        total = squared.sqrt()
     with implicit_replication():
         torch.nn.utils.clip_grads_with_norm_(grads, max_norm, total)
     return total

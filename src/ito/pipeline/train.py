@@ -43,6 +43,7 @@ from ito.pipeline.model import (
     peak_flops,
 )
 from ito.pipeline.parallelize import clip_grad_norm
+from ito.pipeline.pipeline_stages import PipelineRunner
 from ito.pipeline.replicas import ReplicaSync, local, to_local_tree
 from ito.pipeline.spec import RunSpec
 from ito.pipeline.storage_fs import proven_dir
@@ -159,6 +160,11 @@ class Trainer:
         self.plans = self._plans()
         self._report_mesh()
         self.model = build_model(self.size, self.seed, self.mesh, self.layout, device)
+        self.pipeline = (
+            PipelineRunner(self.model, self.mesh, self.layout, device)
+            if self.layout.pp > 1
+            else None
+        )
         self.optimizer = build_optimizer(self.model, spec.manifest.model.size)
         self.checkpointer = Checkpointer(
             spec.checkpoint_storage,
@@ -186,6 +192,7 @@ class Trainer:
             device=self.device.type,
             micro_batch=layout.micro_batch,
             grad_accum=layout.grad_accum,
+            pp_microbatches=layout.pp_microbatches,
             activation_checkpointing=layout.activation_checkpointing,
             param_dtype=str(layout.param_dtype).removeprefix("torch."),
             reduce_dtype=str(layout.reduce_dtype).removeprefix("torch."),
@@ -648,7 +655,7 @@ class Trainer:
         if pending.work is not None:
             pending.work.wait()
         loss_sum, flag = pending.reduced.tolist()
-        loss = loss_sum / self.world
+        loss = loss_sum / (self.world // self.layout.pp)  # only last stages hold a loss
         tps = pending.tokens / pending.seconds
         devices = self.world * (pending.replicas or 1)
         mfu = None if self.peak is None else flops_per_token * tps / (self.peak * devices)
@@ -711,17 +718,10 @@ class Trainer:
     def _train_step(self, batch: torch.Tensor, step: int, lr: float) -> PendingStep | None:
         """One optimizer step over ``grad_accum`` micro-batches; ``None`` if the replica groups'
         quorum discarded it."""
-        accum = self.layout.grad_accum
-        total = torch.zeros((), device=self.device)
-        for i, micro in enumerate(torch.split(batch, self.layout.micro_batch)):
-            if accum > 1:
-                # FSDP2 reduces the gradients once, after the last micro-batch.
-                self.model.set_requires_gradient_sync(i == accum - 1)  # type: ignore[operator]
-            with self._autocast():
-                loss = self.model(input_ids=micro, labels=micro).loss / accum
-            loss.backward()
-            total += loss.detach().float()
-        loss = total
+        if self.pipeline is not None:
+            loss = self.pipeline.train_step(batch)
+        else:
+            loss = self._accumulate(batch)
         stop = 1.0 if self.rank == 0 and self.spec.stop_path.exists() else 0.0
         figures = torch.stack([loss.detach().float(), torch.tensor(stop, device=loss.device)])
         if self.sync is not None:
@@ -735,7 +735,11 @@ class Trainer:
                     "during it; retrying with the live ones",
                 )
                 return None
-        norm = clip_grad_norm(list(self.model.parameters()), MAX_GRAD_NORM)
+        norm = clip_grad_norm(
+            list(self.model.parameters()),
+            MAX_GRAD_NORM,
+            self.pipeline.group if self.pipeline is not None else None,
+        )
         # The state an in-flight checkpoint copies must not change under it.
         self.checkpointer.wait_staging()
         self.optimizer.step()
@@ -744,6 +748,20 @@ class Trainer:
         return PendingStep(
             step=step, lr=lr, seconds=0.0, reduced=figures, work=work, grad_norm=norm.detach()
         )
+
+    def _accumulate(self, batch: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of ``grad_accum`` micro-batches; their mean loss."""
+        accum = self.layout.grad_accum
+        total = torch.zeros((), device=self.device)
+        for i, micro in enumerate(torch.split(batch, self.layout.micro_batch)):
+            if accum > 1:
+                # FSDP2 reduces the gradients once, after the last micro-batch.
+                self.model.set_requires_gradient_sync(i == accum - 1)  # type: ignore[operator]
+            with self._autocast():
+                loss = self.model(input_ids=micro, labels=micro).loss / accum
+            loss.backward()
+            total += loss.detach().float()
+        return total
 
     # ---- evals --------------------------------------------------------------------------------
 
@@ -778,7 +796,13 @@ class Trainer:
         self.model.train(False)
         with torch.no_grad(), self._autocast():
             for batch, weight in self._eval_batches(sequences):
-                logits = self.model(input_ids=batch.to(self.device)).logits.float()
+                if self.pipeline is not None:
+                    out = self.pipeline.logits(batch.to(self.device))
+                    if out is None:
+                        continue  # not the last stage: the loss is counted there
+                    logits = out.float()
+                else:
+                    logits = self.model(input_ids=batch.to(self.device)).logits.float()
                 per_token = F.cross_entropy(
                     logits[:, :-1].reshape(-1, logits.shape[-1]),
                     batch[:, 1:].reshape(-1).to(self.device),
@@ -797,7 +821,9 @@ class Trainer:
         tensor-parallel peers read the same); every rank runs the same number of forwards
         (FSDP2 gathers in each), padding with weight-zero repeats."""
         n = len(sequences)
-        rank, world, size = self.group_dp_rank, self.layout.dp, self.layout.micro_batch
+        rank, world = self.group_dp_rank, self.layout.dp
+        # A pipeline's schedule splits each batch into its micro-batches.
+        size = self.layout.sequences_per_rank if self.pipeline else self.layout.micro_batch
         per_rank = -(-n // world)
         for b in range(-(-per_rank // size)):
             index = [rank + world * (b * size + j) for j in range(size)]
