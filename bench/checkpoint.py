@@ -86,19 +86,21 @@ def worker(out_dir: Path, size_name: str, reps: int, default_async: bool) -> Non
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
-    from torch.distributed.device_mesh import init_device_mesh
 
     from ito.core.model_sizes import SIZES
     from ito.pipeline.checkpoint import Checkpointer, rng_record
     from ito.pipeline.data import seed_from
     from ito.pipeline.events import EventWriter
+    from ito.pipeline.layout import EngineLayout, build_mesh
     from ito.pipeline.model import build_model, build_optimizer
 
     dist.init_process_group("gloo")
     group = dist.new_group(backend="gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     size = SIZES[size_name]
-    model = build_model(size, seed_from("bench-checkpoint"), init_device_mesh("cpu", (world,)))
+    layout = EngineLayout.default(world)
+    mesh = build_mesh("cpu", layout)
+    model = build_model(size, seed_from("bench-checkpoint"), mesh, layout, torch.device("cpu"))
     optimizer = build_optimizer(model, size_name)
     generator = torch.Generator().manual_seed(rank)
 

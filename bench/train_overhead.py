@@ -75,10 +75,10 @@ STEP_TIMEOUT_S = 600.0
 def baseline_worker(spec_path: Path, out_path: Path) -> None:
     import torch
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
 
     from ito.core.model_sizes import SIZES
     from ito.pipeline.data import PackedData, pack, read_documents, seed_from, split_heldout
+    from ito.pipeline.layout import EngineLayout, build_mesh
     from ito.pipeline.model import build_model, build_optimizer, build_scheduler
     from ito.pipeline.spec import load_spec
     from ito.pipeline.tokenizer import load_tokenizer
@@ -102,7 +102,8 @@ def baseline_worker(spec_path: Path, out_path: Path) -> None:
     steps = max(1, stage.tokens // (MICRO_BATCH * world * stage.seq_len))
     if spec.max_steps_per_stage is not None:
         steps = min(steps, spec.max_steps_per_stage)
-    model = build_model(size, seed, init_device_mesh("cpu", (world,)))
+    layout = EngineLayout.default(world)
+    model = build_model(size, seed, build_mesh("cpu", layout), layout, torch.device("cpu"))
     optimizer = build_optimizer(model, spec.manifest.model.size)
     scheduler = build_scheduler(optimizer, steps)
     step_tokens = MICRO_BATCH * world * stage.seq_len

@@ -107,6 +107,7 @@ def test_uninterrupted_run_lowers_the_loss_and_writes_well_formed_events(referen
     evs = events(reference)
     assert all(isinstance(e["ts"], float) for e in evs)
     assert [e["type"] for e in evs if e["type"] not in ("metric", "log", "checkpoint")] == [
+        "mesh",
         "stage",
         "gate",
         "stage",
@@ -115,6 +116,9 @@ def test_uninterrupted_run_lowers_the_loss_and_writes_well_formed_events(referen
         "stage",
         "done",
     ]
+    (mesh,) = [e for e in evs if e["type"] == "mesh"]
+    assert mesh["dims"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 1}
+    assert mesh["planned"] is False and mesh["micro_batch"] == 4
     stages = [(e["stage"], e["status"]) for e in evs if e["type"] == "stage"]
     assert stages == [
         ("pretrain", "started"),

@@ -17,6 +17,10 @@ worker itself makes):
 - ``gate``: ``stage``, ``battery``, ``results``, ``passed``
 - ``restart``: ``restarts`` — torchrun restarted the ranks (an interruption)
 - ``spike``: ``stage``, ``step``, ``loss``, ``z``, ``checkpoint_step``, ``skip_steps``
+- ``mesh``: ``dims`` (name → degree, outermost first), ``device``, ``micro_batch``,
+  ``grad_accum``, ``pp_microbatches``, ``activation_checkpointing``, ``param_dtype``,
+  ``reduce_dtype``, ``planned`` — the device mesh and layout the engine built, once per
+  attempt
 - ``done``: ``status`` — the engine's last word, read by the supervisor and never reported
 """
 
@@ -33,6 +37,7 @@ __all__ = [
     "GateEvent",
     "GateResult",
     "LogEvent",
+    "MeshEvent",
     "MetricEvent",
     "PipelineEvent",
     "ReportedEvent",
@@ -135,6 +140,24 @@ class SpikeEvent(_Event):
     """Batches of data to skip after it (the window that produced the spike)."""
 
 
+MeshDim = Annotated[str, Field(pattern=r"^[a-z][a-z_]{0,31}$")]
+
+
+class MeshEvent(_Event):
+    type: Literal["mesh"] = "mesh"
+    dims: Annotated[dict[MeshDim, Annotated[int, Field(ge=1, le=1 << 20)]], Field(max_length=8)]
+    """The device mesh built: dimension → degree, outermost first."""
+    device: Annotated[str, Field(min_length=1, max_length=16)]
+    micro_batch: Annotated[int, Field(ge=1, le=1 << 16)]
+    grad_accum: Annotated[int, Field(ge=1, le=1 << 16)]
+    pp_microbatches: Annotated[int, Field(ge=1, le=1 << 16)] = 1
+    activation_checkpointing: Literal["none", "selective", "full"]
+    param_dtype: Literal["float32", "bfloat16"]
+    reduce_dtype: Literal["float32", "bfloat16"]
+    planned: bool
+    """Whether the spec planned the layout (``False``: the engine's default)."""
+
+
 class DoneEvent(_Event):
     type: Literal["done"] = "done"
     status: Literal["succeeded", "gate_failed", "spike", "stopped", "failed"]
@@ -147,7 +170,14 @@ class DoneEvent(_Event):
 
 
 ReportedEvent = Annotated[
-    LogEvent | StageEvent | MetricEvent | CheckpointEvent | GateEvent | RestartEvent | SpikeEvent,
+    LogEvent
+    | StageEvent
+    | MetricEvent
+    | CheckpointEvent
+    | GateEvent
+    | RestartEvent
+    | SpikeEvent
+    | MeshEvent,
     Field(discriminator="type"),
 ]
 """What the worker reports to the server: every event but ``done``."""
@@ -160,6 +190,7 @@ PipelineEvent = Annotated[
     | GateEvent
     | RestartEvent
     | SpikeEvent
+    | MeshEvent
     | DoneEvent,
     Field(discriminator="type"),
 ]

@@ -9,11 +9,17 @@ The fault-injection fields are test and drill hooks, set only through ``ITO_FAUL
 from __future__ import annotations
 
 import posixpath
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["FAULT_INJECTION_FIELDS", "FailAtSpec", "RestartFromSpec", "RunSpecDocument"]
+__all__ = [
+    "FAULT_INJECTION_FIELDS",
+    "FailAtSpec",
+    "LayoutSpec",
+    "RestartFromSpec",
+    "RunSpecDocument",
+]
 
 _STEP_MAX = 2**31 - 1
 FAULT_INJECTION_FIELDS = frozenset(
@@ -55,6 +61,34 @@ class RestartFromSpec(_Spec):
     """Batches of data to skip after it."""
 
 
+Degree = Annotated[int, Field(ge=1, le=1 << 16)]
+Dtype = Literal["float32", "bfloat16"]
+
+
+class LayoutSpec(_Spec):
+    """The parallel layout the engine applies (the planner's :class:`~ito.core.planner.Plan`,
+    as degrees): the mesh is ``pp × dp_replicate × dp_shard × cp × tp`` (TorchTitan's order),
+    whose product must be the world size. Absent from a spec: FSDP over every rank, four
+    sequences per rank, fp32 (the engine's behaviour before the planner)."""
+
+    dp_replicate: Degree = 1
+    dp_shard: Degree = 1
+    tp: Degree = 1
+    pp: Degree = 1
+    cp: Degree = 1
+    micro_batch: Degree = 4
+    """Sequences per micro-batch on one data-parallel rank."""
+    grad_accum: Degree = 1
+    """Micro-batches accumulated per optimizer step (without a pipeline)."""
+    pp_microbatches: Degree = 1
+    """Micro-batches of the pipeline schedule (with one)."""
+    activation_checkpointing: Literal["none", "selective", "full"] = "none"
+    param_dtype: Dtype = "float32"
+    """What FSDP2 gathers parameters in (``MixedPrecisionPolicy.param_dtype``)."""
+    reduce_dtype: Dtype = "float32"
+    """What gradients are reduced in."""
+
+
 class RunSpecDocument(_Spec):
     run_id: Annotated[str, Field(min_length=1, max_length=64)]
     attempt: PositiveStep = 1
@@ -76,6 +110,8 @@ class RunSpecDocument(_Spec):
     pause_at_step: PositiveStep | None = None
     min_step_seconds: Annotated[float, Field(gt=0, le=60, allow_inf_nan=False)] | None = None
     restart_from: RestartFromSpec | None = None
+    layout: LayoutSpec | None = None
+    """The planned layout; ``None``: FSDP over every rank (the engine's default)."""
 
     @model_validator(mode="after")
     def _checkpoints_below_root(self) -> RunSpecDocument:

@@ -1,9 +1,8 @@
 """The Llama decoder, its FSDP2 sharding, the optimizer and the learning-rate schedule.
 
 The architecture comes from the size table (:mod:`ito.core.model_sizes`); weights are random,
-seeded from the run id, identical on every rank before ``fully_shard`` splits them. Each decoder
-layer is its own FSDP2 unit and the root holds the embeddings and the head (the TorchTitan
-layout), so only one layer's full parameters are materialised at a time.
+seeded from the run id, the same whatever the layout. The model is built on the ``meta`` device
+and sharded before any parameter is materialised (:mod:`ito.pipeline.parallelize`).
 """
 
 from __future__ import annotations
@@ -12,15 +11,18 @@ import math
 from typing import TYPE_CHECKING
 
 import torch
-from torch.distributed.fsdp import fully_shard
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from ito.core.hardware import ACCELERATORS
 from ito.core.model_sizes import ModelSize
+from ito.pipeline.parallelize import initialize, parallelize
+from ito.pipeline.pipeline_stages import split_stage
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
+
+    from ito.pipeline.layout import EngineLayout
 
 __all__ = [
     "PEAK_LR",
@@ -57,13 +59,21 @@ def llama_config(size: ModelSize) -> LlamaConfig:
     )
 
 
-def build_model(size: ModelSize, seed: int, mesh: DeviceMesh) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    with torch.device(mesh.device_type):
+def build_model(
+    size: ModelSize, seed: int, mesh: DeviceMesh, layout: EngineLayout, device: torch.device
+) -> LlamaForCausalLM:
+    """The model of ``size`` laid out on ``mesh`` as ``layout`` says, initialised from ``seed``
+    (the same values on any layout); with a pipeline, this rank's stage of it. Leaves the
+    global RNG as seeded initialisation leaves it."""
+    with torch.device("meta"):
         model = LlamaForCausalLM(llama_config(size))
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    template = None
+    if layout.pp > 1:
+        with torch.device("meta"):
+            template = LlamaForCausalLM(llama_config(size))
+        split_stage(model, mesh["pp"].get_local_rank(), layout.pp)
+    parallelize(model, mesh, layout)
+    initialize(model, seed, device, template)
     return model
 
 

@@ -34,6 +34,7 @@ from ito.pipeline.checkpoint import (
 )
 from ito.pipeline.data import PackedData, pack, read_documents, seed_from, split_heldout
 from ito.pipeline.events import EventWriter
+from ito.pipeline.layout import DEFAULT_MICRO_BATCH, EngineLayout, build_mesh, mesh_dims
 from ito.pipeline.model import (
     build_model,
     build_optimizer,
@@ -41,6 +42,8 @@ from ito.pipeline.model import (
     lr_factor,
     peak_flops,
 )
+from ito.pipeline.parallelize import clip_grad_norm
+from ito.pipeline.pipeline_stages import PipelineRunner
 from ito.pipeline.replicas import ReplicaSync, local, to_local_tree
 from ito.pipeline.spec import RunSpec
 from ito.pipeline.storage_fs import proven_dir
@@ -48,8 +51,8 @@ from ito.pipeline.tokenizer import TOKENIZER_FILE, build_tokenizer, load_tokeniz
 
 __all__ = ["MICRO_BATCH", "LossSpike", "Trainer"]
 
-MICRO_BATCH = 4
-"""Sequences per rank per step."""
+MICRO_BATCH = DEFAULT_MICRO_BATCH
+"""Sequences per rank per step when the spec plans no layout."""
 MAX_GRAD_NORM = 1.0
 PAUSE_S = 300.0
 """How long ``pause_at_step`` hangs the ranks (the drill kills them well before)."""
@@ -127,8 +130,6 @@ class Trainer:
         device: torch.device,
         ckpt_group: dist.ProcessGroup,
     ) -> None:
-        from torch.distributed.device_mesh import init_device_mesh
-
         self.spec = spec
         self.replica = spec.replica
         self.sync: ReplicaSync | None = None
@@ -137,9 +138,14 @@ class Trainer:
             self.events = LeaderEvents(events, self.replica.id, self._leading)
         self.device = device
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.layout = EngineLayout.from_spec(spec.layout, self.world)
+        self.mesh = build_mesh(device.type, self.layout)
         groups = self.replica.groups if self.replica else 1
-        self.dp_rank = self.rank + (self.replica.id * self.world if self.replica else 0)
-        self.dp_world = self.world * groups
+        self.group_dp_rank, group_dp = self.layout.dp_coordinates(self.mesh)
+        """Data-parallel rank and size inside this torchrun world (tensor-parallel peers share
+        the rank: they read the same batch)."""
+        self.dp_rank = self.group_dp_rank + (self.replica.id * group_dp if self.replica else 0)
+        self.dp_world = group_dp * groups
         """Data-parallel rank and size over every replica group (each reads its own batches)."""
         self.in_quorum = False
         """Set while a healed rank re-enters its loop inside the quorum that healed it."""
@@ -152,8 +158,13 @@ class Trainer:
         self._splits: dict[str, tuple[list[str], list[str]]] = {}
         self.tokenizer = self._tokenizer()
         self.plans = self._plans()
-        mesh = init_device_mesh(device.type, (self.world,))
-        self.model = build_model(self.size, self.seed, mesh)
+        self._report_mesh()
+        self.model = build_model(self.size, self.seed, self.mesh, self.layout, device)
+        self.pipeline = (
+            PipelineRunner(self.model, self.mesh, self.layout, device)
+            if self.layout.pp > 1
+            else None
+        )
         self.optimizer = build_optimizer(self.model, spec.manifest.model.size)
         self.checkpointer = Checkpointer(
             spec.checkpoint_storage,
@@ -171,6 +182,30 @@ class Trainer:
         self.detector = SpikeDetector()
 
     # ---- set-up -------------------------------------------------------------------------------
+
+    def _report_mesh(self) -> None:
+        layout = self.layout
+        dims = mesh_dims(self.mesh)
+        self.events.emit(
+            "mesh",
+            dims=dims,
+            device=self.device.type,
+            micro_batch=layout.micro_batch,
+            grad_accum=layout.grad_accum,
+            pp_microbatches=layout.pp_microbatches,
+            activation_checkpointing=layout.activation_checkpointing,
+            param_dtype=str(layout.param_dtype).removeprefix("torch."),
+            reduce_dtype=str(layout.reduce_dtype).removeprefix("torch."),
+            planned=layout.planned,
+        )
+        self.events.log(
+            "info",
+            "device mesh "
+            + " × ".join(f"{name}={n}" for name, n in dims.items())
+            + f" ({'planned' if layout.planned else 'default: FSDP over every rank'}), "
+            f"micro-batch {layout.micro_batch} × {layout.grad_accum}, "
+            f"activation checkpointing {layout.activation_checkpointing}",
+        )
 
     def _tokenizer(self) -> Tokenizer:
         # It lives beside the checkpoints: written and read through the proven directory.
@@ -204,7 +239,8 @@ class Trainer:
         plans, first = [], 0
         for name in self.spec.stages:
             index, config = by_name[name]
-            steps = max(1, config.tokens // (MICRO_BATCH * self.dp_world * config.seq_len))
+            sequences = self.layout.sequences_per_rank * self.dp_world
+            steps = max(1, config.tokens // (sequences * config.seq_len))
             if self.spec.max_steps_per_stage is not None:
                 steps = min(steps, self.spec.max_steps_per_stage)
             plans.append(StagePlan(config, index, steps, first))
@@ -431,7 +467,7 @@ class Trainer:
         if resume is not None and isinstance(resume.get("spike_window"), list):
             self.detector.restore(resume["spike_window"])  # type: ignore[arg-type]
         every = self.spec.manifest.checkpoint.every_steps
-        step_tokens = MICRO_BATCH * self.world * config.seq_len
+        step_tokens = self.layout.sequences_per_rank * self.layout.dp * config.seq_len
         flops_per_token = self.size.flops_per_token(config.seq_len)
         pending: PendingStep | None = None
         if self.replica is not None and resume is None:
@@ -464,7 +500,9 @@ class Trainer:
                     self.in_quorum = True
                     raise Rejoin(self.position)
             start = time.perf_counter()
-            batch = data.batch(k + self.data_offset, self.dp_rank, self.dp_world, MICRO_BATCH)
+            batch = data.batch(
+                k + self.data_offset, self.dp_rank, self.dp_world, self.layout.sequences_per_rank
+            )
             if self.spike_armed and step == self.spec.loss_spike_at:
                 batch = torch.randint(
                     0, self.size.vocab, batch.shape, generator=torch.Generator().manual_seed(step)
@@ -477,7 +515,7 @@ class Trainer:
             scheduler.step()
             if self.sync is not None:
                 current.replicas = self.sync.participants
-                current.tokens = step_tokens // self.dp_world * self.world * current.replicas
+                current.tokens = step_tokens // self.dp_world * self.layout.dp * current.replicas
             else:
                 current.tokens = step_tokens
             tokens_seen += current.tokens
@@ -617,7 +655,7 @@ class Trainer:
         if pending.work is not None:
             pending.work.wait()
         loss_sum, flag = pending.reduced.tolist()
-        loss = loss_sum / self.world
+        loss = loss_sum / (self.world // self.layout.pp)  # only last stages hold a loss
         tps = pending.tokens / pending.seconds
         devices = self.world * (pending.replicas or 1)
         mfu = None if self.peak is None else flops_per_token * tps / (self.peak * devices)
@@ -671,15 +709,19 @@ class Trainer:
         return pack(self.tokenizer, docs, seq_len)
 
     def _autocast(self) -> contextlib.AbstractContextManager[object]:
-        if self.device.type == "cuda":
+        # A planned layout computes in its MixedPrecisionPolicy's dtype; without one, bf16
+        # autocast on a GPU (the engine's default).
+        if self.device.type == "cuda" and not self.layout.planned:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     def _train_step(self, batch: torch.Tensor, step: int, lr: float) -> PendingStep | None:
-        """One optimizer step; ``None`` if the replica groups' quorum discarded it."""
-        with self._autocast():
-            loss = self.model(input_ids=batch, labels=batch).loss
-        loss.backward()
+        """One optimizer step over ``grad_accum`` micro-batches; ``None`` if the replica groups'
+        quorum discarded it."""
+        if self.pipeline is not None:
+            loss = self.pipeline.train_step(batch)
+        else:
+            loss = self._accumulate(batch)
         stop = 1.0 if self.rank == 0 and self.spec.stop_path.exists() else 0.0
         figures = torch.stack([loss.detach().float(), torch.tensor(stop, device=loss.device)])
         if self.sync is not None:
@@ -693,9 +735,11 @@ class Trainer:
                     "during it; retrying with the live ones",
                 )
                 return None
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), MAX_GRAD_NORM)
-        if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
+        norm = clip_grad_norm(
+            list(self.model.parameters()),
+            MAX_GRAD_NORM,
+            self.pipeline.group if self.pipeline is not None else None,
+        )
         # The state an in-flight checkpoint copies must not change under it.
         self.checkpointer.wait_staging()
         self.optimizer.step()
@@ -704,6 +748,20 @@ class Trainer:
         return PendingStep(
             step=step, lr=lr, seconds=0.0, reduced=figures, work=work, grad_norm=norm.detach()
         )
+
+    def _accumulate(self, batch: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of ``grad_accum`` micro-batches; their mean loss."""
+        accum = self.layout.grad_accum
+        total = torch.zeros((), device=self.device)
+        for i, micro in enumerate(torch.split(batch, self.layout.micro_batch)):
+            if accum > 1:
+                # FSDP2 reduces the gradients once, after the last micro-batch.
+                self.model.set_requires_gradient_sync(i == accum - 1)  # type: ignore[operator]
+            with self._autocast():
+                loss = self.model(input_ids=micro, labels=micro).loss / accum
+            loss.backward()
+            total += loss.detach().float()
+        return total
 
     # ---- evals --------------------------------------------------------------------------------
 
@@ -738,7 +796,13 @@ class Trainer:
         self.model.train(False)
         with torch.no_grad(), self._autocast():
             for batch, weight in self._eval_batches(sequences):
-                logits = self.model(input_ids=batch.to(self.device)).logits.float()
+                if self.pipeline is not None:
+                    out = self.pipeline.logits(batch.to(self.device))
+                    if out is None:
+                        continue  # not the last stage: the loss is counted there
+                    logits = out.float()
+                else:
+                    logits = self.model(input_ids=batch.to(self.device)).logits.float()
                 per_token = F.cross_entropy(
                     logits[:, :-1].reshape(-1, logits.shape[-1]),
                     batch[:, 1:].reshape(-1).to(self.device),
@@ -753,11 +817,15 @@ class Trainer:
         return float(sums[0] / sums[1])
 
     def _eval_batches(self, sequences: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Rank ``r`` reads sequences ``r, r+world, …``; every rank runs the same number of
-        forwards (FSDP2 gathers in each), padding with weight-zero repeats."""
+        """Data-parallel rank ``r`` of ``dp`` reads sequences ``r, r+dp, …`` (its
+        tensor-parallel peers read the same); every rank runs the same number of forwards
+        (FSDP2 gathers in each), padding with weight-zero repeats."""
         n = len(sequences)
-        per_rank = -(-n // self.world)
-        for b in range(-(-per_rank // MICRO_BATCH)):
-            index = [self.rank + self.world * (b * MICRO_BATCH + j) for j in range(MICRO_BATCH)]
+        rank, world = self.group_dp_rank, self.layout.dp
+        # A pipeline's schedule splits each batch into its micro-batches.
+        size = self.layout.sequences_per_rank if self.pipeline else self.layout.micro_batch
+        per_rank = -(-n // world)
+        for b in range(-(-per_rank // size)):
+            index = [rank + world * (b * size + j) for j in range(size)]
             weight = torch.tensor([1.0 if i < n else 0.0 for i in index], dtype=torch.float64)
             yield sequences[[i if i < n else 0 for i in index]], weight

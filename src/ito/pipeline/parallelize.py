@@ -1,0 +1,242 @@
+"""Applying a layout to the Llama decoder the TorchTitan way (DESIGN §7.2): built on the ``meta``
+device, tensor parallel (DTensor ``parallelize_module``), activation checkpointing per decoder
+layer, FSDP2 ``fully_shard`` over ``dp_shard`` (HSDP with ``dp_replicate``) with a
+``MixedPrecisionPolicy``, then ``to_empty`` and a deterministic initialisation — so no rank ever
+holds the full model, only one parameter at a time while it is initialised.
+
+The initialisation reproduces, value for value, what ``torch.manual_seed(seed)`` followed by
+``LlamaForCausalLM(config)`` on the same device gives (torch's default ``reset_parameters``
+draws during construction, then Hugging Face's ``_init_weights`` — normal(0, 0.02) for linear
+and embedding weights, ones for RMSNorm): each parameter's full value is drawn in that order
+and only this rank's shard of it is kept, whatever the layout. Same seed, same model, on one
+process or on any mesh.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from transformers import LlamaForCausalLM
+
+    from ito.pipeline.layout import EngineLayout
+
+__all__ = ["TP_PLAN", "clip_grad_norm", "decoder_layers", "initialize", "parallelize"]
+
+TP_PLAN: dict[str, str] = {
+    "self_attn.q_proj": "colwise",
+    "self_attn.k_proj": "colwise",
+    "self_attn.v_proj": "colwise",
+    "self_attn.o_proj": "rowwise",
+    "mlp.gate_proj": "colwise",
+    "mlp.up_proj": "colwise",
+    "mlp.down_proj": "rowwise",
+}
+"""Megatron's split of a decoder layer (Shoeybi et al. 2019, §3): q, k, v, gate and up split by
+output features, o and down by input features, so attention heads and the MLP's hidden width
+are divided between the tensor-parallel ranks and one all-reduce ends each block. The heads per
+rank follow from the local width (the attention reshapes to ``(-1, head_dim)``). Embeddings,
+norms and the output head stay whole on every tensor-parallel rank."""
+
+SAVED_OPS: frozenset[Any] = frozenset(
+    {
+        torch.ops.aten.mm.default,
+        torch.ops.aten.addmm.default,
+        torch.ops.aten.bmm.default,
+        torch.ops.aten._scaled_dot_product_efficient_attention.default,
+        torch.ops.aten._scaled_dot_product_flash_attention.default,
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+        torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+    }
+)
+"""Selective activation checkpointing keeps the matmul and attention outputs and recomputes the
+cheap element-wise ops (norms, SwiGLU, rotary) — Korthikanti et al. 2022 §4.3; TorchTitan's
+op-level selective AC keeps the same ops."""
+
+
+def parallelize(model: LlamaForCausalLM, mesh: DeviceMesh, layout: EngineLayout) -> None:
+    """Tensor parallel, activation checkpointing and FSDP2 over the meta-device ``model``."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if layout.tp > 1:
+        _tensor_parallel(model, mesh["tp"])
+    _activation_checkpointing(model, layout.activation_checkpointing)
+    dp_mesh = mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1 else mesh["dp_shard"]
+    policy = MixedPrecisionPolicy(
+        param_dtype=layout.param_dtype if layout.mixed_precision else None,
+        reduce_dtype=layout.reduce_dtype if layout.mixed_precision else None,
+    )
+    # Each decoder layer is its own FSDP2 unit and the root holds the embeddings and the head,
+    # so only one layer's full parameters are gathered at a time.
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=dp_mesh, mp_policy=policy)
+    fully_shard(model, mesh=dp_mesh, mp_policy=policy)
+
+
+def decoder_layers(model: LlamaForCausalLM) -> list[nn.Module]:
+    """The decoder layers this rank holds (all of them, or its pipeline stage's)."""
+    layers = model.model.layers
+    return list(layers.values()) if isinstance(layers, nn.ModuleDict) else list(layers)
+
+
+def _tensor_parallel(model: LlamaForCausalLM, tp_mesh: DeviceMesh) -> None:
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    heads = int(model.config.num_attention_heads or 0)
+    kv_heads = int(model.config.num_key_value_heads or 0)
+    tp = tp_mesh.size()
+    if heads % tp or kv_heads % tp:
+        from ito.core.errors import ItoError
+
+        raise ItoError(
+            "layout_unsupported",
+            f"tp={tp} does not divide the heads ({heads}) and kv heads ({kv_heads})",
+        )
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    plan = {name: styles[style]() for name, style in TP_PLAN.items()}
+    for layer in decoder_layers(model):
+        parallelize_module(layer, tp_mesh, plan)
+
+
+def _activation_checkpointing(model: LlamaForCausalLM, mode: str) -> None:
+    if mode == "none":
+        return
+    kwargs: dict[str, Any] = {"use_reentrant": False}
+    if mode == "selective":
+        from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+        def policy(ctx: object, op: object, *args: object, **kwargs: object) -> CheckpointPolicy:
+            if op in SAVED_OPS:
+                return CheckpointPolicy.MUST_SAVE
+            return CheckpointPolicy.PREFER_RECOMPUTE
+
+        kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, policy)
+    # Hugging Face's decoder layers are ``GradientCheckpointingLayer``s: this wraps each one's
+    # forward in ``torch.utils.checkpoint`` without renaming a parameter (checkpoints written
+    # under one mode load under another).
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[no-untyped-call]
+
+
+@torch.no_grad()
+def initialize(
+    model: LlamaForCausalLM,
+    seed: int,
+    device: torch.device,
+    template: LlamaForCausalLM | None = None,
+) -> None:
+    """Materialise the sharded ``model`` (``to_empty``) and give it the values
+    ``torch.manual_seed(seed); LlamaForCausalLM(config)`` would on ``device``.
+
+    ``template``: the whole model (on ``meta``) when ``model`` is one pipeline stage of it; the
+    draws of the modules other stages hold are replayed and dropped, so every stage gets its
+    part of the same model."""
+    model.to_empty(device=device)
+    held = dict(model.named_modules())
+    whole = template if template is not None else model
+    torch.manual_seed(seed)
+    std = float(model.config.initializer_range)
+    _replay(whole, "", model, held, std, device, set())
+
+
+def _replay(
+    module: nn.Module,
+    name: str,
+    root: LlamaForCausalLM,
+    held: dict[str, nn.Module],
+    std: float,
+    device: torch.device,
+    done: set[str],
+) -> None:
+    """The generator draws of constructing ``module``, in construction (= registration) order.
+
+    A leaf's constructor draws first (nn.Linear's kaiming-uniform, nn.Embedding's normal);
+    those values are overwritten, but the draws move the generator, so they are replayed on
+    scratch. A Hugging Face sub-model (``PreTrainedModel``, e.g. ``LlamaModel``) ends its own
+    construction with ``post_init``, which initialises its not yet initialised modules in order
+    (normal(0, std) for linear and embedding weights, ones for RMSNorm): those values are kept.
+    """
+    from transformers import PreTrainedModel
+
+    if isinstance(module, nn.Linear | nn.Embedding):
+        scratch = torch.empty(module.weight.shape, device=device)
+        if isinstance(module, nn.Linear):
+            nn.init.kaiming_uniform_(scratch, a=math.sqrt(5))
+        else:
+            nn.init.normal_(scratch)
+        return
+    for child_name, child in module.named_children():
+        _replay(
+            child, f"{name}.{child_name}" if name else child_name, root, held, std, device, done
+        )
+    if not isinstance(module, PreTrainedModel):
+        return
+    for sub_name, sub in module.named_modules(prefix=name):
+        if sub_name in done:
+            continue
+        done.add(sub_name)
+        mine = held.get(sub_name)  # None: another pipeline stage holds it
+        if isinstance(sub, nn.Linear | nn.Embedding):
+            value = torch.empty(sub.weight.shape, device=device).normal_(0, std)
+            if mine is not None:
+                assert isinstance(mine.weight, torch.Tensor)
+                _assign(mine.weight, value)
+        elif mine is not None and "RMSNorm" in type(sub).__name__:
+            weight = mine.weight
+            assert isinstance(weight, torch.Tensor)
+            _assign(weight, torch.ones(weight.shape, device=device))
+        elif mine is not None and "RotaryEmbedding" in type(sub).__name__:
+            root._init_weights(mine)  # type: ignore[no-untyped-call]  # inv_freq, no randomness
+
+
+def _assign(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy this rank's part of ``full`` into ``param`` (a plain or sharded tensor)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(param, DTensor):
+        # src_data_rank=None: every rank holds ``full`` and keeps its own slice, no collective.
+        local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+        param.to_local().copy_(local.to_local())
+    else:
+        param.copy_(full)
+
+
+@torch.no_grad()
+def clip_grad_norm(
+    parameters: list[torch.Tensor],
+    max_norm: float,
+    pp_group: torch.distributed.ProcessGroup | None = None,
+) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` for parameters that live on different meshes (tensor
+    parallel weights on ``dp_shard × tp``, the rest on ``dp_shard``): the norm of each mesh's
+    gradients is computed together and made whole, then the norms are combined — with the other
+    pipeline stages' too (``pp_group``). Returns the total norm as a plain tensor."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.experimental import implicit_replication
+
+    grads = [p.grad for p in parameters if p.grad is not None]
+    groups: dict[object, list[torch.Tensor]] = {}
+    for grad in grads:
+        key = grad.device_mesh if isinstance(grad, DTensor) else None
+        groups.setdefault(key, []).append(grad)
+    norms = []
+    for group in groups.values():
+        norm = torch.nn.utils.get_total_norm(group)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    total: torch.Tensor = torch.linalg.vector_norm(torch.stack(norms))
+    if pp_group is not None:
+        squared = total**2
+        torch.distributed.all_reduce(squared, group=pp_group)
+        total = squared.sqrt()
+    with implicit_replication():
+        torch.nn.utils.clip_grads_with_norm_(grads, max_norm, total)
+    return total

@@ -1,0 +1,122 @@
+"""Pipeline parallel with ``torch.distributed.pipelining`` (DESIGN §7.2): each ``pp`` rank holds
+one stage — a contiguous run of decoder layers, the first stage also the embeddings, the last
+also the final norm and the output head — and a 1F1B schedule (Narayanan et al. 2021, §2.2)
+runs ``pp_microbatches`` micro-batches through them per optimizer step.
+
+A stage is the Hugging Face model with the other stages' modules removed: the layers it keeps
+sit in a ``ModuleDict`` under their original indices, so its parameter names are the whole
+model's (a checkpoint saved under one layout loads under another) and FSDP2 / tensor parallel
+apply to it unchanged. Its forward takes token ids (first stage) or hidden states and returns
+hidden states or, on the last stage, logits. The loss is Hugging Face's causal-LM loss (mean
+over every predicted token); the schedule scales the gradients by the micro-batch count, so the
+step equals one over the whole batch.
+"""
+
+from __future__ import annotations
+
+from types import MethodType
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from transformers import LlamaForCausalLM
+
+    from ito.pipeline.layout import EngineLayout
+
+__all__ = ["PipelineRunner", "causal_lm_loss", "split_stage", "stage_layers"]
+
+
+def stage_layers(layers: int, stage: int, stages: int) -> range:
+    """The decoder layers of ``stage``: contiguous, the first stages one longer when the count
+    does not divide (TorchTitan's even split)."""
+    base, extra = divmod(layers, stages)
+    start = stage * base + min(stage, extra)
+    return range(start, start + base + (1 if stage < extra else 0))
+
+
+def split_stage(model: LlamaForCausalLM, stage: int, stages: int) -> None:
+    """Keep only ``stage``'s modules of the (meta-device) ``model`` and give it the stage's
+    forward."""
+    inner = model.model
+    keep = stage_layers(len(inner.layers), stage, stages)
+    inner.layers = nn.ModuleDict({str(i): inner.layers[i] for i in keep})
+    if stage > 0:
+        inner.embed_tokens = None
+    if stage < stages - 1:
+        inner.norm = None
+        model.lm_head = None
+    model.forward = MethodType(_stage_forward, model)
+
+
+def _stage_forward(self: LlamaForCausalLM, x: torch.Tensor) -> torch.Tensor:
+    """LlamaModel's forward over this stage's layers (no cache; SDPA is causal without a mask)."""
+    inner = self.model
+    hidden = inner.embed_tokens(x) if inner.embed_tokens is not None else x
+    positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+    rope = inner.rotary_emb(hidden, position_ids=positions)
+    for layer in inner.layers.values():
+        hidden = layer(
+            hidden, attention_mask=None, position_embeddings=rope, position_ids=positions
+        )
+    if self.lm_head is not None:
+        return self.lm_head(inner.norm(hidden))  # type: ignore[no-any-return]
+    return hidden
+
+
+def causal_lm_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Each position predicts the next token; the mean over every predicted token (what
+    ``LlamaForCausalLM(labels=…)`` computes)."""
+    return F.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1)
+    )
+
+
+class PipelineRunner:
+    """This rank's stage and the 1F1B schedule over the ``pp`` mesh dimension."""
+
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        mesh: DeviceMesh,
+        layout: EngineLayout,
+        device: torch.device,
+    ) -> None:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+        pp_mesh = mesh["pp"]
+        self.group = pp_mesh.get_group()
+        self.stage_index = pp_mesh.get_local_rank()
+        self.first = self.stage_index == 0
+        self.last = self.stage_index == layout.pp - 1
+        self.device = device
+        stage = PipelineStage(model, self.stage_index, layout.pp, device, group=self.group)
+        self.schedule = Schedule1F1B(
+            stage, n_microbatches=layout.pp_microbatches, loss_fn=causal_lm_loss
+        )
+
+    def train_step(self, batch: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of the batch; the mean loss on the last stage, 0 elsewhere."""
+        losses: list[torch.Tensor] = []
+        self._run(self.schedule.step, batch, losses)
+        if not self.last:
+            return torch.zeros((), device=self.device)
+        return torch.stack([loss.detach().float() for loss in losses]).mean()
+
+    def logits(self, batch: torch.Tensor) -> torch.Tensor | None:
+        """Forward only; the logits on the last stage, ``None`` elsewhere."""
+        out = self._run(self.schedule.eval, batch, [])
+        return out if self.last else None
+
+    def _run(self, call: object, batch: torch.Tensor, losses: list[torch.Tensor]) -> torch.Tensor:
+        assert callable(call)
+        if self.first and self.last:
+            raise AssertionError("a pipeline has at least two stages")
+        if self.first:
+            return call(batch)  # type: ignore[no-any-return]
+        if self.last:
+            return call(target=batch, losses=losses)  # type: ignore[no-any-return]
+        return call()  # type: ignore[no-any-return]

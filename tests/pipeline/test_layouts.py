@@ -1,0 +1,211 @@
+"""The engine applies the planned layout (DESIGN §7.2): the same run on one process, FSDP over
+two, tensor parallel over two, HSDP over two, FSDP × TP over four and a two-stage 1F1B pipeline
+gives the same loss curve
+(fp32, same data and seed, the same global batch of 8 sequences); a checkpoint written under one
+layout resumes under another (DCP resharding) and continues the curve; a degree the engine
+cannot apply, or degrees that do not make the world, end the run before training with their
+code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ito.core.errors import ItoError
+from ito.core.run_spec import LayoutSpec
+from ito.pipeline.layout import EngineLayout
+from tests.pipeline.test_pretrain_engine import events, losses, make_spec
+
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+STEPS = 20
+SEQ_LEN = 128
+GLOBAL_SEQUENCES = 8
+DEADLINE_S = 300
+REL_TOL = 1e-5
+
+LAYOUTS: dict[str, tuple[int, dict[str, Any]]] = {
+    "one_process": (1, {"micro_batch": 4, "grad_accum": 2}),
+    "dp_shard_2": (2, {"dp_shard": 2, "micro_batch": 4}),
+    "tp_2": (
+        2,
+        {"tp": 2, "micro_batch": 4, "grad_accum": 2, "activation_checkpointing": "selective"},
+    ),
+    "dp_replicate_2": (
+        2,
+        {"dp_replicate": 2, "micro_batch": 4, "activation_checkpointing": "full"},
+    ),
+    "dp_shard_2_tp_2": (4, {"dp_shard": 2, "tp": 2, "micro_batch": 4}),
+    "pp_2": (2, {"pp": 2, "micro_batch": 4, "pp_microbatches": 2}),
+}
+"""Processes and layout; every one trains on 8 sequences per step (two of them recompute their
+activations: checkpointing changes memory, never the numbers)."""
+
+
+def layout_spec(root: Path, layout: dict[str, Any] | None, **overrides: Any) -> Path:
+    path = make_spec(root, stages=["pretrain"], max_steps_per_stage=STEPS, **overrides)
+    doc = json.loads(path.read_text())
+    doc["manifest"]["curriculum"][0]["tokens"] = GLOBAL_SEQUENCES * SEQ_LEN * STEPS
+    doc["manifest"]["checkpoint"] = {"every_steps": 5, "keep_last": 4, "storage": "booking"}
+    doc["layout"] = layout
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def torchrun(spec: Path, nproc: int) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
+    cmd = [
+        TORCHRUN,
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "ito.pipeline.run",
+        "--spec",
+        str(spec),
+    ]
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=DEADLINE_S)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        pytest.fail(f"torchrun passed its {DEADLINE_S}s deadline:\n{out[-4000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
+
+
+def assert_same_curve(run: list[tuple[int, float]], reference: dict[int, float]) -> None:
+    assert run, "no metric events"
+    for step, loss in run:
+        assert math.isclose(loss, reference[step], rel_tol=REL_TOL), (step, loss, reference[step])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    roots = {}
+    for name, (nproc, layout) in LAYOUTS.items():
+        root = tmp_path_factory.mktemp(name)
+        result = torchrun(layout_spec(root, layout), nproc)
+        assert result.returncode == 0, result.stdout[-4000:]
+        roots[name] = root
+    return roots
+
+
+# ---- the layout as the spec gives it (pure) ---------------------------------------------------
+
+
+def test_a_spec_without_a_layout_is_fsdp_over_every_rank() -> None:
+    layout = EngineLayout.from_spec(None, 8)
+    assert layout.degrees == {"pp": 1, "dp_replicate": 1, "dp_shard": 8, "cp": 1, "tp": 1}
+    assert (layout.micro_batch, layout.grad_accum, layout.planned) == (4, 1, False)
+
+
+@pytest.mark.parametrize(
+    ("fields", "world", "code"),
+    [
+        ({"pp": 2, "pp_microbatches": 1}, 2, "layout_unsupported"),
+        ({"pp": 2, "pp_microbatches": 2, "grad_accum": 2}, 2, "layout_unsupported"),
+        ({"cp": 2}, 2, "layout_unsupported"),
+        ({"pp_microbatches": 4, "dp_shard": 2}, 2, "layout_unsupported"),
+        ({"dp_shard": 2, "tp": 2}, 2, "mesh_mismatch"),
+        ({"dp_shard": 1}, 2, "mesh_mismatch"),
+    ],
+)
+def test_a_layout_the_engine_cannot_apply_exactly_is_refused(
+    fields: dict[str, int], world: int, code: str
+) -> None:
+    with pytest.raises(ItoError) as caught:
+        EngineLayout.from_spec(LayoutSpec(**fields), world)  # type: ignore[arg-type]
+    assert caught.value.code == code
+
+
+# ---- real runs under torchrun -----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_every_layout_gives_the_same_losses_for_twenty_steps(runs: dict[str, Path]) -> None:
+    reference = dict(losses(events(runs["one_process"])))
+    assert sorted(reference) == list(range(1, STEPS + 1))
+    assert reference[STEPS] < reference[1] - 0.5
+    for name, root in runs.items():
+        evs = events(root)
+        assert evs[-1]["type"] == "done" and evs[-1]["status"] == "succeeded", name
+        assert [s for s, _ in losses(evs)] == list(range(1, STEPS + 1)), name
+        assert_same_curve(losses(evs), reference)
+
+
+@pytest.mark.slow
+def test_each_run_reports_the_mesh_it_built_as_planned(runs: dict[str, Path]) -> None:
+    for name, (nproc, layout) in LAYOUTS.items():
+        (mesh,) = [e for e in events(runs[name]) if e["type"] == "mesh"]
+        planned = {
+            dim: layout.get(dim, 1) for dim in ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+        }
+        assert mesh["dims"] == planned, name
+        assert math.prod(mesh["dims"].values()) == nproc
+        assert list(mesh["dims"]) == ["pp", "dp_replicate", "dp_shard", "cp", "tp"]
+        assert mesh["planned"] is True and mesh["param_dtype"] == "float32"
+        assert (mesh["micro_batch"], mesh["grad_accum"], mesh["pp_microbatches"]) == (
+            layout["micro_batch"],
+            layout.get("grad_accum", 1),
+            layout.get("pp_microbatches", 1),
+        )
+        assert mesh["activation_checkpointing"] == layout.get("activation_checkpointing", "none")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["tp_2", "one_process", "pp_2"])
+def test_a_checkpoint_written_at_dp_shard_2_resumes_under_another_layout(
+    runs: dict[str, Path], tmp_path: Path, target: str
+) -> None:
+    # The dp_shard=2 run's checkpoints, cut back to step 10.
+    shutil.copytree(runs["dp_shard_2"] / "ckpt", tmp_path / "ckpt")
+    for step in (15, 20):
+        shutil.rmtree(tmp_path / "ckpt" / "pretrain" / f"step_{step:08d}")
+    nproc, layout = LAYOUTS[target]
+    result = torchrun(layout_spec(tmp_path, layout), nproc)
+    assert result.returncode == 0, result.stdout[-4000:]
+    evs = events(tmp_path)
+    logs = [e["message"] for e in evs if e["type"] == "log"]
+    assert any(m.startswith("resumed from") and m.endswith("(step 10)") for m in logs)
+    assert [s for s, _ in losses(evs)] == list(range(11, STEPS + 1))
+    assert_same_curve(losses(evs), dict(losses(events(runs["dp_shard_2"]))))
+
+
+@pytest.mark.slow
+def test_a_context_parallel_degree_ends_the_run_layout_unsupported_before_training(
+    tmp_path: Path,
+) -> None:
+    spec = layout_spec(tmp_path, {"cp": 2, "micro_batch": 4})
+    result = torchrun(spec, 2)
+    assert result.returncode != 0
+    evs = events(tmp_path)
+    assert evs[-1]["type"] == "done" and evs[-1]["status"] == "failed"
+    assert evs[-1]["code"] == "layout_unsupported"
+    assert not [e for e in evs if e["type"] in ("metric", "mesh")]
+
+
+@pytest.mark.slow
+def test_the_meta_device_model_gets_the_seeded_eager_initialisation_on_a_tp_fsdp_mesh() -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    script = Path(__file__).with_name("init_check.py")
+    result = subprocess.run(
+        [TORCHRUN, "--standalone", "--nproc-per-node=2", str(script), "dp_shard=1", "tp=2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+        check=False,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
