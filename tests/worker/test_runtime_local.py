@@ -145,6 +145,9 @@ def test_a_confirmed_run_trains_to_succeeded_through_the_in_process_worker(
         assert ("stage", stage, "completed") in kinds, kinds
     gates = [e for e in final["events"] if e["kind"] == "gate"]
     assert [g["data"]["passed"] for g in gates] == [True, True]
+    # The layout the engine built is on the run's record, once per training stage.
+    meshes = [e["data"] for e in final["events"] if e["kind"] == "mesh"]
+    assert meshes and all(m["device"] == "cpu" and m["planned"] is False for m in meshes)
 
     losses = t.ito("runs", "metrics", run_id, "--name", "loss").data["points"]
     assert len(losses) >= 5

@@ -20,6 +20,7 @@ from ito.core.pipeline_events import (
     CheckpointEvent,
     GateEvent,
     LogEvent,
+    MeshEvent,
     MetricEvent,
     ReportedEvent,
     RestartEvent,
@@ -399,6 +400,17 @@ def report(
                 "restart",
                 "the training processes were restarted from the last committed checkpoint",
                 data={"restarts": item.restarts},
+            )
+            counts["events"] += 1
+        elif isinstance(item, MeshEvent):
+            layout = " × ".join(f"{dim} {degree}" for dim, degree in item.dims.items())
+            record_event(
+                session,
+                run,
+                "mesh",
+                f"device mesh built on {item.device}: {layout}"
+                + ("" if item.planned else " (the engine's default layout)"),
+                data=item.model_dump(exclude={"type"}),
             )
             counts["events"] += 1
         elif isinstance(item, GateEvent):
