@@ -215,6 +215,12 @@ def test_confirmation_page_shows_the_bindings_and_approving_there_lets_the_run_s
         "Reject",
     ]:
         assert expected in html, expected
+    # The layout and predicted MFU of the plan the run would carry, not its raw document.
+    planned = details["details"]["estimate"]["parallelism"]["plan"]
+    assert 'id="parallelism"' in html
+    assert "dp_shard=2" in html and "tp=1" in html
+    assert f'predicted MFU <strong class="mfu">{planned["predicted"]["mfu"] * 100:.1f} %' in html
+    assert "rules" not in html
     for header in ("content-security-policy", "x-frame-options", "referrer-policy"):
         assert header in page.headers
     assert "no-store" in page.headers["cache-control"]
