@@ -114,6 +114,9 @@ REGISTRY: dict[str, ErrorSpec] = {
     "data_policy_violation": _s(422, "the data does not satisfy the data policy"),
     "checkpoint_storage_invalid": _s(422, "the checkpoint storage is not usable"),
     "plan_refused": _s(422, "no acceptable parallelism plan exists for this run"),
+    "accelerator_unavailable": _s(
+        503, "the engine does not see the booked accelerator; the run never falls back to CPU"
+    ),
     "run_not_found": _s(404, "run not found"),
     "run_not_cancellable": _s(409, "the run cannot be cancelled in its current state"),
     "invalid_transition": _s(409, "that state change is not allowed"),

@@ -13,7 +13,15 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["FAULT_INJECTION_FIELDS", "FailAtSpec", "RestartFromSpec", "RunSpecDocument"]
+from ito.core.hardware import ACCELERATORS
+
+__all__ = [
+    "FAULT_INJECTION_FIELDS",
+    "BookedAccelerator",
+    "FailAtSpec",
+    "RestartFromSpec",
+    "RunSpecDocument",
+]
 
 _STEP_MAX = 2**31 - 1
 FAULT_INJECTION_FIELDS = frozenset(
@@ -25,6 +33,12 @@ FAULT_INJECTION_FIELDS = frozenset(
 def _absolute(value: str) -> str:
     if not posixpath.isabs(value):
         raise ValueError("must be an absolute path")
+    return value
+
+
+def _known_accelerator(value: str) -> str:
+    if value not in ACCELERATORS:
+        raise ValueError(f"must be one of {sorted(ACCELERATORS)}")
     return value
 
 
@@ -55,6 +69,15 @@ class RestartFromSpec(_Spec):
     """Batches of data to skip after it."""
 
 
+class BookedAccelerator(_Spec):
+    """What the booking promises every node: the engine checks it sees exactly that before it
+    trains (``accelerator_unavailable`` otherwise, never a CPU fallback)."""
+
+    gpu: Annotated[str, Field(min_length=1, max_length=20), AfterValidator(_known_accelerator)]
+    """The booked accelerator type (:data:`ito.core.hardware.ACCELERATORS`)."""
+    gpus_per_node: Annotated[int, Field(ge=1, le=1024)]
+
+
 class RunSpecDocument(_Spec):
     run_id: Annotated[str, Field(min_length=1, max_length=64)]
     attempt: PositiveStep = 1
@@ -76,6 +99,11 @@ class RunSpecDocument(_Spec):
     pause_at_step: PositiveStep | None = None
     min_step_seconds: Annotated[float, Field(gt=0, le=60, allow_inf_nan=False)] | None = None
     restart_from: RestartFromSpec | None = None
+    accelerator: BookedAccelerator | None = None
+    """The booked accelerator; ``None`` (the engine run alone, in tests): not checked."""
+    parallelism: dict[str, Any] | None = None
+    """The run's accepted parallelism plan (:meth:`ito.core.run_plan.RunPlan.to_dict`), as
+    gate 5 stored it with the run's estimate: for the engine to apply (issue 9 item 3)."""
 
     @model_validator(mode="after")
     def _checkpoints_below_root(self) -> RunSpecDocument:

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ito.core.manifest import Manifest, parse_manifest
-from ito.core.run_spec import RunSpecDocument
+from ito.core.run_spec import BookedAccelerator, RunSpecDocument
 from ito.pipeline.storage_fs import StoragePath
 
 __all__ = ["FailAt", "Replica", "RestartFrom", "RunSpec", "load_spec", "stop_file"]
@@ -98,6 +98,12 @@ class RunSpec:
     """The booking's storage root (resolved) that ``checkpoint_dir`` lies in: every checkpoint
     write, prune and delete re-proves the directories from it down (no link among them).
     ``None``: ``checkpoint_dir`` itself is the root (the engine run alone, in tests)."""
+    accelerator: BookedAccelerator | None = None
+    """The booked accelerator, checked before training (:mod:`ito.pipeline.accelerator`);
+    ``None``: not checked (the engine run alone, in tests)."""
+    parallelism: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    """The run's accepted parallelism plan, as gate 5 stored it (not applied yet: issue 9
+    item 3)."""
     document: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The spec as read, for logging."""
 
@@ -157,5 +163,7 @@ def load_spec(path: Path) -> RunSpec:
         min_step_seconds=doc.min_step_seconds,
         restart_from=restart,
         storage_root=Path(doc.storage_root) if doc.storage_root is not None else None,
+        accelerator=doc.accelerator,
+        parallelism=doc.parallelism,
         document=json.loads(raw),
     )
