@@ -19,6 +19,7 @@ from ito.server.services.accounts import create_account
 from ito.server.services.users import create_user, hash_password
 from ito.server.settings import ServerSettings
 from ito.server.store.db import Database, migrate
+from ito.server.web.pages import render
 from tests.server.web_browser import (
     browser,
     csrf_field,
@@ -390,3 +391,31 @@ def test_the_session_cookie_is_secure_when_the_public_url_is_https(tmp_path: Pat
         grant = client.post("/v1/device/code").json()["data"]
         assert grant["verification_uri"] == "https://ito.example/ui/device"
     db.dispose()
+
+
+def test_a_confirmation_stored_before_plans_were_kept_still_renders_without_a_layout() -> None:
+    confirmation = {
+        "confirmation_ref": "cfr_old",
+        "state": "pending",
+        "decided_at": None,
+        "action": "train.create",
+        "target": {"kind": "booking", "id": "bkg_1"},
+        "manifest_id": "sha256:" + "0" * 64,
+        "cost_usd": 1.0,
+        "created_at": "then",
+        "expires_at": "later",
+    }
+    page = render(
+        "confirmation.html",
+        c=confirmation,
+        notice=None,
+        booking=None,
+        run=None,
+        checkpoint_step=None,
+        summary=None,
+        estimate={"cost_usd": 0.5, "ceiling_usd": 5.0},
+        requester={"id": "prn_1", "name": "agent"},
+    )
+    html = page.body.decode()
+    assert page.status_code == 200 and "cost_usd: 0.5" in html
+    assert 'id="parallelism"' not in html
