@@ -23,6 +23,7 @@ from tokenizers import Tokenizer
 
 from ito.core.manifest import CurriculumStage, EvalSpec
 from ito.core.model_sizes import SIZES, ModelSize
+from ito.core.run_plan import SEQUENCES_PER_RANK
 from ito.core.spikes import SpikeDetector
 from ito.pipeline.checkpoint import (
     Checkpointer,
@@ -48,8 +49,8 @@ from ito.pipeline.tokenizer import TOKENIZER_FILE, build_tokenizer, load_tokeniz
 
 __all__ = ["MICRO_BATCH", "LossSpike", "Trainer"]
 
-MICRO_BATCH = 4
-"""Sequences per rank per step."""
+MICRO_BATCH = SEQUENCES_PER_RANK
+"""Sequences per rank per step (what gate 5 plans the run's batch with)."""
 MAX_GRAD_NORM = 1.0
 PAUSE_S = 300.0
 """How long ``pause_at_step`` hangs the ranks (the drill kills them well before)."""
