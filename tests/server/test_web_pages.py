@@ -416,6 +416,6 @@ def test_a_confirmation_stored_before_plans_were_kept_still_renders_without_a_la
         estimate={"cost_usd": 0.5, "ceiling_usd": 5.0},
         requester={"id": "prn_1", "name": "agent"},
     )
-    html = page.body.decode()
+    html = bytes(page.body).decode()
     assert page.status_code == 200 and "cost_usd: 0.5" in html
     assert 'id="parallelism"' not in html
