@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ito.core.hardware import ACCELERATORS, FABRIC_LINKS, FABRICS
+from ito.core.hardware import ACCELERATORS, FABRIC_LINKS, FABRICS, device_matches
 
 
 def test_fp8_support_follows_compute_capability_8_9() -> None:
@@ -30,3 +30,23 @@ def test_rail_fabrics_scale_with_the_gpus_and_ethernet_is_shared() -> None:
     assert FABRIC_LINKS["ethernet"].node_bandwidth(8) == 12.5e9
     assert FABRIC_LINKS["nvlink"].node_bandwidth(8) == 0.0
     assert not FABRIC_LINKS["nvlink"].inter_node
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "device", "matches"),
+    [
+        ("h100", "NVIDIA H100 80GB HBM3", True),
+        ("h100", "NVIDIA H100 NVL", True),
+        ("a100", "NVIDIA A100-SXM4-80GB", True),
+        ("h200", "NVIDIA H200", True),
+        ("b200", "NVIDIA B200", True),
+        ("h100", "NVIDIA A100-SXM4-80GB", False),
+        ("h200", "NVIDIA GH200 480GB", False),
+        ("h100", "NVIDIA H1000", False),
+        ("a100", "NVIDIA A10", False),
+    ],
+)
+def test_a_cuda_device_name_matches_only_its_own_accelerator(
+    accelerator: str, device: str, matches: bool
+) -> None:
+    assert device_matches(accelerator, device) is matches

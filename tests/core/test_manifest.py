@@ -3,6 +3,7 @@ cross-field checks, each refusal carrying the JSON path of what is wrong (DESIGN
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from ito.core.manifest import (
     manifest_json_schema,
     parse_manifest,
 )
+from ito.core.planner import Parallelism
 
 Doc = dict[str, Any]
 
@@ -293,6 +295,10 @@ def _replicas_across_nodes(doc: Doc) -> None:
     doc["resources"].update(nodes=3, gpus_per_node=2, replica_groups=2, fabrics=["infiniband"])
 
 
+def _pinned_replicas_off_groups(doc: Doc) -> None:
+    doc["resources"].update(replica_groups=2, parallelism={"dp_replicate": 1})
+
+
 CROSS_FIELD_CASES = [
     ("unknown-data-id", _set(("curriculum", 0, "data"), ["nope"]), "$.curriculum[0].data[0]"),
     ("stage-order", _swap_stages, "$.curriculum[1].stage"),
@@ -330,6 +336,29 @@ CROSS_FIELD_CASES = [
         "$.resources.replica_groups",
     ),
     ("replica-groups-splitting-nodes", _replicas_across_nodes, "$.resources.replica_groups"),
+    (
+        "pinned-degrees-not-the-world",
+        _set(
+            ("resources", "parallelism"),
+            {"dp_replicate": 1, "dp_shard": 1, "tp": 1, "pp": 1, "cp": 1},
+        ),
+        "$.resources.parallelism",
+    ),
+    (
+        "pinned-degrees-not-dividing-the-world",
+        _set(("resources", "parallelism"), {"pp": 3}),
+        "$.resources.parallelism",
+    ),
+    (
+        "pinned-tp-not-dividing-a-node",
+        _set(("resources", "parallelism"), {"tp": 4}),
+        "$.resources.parallelism.tp",
+    ),
+    (
+        "pinned-replicas-not-the-groups",
+        _pinned_replicas_off_groups,
+        "$.resources.parallelism.dp_replicate",
+    ),
 ]
 
 
@@ -353,6 +382,46 @@ def test_replica_groups_default_to_one_and_may_split_a_node_or_take_whole_nodes(
     assert parse_manifest(_raw(doc)).resources.replica_groups == 2
     doc["resources"].update(nodes=4, gpus_per_node=8, fabrics=["infiniband"])
     assert parse_manifest(_raw(doc)).resources.replica_groups == 2  # two nodes each
+
+
+def test_pinned_parallelism_is_optional_and_parsed_into_the_planner_s_pins(doc: Doc) -> None:
+    assert parse_manifest(_raw(doc)).resources.parallelism is None
+    doc["resources"]["parallelism"] = {
+        "dp_shard": 2,
+        "micro_batch": 2,
+        "activation_checkpointing": "selective",
+    }
+    pins = parse_manifest(_raw(doc)).resources.parallelism
+    assert pins is not None
+    assert Parallelism.from_mapping(pins.model_dump(exclude_none=True)) == Parallelism(
+        dp_shard=2, micro_batch=2, activation_checkpointing="selective"
+    )
+
+
+@pytest.mark.parametrize(
+    ("pins", "path"),
+    [
+        ({"tp": 0}, "$.resources.parallelism.tp"),
+        ({"dp_shard": "2"}, "$.resources.parallelism.dp_shard"),
+        ({"activation_checkpointing": "some"}, "$.resources.parallelism.activation_checkpointing"),
+        ({"zero": 3}, "$.resources.parallelism.zero"),
+    ],
+    ids=["zero-degree", "string-degree", "unknown-checkpointing", "unknown-key"],
+)
+def test_a_malformed_pinned_parallelism_is_refused_with_its_path(
+    doc: Doc, pins: Doc, path: str
+) -> None:
+    doc["resources"]["parallelism"] = pins
+    exc = _refusal(_raw(doc))
+    assert exc.code == "manifest_invalid"
+    assert path in _paths(exc)
+
+
+def test_the_published_schema_describes_the_pinned_parallelism() -> None:
+    schema = manifest_json_schema()
+    pins = schema["$defs"]["ParallelismPins"]
+    assert set(pins["properties"]) == {f.name for f in dataclasses.fields(Parallelism)}
+    assert pins["additionalProperties"] is False
 
 
 def test_custom_data_is_accepted_when_the_ladder_is_enabled(doc: Doc) -> None:

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from ito.core.manifest import manifest_digest
 from ito.server.services.confirmations import _seal
 from ito.server.store.tables import Confirmation
-from tests.support import Tenant, wait_until
+from tests.support import ITO, Tenant, run_cli, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -48,6 +48,19 @@ def test_happy_path_creates_exactly_one_queued_run_and_replays_it(tenant: Tenant
     assert plan.data["cost"]["cost_usd"] <= plan.data["cost"]["ceiling_usd"]
     # Not run by this version: said, not hidden.
     assert [w["code"] for w in plan.data["warnings"]] == ["post_training_not_run"]
+    # The CPU stand-in trains the engine's own layout, checked by the planner: FSDP2 over both
+    # processes, the engine's four sequences per rank.
+    parallelism = plan.data["parallelism"]
+    assert parallelism["ok"] is True
+    assert (parallelism["mode"], parallelism["applied"]) == ("cpu_stand_in", True)
+    assert parallelism["plan"]["mesh"] == {
+        "pp": 1,
+        "dp_replicate": 1,
+        "dp_shard": 2,
+        "cp": 1,
+        "tp": 1,
+    }
+    assert parallelism["plan"]["micro_batch"] == 4
 
     confirm = tenant.ito(
         "confirm", "--action", "train", "--booking", tenant.booking_id, "--manifest", str(manifest)
@@ -75,6 +88,10 @@ def test_happy_path_creates_exactly_one_queued_run_and_replays_it(tenant: Tenant
     assert by_key.data["run_id"] == run["run_id"]
     shown = tenant.ito("status", "--run", run["run_id"])
     assert shown.data["state"] == "queued"
+    # The run carries the accepted plan (stored with its estimate) for its engine.
+    assert shown.data["estimate"]["parallelism"] == {
+        k: v for k, v in parallelism.items() if k != "ok"
+    }
     assert [e["kind"] for e in shown.data["events"]] == ["created"]
     listed = tenant.ito("runs", "list")
     assert [r["run_id"] for r in listed.data["runs"]] == [run["run_id"]]
@@ -90,6 +107,13 @@ def test_plan_creates_nothing(tenant: Tenant) -> None:
         result = tenant.ito("plan", "--booking", tenant.booking_id, "--manifest", str(manifest))
         assert result.rc == 0 and result.data["ready"] is True
         assert result.envelope is not None and result.envelope["live_api_contacted"] is True
+    shown = run_cli(
+        [ITO, "plan", "--booking", tenant.booking_id, "--manifest", str(manifest)],
+        tenant.env(tenant.requester_key),
+    )
+    assert shown.rc == 0, shown.stderr
+    assert "parallelism" in shown.stdout and "dp_shard=2" in shown.stdout
+    assert "MFU" in shown.stdout and "cpu_stand_in" in shown.stdout
     assert (
         tenant.counts()
         == before
@@ -539,3 +563,43 @@ def test_checkpoint_storage_escaping_the_booking_is_refused_and_creates_nothing(
         )
         assert tenant.counts() == before, name
     assert not (tenant.workdir / "storage").exists()
+
+
+def test_an_unplannable_manifest_is_refused_plan_refused_and_creates_nothing(
+    tenant: Tenant,
+) -> None:
+    good = tenant.manifest("good")
+    spare_ref = tenant.approved_confirmation(good)
+    before = tenant.counts()
+    # Context parallelism the engine cannot apply: refused, never silently ignored.
+    manifest = tenant.manifest("cp")
+    document = json.loads(manifest.read_text())
+    document["resources"]["parallelism"] = {"cp": 2}
+    manifest.write_text(json.dumps(document, indent=2))
+
+    plan = tenant.ito("plan", "--booking", tenant.booking_id, "--manifest", str(manifest))
+    assert plan.rc == 0 and plan.data["ready"] is False, plan.stdout
+    assert [r["code"] for r in plan.data["refusals"]] == ["plan_refused"]
+    refusal = plan.data["refusals"][0]
+    assert "cp_unsupported" in [r["code"] for r in refusal["reasons"]]
+    assert plan.data["parallelism"]["ok"] is False
+    assert plan.data["parallelism"]["error"]["code"] == "plan_refused"
+    assert_refused(
+        tenant.ito(
+            "confirm",
+            "--action",
+            "train",
+            "--booking",
+            tenant.booking_id,
+            "--manifest",
+            str(manifest),
+        ),
+        "plan_refused",
+    )
+    _rebind_approved_confirmation(tenant, spare_ref, manifest)
+    refused = train(tenant, manifest, spare_ref, "k-cp")
+    assert_refused(refused, "plan_refused")
+    assert "cp_unsupported" in [r["code"] for r in refused.envelope["error"]["reasons"]]
+    # Nothing created, the confirmation still approved (not consumed).
+    assert tenant.counts() == before
+    assert before["confirmations"] == {"approved": 1}

@@ -11,7 +11,10 @@ from typing import Any
 import pytest
 import torch
 
+from ito.core.hardware import device_matches
 from ito.core.manifest import parse_manifest
+from ito.core.run_spec import BookedAccelerator
+from ito.pipeline.accelerator import accelerator_problem
 from ito.pipeline.checkpoint import COMMIT, committed_checkpoints, remove_uncommitted
 from ito.pipeline.data import PackedData, pack, read_documents, split_heldout
 from ito.pipeline.events import EventWriter
@@ -72,6 +75,35 @@ def test_spec_reads_the_contract_and_refuses_unknown_stages_and_relative_paths(
         load_spec(write_spec(tmp_path, manifest, stages=["midtrain"]))
     with pytest.raises(ValueError, match=r"spec\.workdir"):
         load_spec(write_spec(tmp_path, manifest, workdir="relative"))
+
+
+def test_spec_carries_the_booked_accelerator_and_the_plan_and_refuses_an_unknown_one(
+    tmp_path: Path, recipe_dir: tuple[Path, dict[str, Any]]
+) -> None:
+    _, manifest = recipe_dir
+    plan = {"mode": "planned", "plan": {"dp_shard": 8}}
+    spec = load_spec(
+        write_spec(
+            tmp_path, manifest, accelerator={"gpu": "h100", "gpus_per_node": 8}, parallelism=plan
+        )
+    )
+    assert spec.accelerator is not None
+    assert (spec.accelerator.gpu, spec.accelerator.gpus_per_node) == ("h100", 8)
+    assert spec.parallelism == plan
+    with pytest.raises(ValueError, match=r"spec\.accelerator\.gpu"):
+        load_spec(write_spec(tmp_path, manifest, accelerator={"gpu": "tpu", "gpus_per_node": 8}))
+
+
+def test_the_cpu_stand_in_needs_no_device_and_a_gpu_booking_needs_its_gpus() -> None:
+    assert accelerator_problem(None) is None
+    assert accelerator_problem(BookedAccelerator(gpu="cpu", gpus_per_node=2)) is None
+    problem = accelerator_problem(BookedAccelerator(gpu="h100", gpus_per_node=1))
+    if not torch.cuda.is_available():
+        assert problem is not None and "h100" in problem
+    elif not device_matches("h100", torch.cuda.get_device_name(0)):
+        assert problem is not None
+    # More GPUs per node than any machine has is refused wherever this runs.
+    assert accelerator_problem(BookedAccelerator(gpu="h100", gpus_per_node=1024)) is not None
 
 
 def test_heldout_split_is_disjoint_stable_and_never_empty(

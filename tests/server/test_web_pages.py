@@ -19,6 +19,7 @@ from ito.server.services.accounts import create_account
 from ito.server.services.users import create_user, hash_password
 from ito.server.settings import ServerSettings
 from ito.server.store.db import Database, migrate
+from ito.server.web.pages import render
 from tests.server.web_browser import (
     browser,
     csrf_field,
@@ -215,6 +216,12 @@ def test_confirmation_page_shows_the_bindings_and_approving_there_lets_the_run_s
         "Reject",
     ]:
         assert expected in html, expected
+    # The layout and predicted MFU of the plan the run would carry, not its raw document.
+    planned = details["details"]["estimate"]["parallelism"]["plan"]
+    assert 'id="parallelism"' in html
+    assert "dp_shard=2" in html and "tp=1" in html
+    assert f'predicted MFU <strong class="mfu">{planned["predicted"]["mfu"] * 100:.1f} %' in html
+    assert "rules" not in html
     for header in ("content-security-policy", "x-frame-options", "referrer-policy"):
         assert header in page.headers
     assert "no-store" in page.headers["cache-control"]
@@ -384,3 +391,31 @@ def test_the_session_cookie_is_secure_when_the_public_url_is_https(tmp_path: Pat
         grant = client.post("/v1/device/code").json()["data"]
         assert grant["verification_uri"] == "https://ito.example/ui/device"
     db.dispose()
+
+
+def test_a_confirmation_stored_before_plans_were_kept_still_renders_without_a_layout() -> None:
+    confirmation = {
+        "confirmation_ref": "cfr_old",
+        "state": "pending",
+        "decided_at": None,
+        "action": "train.create",
+        "target": {"kind": "booking", "id": "bkg_1"},
+        "manifest_id": "sha256:" + "0" * 64,
+        "cost_usd": 1.0,
+        "created_at": "then",
+        "expires_at": "later",
+    }
+    page = render(
+        "confirmation.html",
+        c=confirmation,
+        notice=None,
+        booking=None,
+        run=None,
+        checkpoint_step=None,
+        summary=None,
+        estimate={"cost_usd": 0.5, "ceiling_usd": 5.0},
+        requester={"id": "prn_1", "name": "agent"},
+    )
+    html = bytes(page.body).decode()
+    assert page.status_code == 200 and "cost_usd: 0.5" in html
+    assert 'id="parallelism"' not in html

@@ -169,6 +169,30 @@ def test_a_confirmed_run_trains_to_succeeded_through_the_in_process_worker(
     assert f'run="{run_id}"' in prometheus and "ito_run_goodput" in prometheus
 
 
+def test_a_gpu_booking_this_machine_cannot_serve_fails_before_any_training_step(
+    worker_server: Server, tmp_path: Path
+) -> None:
+    """Fail closed (DESIGN §7.2): an ``h100`` booking on this CPU machine ends
+    ``accelerator_unavailable``; no step, no loss, no checkpoint — never a CPU fallback."""
+    t = make_tenant(worker_server, tmp_path / "t", "no-gpu-here")
+    t.booking_id = t.booking(gpu="h100", gpus_per_node=1)
+    path = t.manifest()
+    document = json.loads(path.read_text())
+    document["resources"].update(accelerators=["h100"], gpus_per_node=1)
+    path.write_text(json.dumps(document))
+    run_id = _create(t, path, "gpu-1")
+    final = _wait_state(t, run_id, TERMINAL)
+
+    assert final["state"] == "failed", final
+    assert final["failure_code"] == "accelerator_unavailable"
+    # The run carried its plan to the engine (stored with its estimate at creation).
+    assert final["estimate"]["parallelism"]["mode"] == "planned"
+    stages = {(e["data"].get("stage"), e["data"].get("status")) for e in final["events"]}
+    assert ("pretrain", "started") not in stages, final["events"]
+    assert t.ito("runs", "metrics", run_id, "--name", "loss").data["points"] == []
+    assert t.ito("runs", "checkpoints", run_id).data["checkpoints"] == []
+
+
 def test_cancel_reaches_the_running_job_and_cleanup_frees_its_bytes(
     worker_server: Server, tmp_path: Path
 ) -> None:

@@ -10,6 +10,7 @@ the generated script are checked without them.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -272,3 +273,27 @@ def test_each_node_runs_torchrun_with_the_booked_shape_and_a_per_attempt_rendezv
     ):
         assert part in script
     assert 'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1' in script
+
+
+def test_a_gpu_booking_asks_slurm_for_its_gpus_on_every_node_and_the_nodes_exclusively(
+    tmp_path: Path,
+) -> None:
+    base = launch_in(tmp_path, nodes=2, gpus_per_node=8)
+    executor = SlurmExecutor()
+    script = tmp_path / "job.sh"
+    gpu = dataclasses.replace(base, gpu="h100")
+    arguments = executor.sbatch_arguments(gpu, script)
+    assert arguments[0] == "sbatch" and arguments[-1] == str(script)
+    assert {"--nodes=2", "--gpus-per-node=8", "--exclusive"} <= set(arguments)
+    # Each node's job step asks for the node's GPUs too (a step sees only what it asks for).
+    assert 'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 ' in (
+        executor.batch_script(gpu)
+    )
+    assert "--gpus-per-node=8 bash -c" in executor.batch_script(gpu)
+    replicas = dataclasses.replace(gpu, replica_groups=2)
+    assert "--gpus-per-node=8 bash -c" in executor.batch_script(replicas)
+
+    # The CPU stand-in asks for no GPU and shares its nodes.
+    cpu_arguments = executor.sbatch_arguments(base, script)
+    assert not [a for a in cpu_arguments if a.startswith("--gpus") or a == "--exclusive"]
+    assert "--gpus-per-node" not in executor.batch_script(base)

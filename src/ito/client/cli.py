@@ -331,8 +331,10 @@ def plan(
     booking: Annotated[str, typer.Option(help="Booking id.")],
     manifest: Annotated[str, typer.Option(help="Absolute path of the reviewed manifest.")],
 ) -> None:
-    """What creating the run would do, and cost. Creates nothing."""
-    Output.finish(_ops().plan(booking, manifest))
+    """What creating the run would do, its parallelism plan, and its cost. Creates nothing."""
+    from ito.client.planning import render_run_plan
+
+    Output.finish(_ops().plan(booking, manifest), render=render_run_plan)
 
 
 @app.command()

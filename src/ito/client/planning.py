@@ -17,7 +17,14 @@ from ito.core.hardware import ACCELERATORS, FABRIC_LINKS
 from ito.core.model_sizes import SIZES
 from ito.core.planner import ModelShape, Parallelism, PlannerInput, PlanRefused, plan
 
-__all__ = ["DEFAULT_VOCAB", "PlannerRequest", "planner_envelope", "planner_input", "render_plan"]
+__all__ = [
+    "DEFAULT_VOCAB",
+    "PlannerRequest",
+    "planner_envelope",
+    "planner_input",
+    "render_plan",
+    "render_run_plan",
+]
 
 DEFAULT_VOCAB = 128256
 """Llama 3's tokenizer, assumed when an explicit shape gives no vocabulary."""
@@ -182,14 +189,48 @@ def render_plan(envelope: dict[str, Any]) -> None:
     console = Console()
     data = envelope["data"]
     p, model = data["plan"], data["input"]["model"]
-    mem, pred, prec = p["memory"], p["predicted"], p["precision"]
     console.print(f"[green]✓[/green] {envelope['notice']}")
+    model_row = (
+        f"{model['parameters'] / 1e9:.2f} B parameters, {model['layers']} layers, "
+        f"hidden {model['hidden']}, seq {data['input']['seq_len']}"
+    )
+    console.print(f"[bold]{'model':>10}[/bold]  {model_row}", highlight=False)
+    _print_layout(console, p)
+
+
+def render_run_plan(envelope: dict[str, Any]) -> None:
+    """``ito plan`` for a human: the answer, then its ``parallelism`` section spelled out."""
+    from rich.console import Console
+    from rich.pretty import Pretty
+
+    console = Console()
+    data = envelope["data"]
+    console.print(f"[green]✓[/green] {envelope['notice']}")
+    console.print(Pretty({k: v for k, v in data.items() if k != "parallelism"}))
+    section = data.get("parallelism")
+    if not section:
+        return
+    console.print("[bold]parallelism[/bold]")
+    if not section["ok"]:
+        error = section["error"]
+        console.print(f"  [red]refused[/red] {error['code']}: {error['message']}", highlight=False)
+        for reason in error.get("reasons") or []:
+            console.print(
+                f"  - {reason['code']}: {reason['message']}", highlight=False, markup=False
+            )
+        return
+    applied = "applied as planned" if section["applied"] else "not yet applied by the engine"
+    console.print(
+        f"  {section['mode']}, planned at seq {section['seq_len']}; {applied}: {section['note']}",
+        highlight=False,
+        markup=False,
+    )
+    _print_layout(console, section["plan"])
+
+
+def _print_layout(console: Any, p: dict[str, Any]) -> None:
+    mem, pred, prec = p["memory"], p["predicted"], p["precision"]
     rows = [
-        (
-            "model",
-            f"{model['parameters'] / 1e9:.2f} B parameters, {model['layers']} layers, "
-            f"hidden {model['hidden']}, seq {data['input']['seq_len']}",
-        ),
         (
             "layout",
             " ".join(f"{dim}={degree}" for dim, degree in p["mesh"].items())

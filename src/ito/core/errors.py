@@ -116,6 +116,9 @@ REGISTRY: dict[str, ErrorSpec] = {
     "plan_refused": _s(422, "no acceptable parallelism plan exists for this run"),
     "layout_unsupported": _s(422, "the planned layout has a degree the engine cannot apply"),
     "mesh_mismatch": _s(422, "the device mesh the engine built differs from the plan"),
+    "accelerator_unavailable": _s(
+        503, "the engine does not see the booked accelerator; the run never falls back to CPU"
+    ),
     "run_not_found": _s(404, "run not found"),
     "run_not_cancellable": _s(409, "the run cannot be cancelled in its current state"),
     "invalid_transition": _s(409, "that state change is not allowed"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -17,6 +17,7 @@ from ito.core.errors import ItoError
 from ito.core.manifest import Manifest
 from ito.core.model_sizes import SIZES
 from ito.core.pricing import CostEstimate, estimate_cost
+from ito.core.run_plan import RunPlan, plan_run_parallelism
 from ito.core.storage import run_checkpoint_uri
 
 __all__ = [
@@ -94,14 +95,19 @@ def eligibility_record(booking: BookingView, now: datetime) -> dict[str, Any]:
 @dataclass(frozen=True)
 class ResourceCheck:
     estimate: CostEstimate
+    """The cost estimate; its ``parallelism`` is :attr:`plan`'s document, which the run
+    stores with it (``runs.estimate``) and the worker hands to the engine."""
     checkpoint_uri: str
     checkpoint_bytes: int
+    plan: RunPlan
+    """The accepted parallelism plan (:mod:`ito.core.run_plan`)."""
 
 
 def check_resources(
     manifest: Manifest, booking: BookingView, now: datetime, run_id_hint: str = "{run_id}"
 ) -> ResourceCheck:
-    """Gate 5: fabric, capacity, data policy, checkpoint storage, term and budget."""
+    """Gate 5: fabric, capacity, the parallelism plan, data policy, checkpoint storage, term
+    and budget."""
     res = manifest.resources
     if booking.gpu not in res.accelerators:
         raise ItoError(
@@ -129,6 +135,16 @@ def check_resources(
             per_gpu_gb=round(per_gpu_gb, 2),
             gpu_memory_gb=booking.gpu_memory_gb,
         )
+
+    # The planner: a layout that cannot run, or wastes the booking, refuses the run here
+    # (``plan_refused`` with every reason).
+    run_plan = plan_run_parallelism(
+        manifest,
+        gpu=booking.gpu,
+        nodes=booking.nodes,
+        gpus_per_node=booking.gpus_per_node,
+        fabric=booking.fabric,
+    )
 
     _check_data_policy(manifest)
     uri, checkpoint_bytes = _check_checkpoint_storage(manifest, booking, run_id_hint)
@@ -160,7 +176,12 @@ def check_resources(
             cost_usd=estimate.cost_usd,
             max_incremental_cost_usd=estimate.max_incremental_cost_usd,
         )
-    return ResourceCheck(estimate=estimate, checkpoint_uri=uri, checkpoint_bytes=checkpoint_bytes)
+    return ResourceCheck(
+        estimate=replace(estimate, parallelism=run_plan.to_dict()),
+        checkpoint_uri=uri,
+        checkpoint_bytes=checkpoint_bytes,
+        plan=run_plan,
+    )
 
 
 def _check_data_policy(manifest: Manifest) -> None:

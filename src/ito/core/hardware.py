@@ -16,10 +16,18 @@ ConnectX-7 at 400 Gb/s; Meta's RoCE clusters for Llama 3: 400 Gb/s per GPU, Llam
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["ACCELERATORS", "FABRICS", "FABRIC_LINKS", "Accelerator", "Fabric"]
+__all__ = [
+    "ACCELERATORS",
+    "FABRICS",
+    "FABRIC_LINKS",
+    "Accelerator",
+    "Fabric",
+    "device_matches",
+]
 
 _MIB = 1 << 20
 
@@ -146,3 +154,12 @@ FABRIC_LINKS: dict[str, Fabric] = {
 
 FABRICS: tuple[str, ...] = tuple(FABRIC_LINKS)
 """``nvlink`` joins GPUs inside one node; the other three join nodes."""
+
+
+def device_matches(accelerator: str, device_name: str) -> bool:
+    """Whether a CUDA device name (``torch.cuda.get_device_name``: "NVIDIA H100 80GB HBM3",
+    "NVIDIA A100-SXM4-80GB", "NVIDIA H200", "NVIDIA B200") is of the booked accelerator: the
+    model as a whole word, so an ``h100`` booking is not met by an "H100 NVL"'s neighbour
+    "GH100" nor an ``h200`` one by a "GH200"."""
+    model = re.escape(accelerator.upper())
+    return re.search(rf"(?<![A-Z0-9]){model}(?![0-9])", device_name.upper()) is not None

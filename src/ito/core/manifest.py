@@ -33,6 +33,7 @@ __all__ = [
     "MAX_SUITES",
     "SCHEMA_ID",
     "Manifest",
+    "ParallelismPins",
     "manifest_digest",
     "manifest_json_schema",
     "manifest_summary",
@@ -63,6 +64,9 @@ MAX_OBJECT_KEYS = MAX_BATTERIES
 """Keys of any JSON object (the largest is ``eval_batteries``)."""
 MAX_ARRAY_ITEMS = max(MAX_DATA_REFS, MAX_IDS_PER_LIST)
 """Items of any JSON array."""
+MAX_GPUS_PER_NODE = 64
+MAX_WORLD = 4096 * MAX_GPUS_PER_NODE
+"""Most accelerators a manifest can ask for (``nodes × gpus_per_node``)."""
 MAX_ERRORS = 50
 """Schema errors reported at most (one is enough to refuse)."""
 
@@ -99,12 +103,32 @@ class ModelRef(_Strict):
     """``scratch`` for random initialisation, else the digest of the initial weights."""
 
 
+class ParallelismPins(_Strict):
+    """Parallelism choices pinned by the manifest: each one given is validated by the planner
+    (DESIGN §7.2) instead of chosen; the ones left out are the planner's to choose. The same
+    keys as :class:`ito.core.planner.Parallelism`."""
+
+    dp_replicate: Annotated[int, Field(ge=1, le=MAX_WORLD)] | None = None
+    """Replicas of the model (HSDP's replicate degree)."""
+    dp_shard: Annotated[int, Field(ge=1, le=MAX_WORLD)] | None = None
+    """Ranks each replica's parameters are sharded over (FSDP2)."""
+    tp: Annotated[int, Field(ge=1, le=MAX_GPUS_PER_NODE)] | None = None
+    """Tensor-parallel degree (inside one node)."""
+    pp: Annotated[int, Field(ge=1, le=1024)] | None = None
+    """Pipeline stages."""
+    cp: Annotated[int, Field(ge=1, le=1024)] | None = None
+    """Context-parallel degree."""
+    micro_batch: Annotated[int, Field(ge=1, le=4096)] | None = None
+    """Sequences per micro-batch on one data-parallel rank."""
+    activation_checkpointing: Literal["none", "selective", "full"] | None = None
+
+
 class Resources(_Strict):
     accelerators: Annotated[list[Accel], Field(min_length=1, max_length=len(ACCELERATORS))]
     """Accelerator types this run accepts; the booking's must be one of them."""
     nodes: Annotated[int, Field(ge=1, le=4096)]
     """Nodes the run needs."""
-    gpus_per_node: Annotated[int, Field(ge=1, le=64)]
+    gpus_per_node: Annotated[int, Field(ge=1, le=MAX_GPUS_PER_NODE)]
     """Accelerators (or CPU worker processes) per node the run needs."""
     fabrics: Annotated[list[Fabric], Field(min_length=1, max_length=len(FABRICS))]
     """Fabrics this run accepts between nodes (inside a node any)."""
@@ -113,6 +137,8 @@ class Resources(_Strict):
     full FSDP2-sharded copy of the model; with more than one, the groups average gradients every
     step through torchft, and a group that dies is dropped from the step while the others go
     on, then heals from a live peer when it comes back (DESIGN §7.3)."""
+    parallelism: ParallelismPins | None = None
+    """Degrees pinned instead of chosen by the planner (optional)."""
 
 
 class Decontamination(_Strict):
@@ -523,6 +549,46 @@ def _cross_field_problems(m: Manifest) -> list[tuple[str, str]]:
                 "across nodes, each replica group takes whole nodes: must divide nodes",
             )
         )
+    problems += _parallelism_problems(res)
+    return problems
+
+
+_MESH_DEGREES = ("dp_replicate", "dp_shard", "tp", "pp", "cp")
+
+
+def _parallelism_problems(res: Resources) -> list[tuple[str, str]]:
+    """Pinned degrees that cannot describe the manifest's own accelerators. (The booked ones,
+    the model and the memory are the planner's to check, at plan time and at create.)"""
+    pins = res.parallelism
+    if pins is None:
+        return []
+    path = "$.resources.parallelism"
+    world = res.nodes * res.gpus_per_node
+    degrees = {d: getattr(pins, d) for d in _MESH_DEGREES if getattr(pins, d) is not None}
+    problems: list[tuple[str, str]] = []
+    product = 1
+    for value in degrees.values():
+        product *= value
+    if len(degrees) == len(_MESH_DEGREES) and product != world:
+        problems.append(
+            (path, f"the degrees multiply to {product}, not the {world} accelerators asked for")
+        )
+    elif world % product:
+        problems.append(
+            (path, f"the pinned degrees multiply to {product}, which does not divide {world}")
+        )
+    if pins.tp is not None and res.gpus_per_node % pins.tp:
+        problems.append(
+            (f"{path}.tp", "tensor parallelism stays inside a node: must divide gpus_per_node")
+        )
+    if (
+        res.replica_groups > 1
+        and pins.dp_replicate is not None
+        and pins.dp_replicate != res.replica_groups
+    ):
+        problems.append(
+            (f"{path}.dp_replicate", "must equal replica_groups (each group is one replica)")
+        )
     return problems
 
 
@@ -561,7 +627,7 @@ def manifest_summary(m: Manifest) -> dict[str, Any]:
             "revision": m.model.revision,
             "parameters": SIZES[m.model.size].parameters,
         },
-        "resources": m.resources.model_dump(),
+        "resources": m.resources.model_dump(exclude_none=True),
         "stages": [s.stage for s in m.curriculum] + post,
         "curriculum_tokens": sum(s.tokens for s in m.curriculum),
         "data": [

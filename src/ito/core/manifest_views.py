@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ito.core.booking_views import EligibilityRecord
+from ito.core.parallelism_views import ParallelismPlanned, ParallelismRefused
 from ito.core.responses import ErrorBody
 
 __all__ = [
@@ -155,6 +156,9 @@ class Plan(_View):
     summary: ManifestSummary
     eligibility: Annotated[EligibilityRecord | Ineligible, Field(discriminator="eligible")]
     checks: Annotated[ChecksPassed | ChecksRefused, Field(discriminator="ok")]
+    parallelism: Annotated[ParallelismPlanned | ParallelismRefused, Field(discriminator="ok")]
+    """The parallelism and precision plan on this booking (DESIGN §7.2), or the planner's
+    refusal (``plan_refused`` with its reasons); computed even when another check refuses."""
     stage_plan: list[StagePlan]
     cost: PlanCost
     refusals: list[ErrorBody]

@@ -49,6 +49,9 @@ class CostEstimate:
     cost_usd: float
     ceiling_usd: float
     max_incremental_cost_usd: float
+    parallelism: dict[str, Any] | None = None
+    """The run's accepted parallelism plan (:meth:`ito.core.run_plan.RunPlan.to_dict`), set by
+    gate 5; stored with the estimate so the run carries it to its engine."""
 
     @property
     def within_ceiling(self) -> bool:
@@ -60,6 +63,8 @@ class CostEstimate:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        if self.parallelism is None:
+            del data["parallelism"]
         data["within_ceiling"] = self.within_ceiling
         data["within_incremental"] = self.within_incremental
         return data

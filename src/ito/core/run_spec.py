@@ -13,8 +13,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from ito.core.hardware import ACCELERATORS
+
 __all__ = [
     "FAULT_INJECTION_FIELDS",
+    "BookedAccelerator",
     "FailAtSpec",
     "LayoutSpec",
     "RestartFromSpec",
@@ -31,6 +34,12 @@ FAULT_INJECTION_FIELDS = frozenset(
 def _absolute(value: str) -> str:
     if not posixpath.isabs(value):
         raise ValueError("must be an absolute path")
+    return value
+
+
+def _known_accelerator(value: str) -> str:
+    if value not in ACCELERATORS:
+        raise ValueError(f"must be one of {sorted(ACCELERATORS)}")
     return value
 
 
@@ -89,6 +98,15 @@ class LayoutSpec(_Spec):
     """What gradients are reduced in."""
 
 
+class BookedAccelerator(_Spec):
+    """What the booking promises every node: the engine checks it sees exactly that before it
+    trains (``accelerator_unavailable`` otherwise, never a CPU fallback)."""
+
+    gpu: Annotated[str, Field(min_length=1, max_length=20), AfterValidator(_known_accelerator)]
+    """The booked accelerator type (:data:`ito.core.hardware.ACCELERATORS`)."""
+    gpus_per_node: Annotated[int, Field(ge=1, le=1024)]
+
+
 class RunSpecDocument(_Spec):
     run_id: Annotated[str, Field(min_length=1, max_length=64)]
     attempt: PositiveStep = 1
@@ -112,6 +130,11 @@ class RunSpecDocument(_Spec):
     restart_from: RestartFromSpec | None = None
     layout: LayoutSpec | None = None
     """The planned layout; ``None``: FSDP over every rank (the engine's default)."""
+    accelerator: BookedAccelerator | None = None
+    """The booked accelerator; ``None`` (the engine run alone, in tests): not checked."""
+    parallelism: dict[str, Any] | None = None
+    """The run's accepted parallelism plan (:meth:`ito.core.run_plan.RunPlan.to_dict`), as
+    gate 5 stored it with the run's estimate: for the engine to apply (issue 9 item 3)."""
 
     @model_validator(mode="after")
     def _checkpoints_below_root(self) -> RunSpecDocument:

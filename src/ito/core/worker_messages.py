@@ -87,6 +87,9 @@ class Lease(_Answer):
     booking: LeaseBooking
     lease_ttl_s: Seconds
     heartbeat_s: Seconds
+    parallelism: dict[str, Any] | None = None
+    """The run's accepted parallelism plan, as gate 5 stored it with the run's estimate
+    (:meth:`ito.core.run_plan.RunPlan.to_dict`); ``None`` for runs created before it was."""
 
 
 # ---- heartbeat -----------------------------------------------------------------------------

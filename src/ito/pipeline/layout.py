@@ -22,6 +22,7 @@ import torch
 
 from ito.core.errors import ItoError
 from ito.core.planner_inputs import MESH_ORDER
+from ito.core.run_plan import SEQUENCES_PER_RANK
 from ito.core.run_spec import LayoutSpec
 
 if TYPE_CHECKING:
@@ -29,7 +30,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_MICRO_BATCH", "EngineLayout", "build_mesh", "mesh_dims"]
 
-DEFAULT_MICRO_BATCH = 4
+DEFAULT_MICRO_BATCH = SEQUENCES_PER_RANK
+"""Sequences per rank when the spec plans no layout: what gate 5 plans a run's batch with."""
 """Sequences per rank per step when the spec plans no layout."""
 
 UNSUPPORTED: dict[str, str] = {

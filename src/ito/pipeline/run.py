@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from ito.core.errors import ItoError
+    from ito.pipeline.accelerator import accelerator_problem
     from ito.pipeline.events import EventWriter
     from ito.pipeline.spec import Replica, load_spec
     from ito.pipeline.train import Trainer
@@ -48,7 +49,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"[0, {groups}) and --lighthouse"
             )
         spec = dataclasses.replace(spec, replica=Replica(args.replica_id, groups, args.lighthouse))
-    if torch.cuda.is_available():
+    # Before any device is touched: a GPU booking whose GPUs this process does not see fails
+    # ``accelerator_unavailable`` (below, once every rank has said), never trains on CPU.
+    problem = accelerator_problem(spec.accelerator)
+    if torch.cuda.is_available() and problem is None:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
@@ -58,6 +62,20 @@ def main(argv: list[str] | None = None) -> int:
         _init_process_group("gloo")
     ckpt_group = dist.new_group(backend="gloo")
     events = EventWriter(spec.events_path, enabled=dist.get_rank() == 0)
+    # Every rank learns every rank's answer, so all stop together, before any training step.
+    problems: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, problem, group=ckpt_group)
+    refused = [(rank, why) for rank, why in enumerate(problems) if why is not None]
+    if refused:
+        rank, why = refused[0]
+        reason = f"rank {rank}: {why}"
+        events.log("error", reason)
+        # A clean end the events describe (exit 0): torchrun must not restart it, the worker
+        # fails the run with the code.
+        events.emit("done", status="failed", code="accelerator_unavailable", reason=reason[:500])
+        events.close()
+        dist.destroy_process_group()
+        return 0
     try:
         restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         if restarts:

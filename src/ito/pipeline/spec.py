@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ito.core.manifest import Manifest, parse_manifest
-from ito.core.run_spec import LayoutSpec, RunSpecDocument
+from ito.core.run_spec import BookedAccelerator, LayoutSpec, RunSpecDocument
 from ito.pipeline.storage_fs import StoragePath
 
 __all__ = ["FailAt", "Replica", "RestartFrom", "RunSpec", "load_spec", "stop_file"]
@@ -101,6 +101,12 @@ class RunSpec:
     layout: LayoutSpec | None = None
     """The planned parallel layout; ``None``: FSDP over every rank
     (:meth:`ito.pipeline.layout.EngineLayout.default`)."""
+    accelerator: BookedAccelerator | None = None
+    """The booked accelerator, checked before training (:mod:`ito.pipeline.accelerator`);
+    ``None``: not checked (the engine run alone, in tests)."""
+    parallelism: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    """The run's accepted parallelism plan, as gate 5 stored it (not applied yet: issue 9
+    item 3)."""
     document: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The spec as read, for logging."""
 
@@ -161,5 +167,7 @@ def load_spec(path: Path) -> RunSpec:
         restart_from=restart,
         storage_root=Path(doc.storage_root) if doc.storage_root is not None else None,
         layout=doc.layout,
+        accelerator=doc.accelerator,
+        parallelism=doc.parallelism,
         document=json.loads(raw),
     )

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+from ito.core.hardware import ACCELERATORS
 from ito.pipeline.lighthouse import RUN_HEARTBEAT_TIMEOUT_MS, RUN_JOIN_TIMEOUT_MS, Lighthouse
 
 __all__ = ["Executor", "LaunchSpec", "LocalExecutor", "descendants"]
@@ -33,6 +34,13 @@ class LaunchSpec:
     max_restarts: int = 2
     replica_groups: int = 1
     """More than one: a torchft lighthouse and one torchrun world per group."""
+    gpu: str = "cpu"
+    """The booked accelerator (:data:`ito.core.hardware.ACCELERATORS`); a GPU is requested
+    from the scheduler, ``cpu`` (the stand-in) is not."""
+
+    @property
+    def on_gpu(self) -> bool:
+        return ACCELERATORS[self.gpu].compute_capability is not None
 
 
 class Executor(Protocol):

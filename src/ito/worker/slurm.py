@@ -204,7 +204,8 @@ class SlurmExecutor:
                     'echo "lighthouse at $LIGHTHOUSE for $SLURM_NNODES replica groups"',
                     # A group that fails must not take the others down: they go on without it.
                     'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=0 '
-                    f"bash -c {shlex.quote(self.replica_node_command(launch))}",
+                    + "".join(f"{word} " for word in _step_gpus(launch))
+                    + f"bash -c {shlex.quote(self.replica_node_command(launch))}",
                     "",
                 ]
             )
@@ -220,10 +221,32 @@ class SlurmExecutor:
                 'export RDZV_ENDPOINT="${head_addr:-$head_node}:$head_port"',
                 'echo "rendezvous at $RDZV_ENDPOINT on $SLURM_NNODES nodes"',
                 'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 '
-                f"bash -c {shlex.quote(self.node_command(launch))}",
+                + "".join(f"{word} " for word in _step_gpus(launch))
+                + f"bash -c {shlex.quote(self.node_command(launch))}",
                 "",
             ]
         )
+
+    def sbatch_arguments(self, launch: LaunchSpec, script: Path) -> list[str]:
+        """The ``sbatch`` command line. On a GPU booking it asks for the booked GPUs on every
+        node and the nodes to itself (``--exclusive``): a job that did not get them never
+        starts, and the engine refuses to train where it does not see them
+        (``accelerator_unavailable``)."""
+        arguments = [
+            "sbatch",
+            "--parsable",
+            "--no-requeue",
+            f"--nodes={launch.nodes}",
+            "--ntasks-per-node=1",
+        ]
+        arguments += _gpu_request(launch)
+        arguments += [
+            f"--job-name=ito-{launch.run_id}",
+            f"--output={launch.workdir}/slurm-%j.out",
+            f"--chdir={launch.workdir}",
+            str(script),
+        ]
+        return arguments
 
     # -- Executor -------------------------------------------------------------------------------
 
@@ -239,16 +262,7 @@ class SlurmExecutor:
         script.write_text(self.batch_script(launch))
         script.chmod(0o700)
         result = self._slurm(
-            "sbatch",
-            "--parsable",
-            "--no-requeue",
-            f"--nodes={launch.nodes}",
-            "--ntasks-per-node=1",
-            f"--job-name=ito-{launch.run_id}",
-            f"--output={launch.workdir}/slurm-%j.out",
-            f"--chdir={launch.workdir}",
-            str(script),
-            env=job_environment(self._client_environ()),
+            *self.sbatch_arguments(launch, script), env=job_environment(self._client_environ())
         )
         if result.returncode != 0:
             raise ItoError(
@@ -352,6 +366,18 @@ class SlurmExecutor:
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return subprocess.CompletedProcess(argv, 127, "", f"{argv[0]}: {exc}")
+
+
+def _gpu_request(launch: LaunchSpec) -> list[str]:
+    """The booked GPUs of every node, and the nodes exclusively, on a GPU booking."""
+    if not launch.on_gpu:
+        return []
+    return [f"--gpus-per-node={launch.gpus_per_node}", "--exclusive"]
+
+
+def _step_gpus(launch: LaunchSpec) -> list[str]:
+    """A job step sees only the GPUs it asks for: each node's torchrun asks for all of them."""
+    return [f"--gpus-per-node={launch.gpus_per_node}"] if launch.on_gpu else []
 
 
 def _first_line(text: str) -> str:

@@ -173,6 +173,11 @@ class Supervisor:
             "events_path": str(events_path),
             "stages": [s["stage"] for s in document["curriculum"]],
             "restart_from": restart.model_dump() if restart is not None else None,
+            "accelerator": {
+                "gpu": lease.booking.gpu,
+                "gpus_per_node": lease.booking.gpus_per_node,
+            },
+            "parallelism": lease.parallelism,
         }
         try:
             spec = RunSpecDocument.model_validate(fields | self.spec_overrides)
@@ -197,6 +202,7 @@ class Supervisor:
                     nodes=booking.nodes,
                     gpus_per_node=booking.gpus_per_node,
                     replica_groups=groups,
+                    gpu=booking.gpu,
                 )
             )
         except ItoError as exc:

@@ -205,6 +205,7 @@ def lease_next(
         },
         "lease_ttl_s": settings.ttl.total_seconds(),
         "heartbeat_s": settings.heartbeat_seconds,
+        "parallelism": (run.estimate or {}).get("parallelism"),
     }
 
 

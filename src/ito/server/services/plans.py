@@ -10,7 +10,9 @@ from sqlalchemy.orm import Session
 from ito.core.errors import ItoError
 from ito.core.gates import check_resources, eligibility_record
 from ito.core.manifest import manifest_digest, manifest_summary
+from ito.core.planner import PlanRefused
 from ito.core.pricing import estimate_cost
+from ito.core.run_plan import plan_run_parallelism
 from ito.server.services.bookings import booking_view, get_booking
 from ito.server.services.manifest_cache import parsed_manifest
 from ito.server.store.tables import utcnow
@@ -56,6 +58,19 @@ def plan_run(session: Session, account_id: str, booking_id: str, raw: bytes) -> 
         checks = {"ok": False, "error": exc.to_error_body()}
         refusals.append(exc.to_error_body())
 
+    parallelism: dict[str, Any]
+    try:
+        run_plan = plan_run_parallelism(
+            manifest,
+            gpu=view.gpu,
+            nodes=view.nodes,
+            gpus_per_node=view.gpus_per_node,
+            fabric=view.fabric,
+        )
+        parallelism = {"ok": True} | run_plan.to_dict()
+    except PlanRefused as refused:
+        parallelism = {"ok": False, "error": refused.to_error_body()}
+
     warnings: list[dict[str, Any]] = []
     post = [n for n in ("sft", "dpo", "rlvr") if getattr(manifest.post_training, n) is not None]
     if post:
@@ -84,8 +99,9 @@ def plan_run(session: Session, account_id: str, booking_id: str, raw: bytes) -> 
         "summary": manifest_summary(manifest),
         "eligibility": eligibility,
         "checks": checks,
+        "parallelism": parallelism,
         "stage_plan": stages,
-        "cost": {k: v for k, v in estimate.to_dict().items() if k != "stages"},
+        "cost": {k: v for k, v in estimate.to_dict().items() if k not in ("stages", "parallelism")},
         "refusals": refusals,
         "warnings": warnings,
     }

@@ -1,0 +1,168 @@
+"""The parallelism plan of one run on one booking: what gate 5 asks the planner (DESIGN §5.8,
+§7.2) and what the run carries to its engine.
+
+The planner is asked about the manifest's model at the curriculum's longest sequence (a run
+builds one mesh for all its stages, so the stage with the most activation memory decides), the
+global batch the engine trains on (:data:`SEQUENCES_PER_RANK` sequences for every booked
+accelerator each step), and the booking's accelerator, nodes, GPUs per node and fabric. Degrees
+the manifest pins (``resources.parallelism``) are validated instead of chosen; more than one
+replica group pins ``dp_replicate`` (each group is one replica of HSDP, kept in step by torchft).
+
+A booking of the ``cpu`` stand-in (tests, the demo) is not planned for speed: the planner only
+checks, with every degree pinned to what the engine runs on CPU (FSDP2 over every process of a
+replica group, :data:`SEQUENCES_PER_RANK` sequences per process, fp32, no activation
+checkpointing), that the model fits. The answer says which of the two it did (``mode``), and
+whether the engine of this version trains exactly that layout (``applied``): it runs the
+CPU layout as planned, but a GPU layout it carries for the engine to apply (issue 9 item 3) —
+until then it trains FSDP2 over every rank under bf16 autocast, and says so in ``note``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ito.core.hardware import ACCELERATORS, FABRIC_LINKS
+from ito.core.manifest import Manifest
+from ito.core.model_sizes import SIZES
+from ito.core.planner import ModelShape, Parallelism, Plan, PlannerInput, plan
+from ito.core.planner_inputs import MESH_ORDER
+
+__all__ = ["SEQUENCES_PER_RANK", "RunPlan", "engine_layout", "plan_run_parallelism"]
+
+SEQUENCES_PER_RANK = 4
+"""Sequences each data-parallel rank trains on per optimizer step: the engine's batch
+(``ito.pipeline.train.MICRO_BATCH`` is this constant)."""
+
+PlanMode = Literal["planned", "cpu_stand_in"]
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    mode: PlanMode
+    """``planned``: the planner chose (a GPU booking); ``cpu_stand_in``: the engine's CPU
+    layout, checked by the planner."""
+    applied: bool
+    """Whether this version's engine trains exactly this layout and precision."""
+    note: str
+    seq_len: int
+    """The sequence length planned for (the curriculum's longest)."""
+    pinned: dict[str, object]
+    """What the manifest (and its replica groups) pinned."""
+    plan: Plan
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "applied": self.applied,
+            "note": self.note,
+            "seq_len": self.seq_len,
+            "pinned": dict(self.pinned),
+            "plan": self.plan.to_dict(),
+        }
+
+
+def engine_layout(world: int, replica_groups: int) -> Parallelism:
+    """What this version's engine runs: FSDP2 over each replica group's processes, the groups
+    replicas of each other, :data:`SEQUENCES_PER_RANK` sequences per rank in one micro-batch,
+    no tensor, pipeline or context parallelism, no activation checkpointing."""
+    return Parallelism(
+        dp_replicate=replica_groups,
+        dp_shard=world // replica_groups,
+        tp=1,
+        pp=1,
+        cp=1,
+        micro_batch=SEQUENCES_PER_RANK,
+        activation_checkpointing="none",
+    )
+
+
+def _manifest_pins(manifest: Manifest) -> dict[str, object]:
+    res = manifest.resources
+    pins: dict[str, object] = {}
+    if res.parallelism is not None:
+        pins = res.parallelism.model_dump(exclude_none=True)
+    if res.replica_groups > 1:
+        pins.setdefault("dp_replicate", res.replica_groups)
+    return pins
+
+
+def _cpu_pins(engine: Parallelism, pins: dict[str, object]) -> dict[str, object]:
+    """The engine's CPU layout where the manifest pins nothing; degrees the manifest pins
+    replace the engine's whole mesh (the planner then chooses the degrees left free)."""
+    base = engine.pinned
+    if any(key in MESH_ORDER for key in pins):
+        base = {k: v for k, v in base.items() if k not in MESH_ORDER}
+    return base | pins
+
+
+def plan_run_parallelism(
+    manifest: Manifest, *, gpu: str, nodes: int, gpus_per_node: int, fabric: str
+) -> RunPlan:
+    """The run's plan on this booking, or :class:`~ito.core.planner.PlanRefused`."""
+    accelerator = ACCELERATORS[gpu]
+    seq_len = max(stage.seq_len for stage in manifest.curriculum)
+    world = nodes * gpus_per_node
+    pins = _manifest_pins(manifest)
+    on_cpu = accelerator.compute_capability is None
+    engine = engine_layout(world, manifest.resources.replica_groups)
+    pinned = Parallelism.from_mapping(_cpu_pins(engine, pins) if on_cpu else pins)
+    inp = PlannerInput(
+        model=ModelShape.from_size(SIZES[manifest.model.size]),
+        seq_len=seq_len,
+        accelerator=accelerator,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        fabric=FABRIC_LINKS[fabric],
+        global_batch_tokens=SEQUENCES_PER_RANK * world * seq_len,
+        pinned=pinned,
+        # The CPU stand-in is for tests and the demo: only what cannot run refuses it.
+        allow_wasteful=on_cpu,
+    )
+    result = plan(inp)
+    layout = result.layout
+    same_layout = (
+        layout.dp_replicate,
+        layout.dp_shard,
+        layout.tp,
+        layout.pp,
+        layout.cp,
+        layout.micro_batch,
+        layout.microbatches,
+        layout.activation_checkpointing,
+    ) == (
+        engine.dp_replicate,
+        engine.dp_shard,
+        1,
+        1,
+        1,
+        SEQUENCES_PER_RANK,
+        1,
+        "none",
+    )
+    applied = on_cpu and same_layout
+    if applied:
+        note = (
+            "CPU stand-in: the engine's own layout (FSDP2 over every process, fp32), checked by "
+            "the planner to fit; trained exactly so"
+        )
+    elif on_cpu:
+        note = (
+            "CPU stand-in with pinned degrees: validated by the planner, but this engine "
+            "version trains FSDP2 over every process with "
+            f"{SEQUENCES_PER_RANK} sequences per rank, fp32"
+        )
+    else:
+        note = (
+            "chosen by the planner and carried by the run for the engine to apply; this engine "
+            "version trains FSDP2 over every rank with fp32 parameters under bf16 autocast, "
+            f"{SEQUENCES_PER_RANK} sequences per rank"
+        )
+    return RunPlan(
+        mode="cpu_stand_in" if on_cpu else "planned",
+        applied=applied,
+        note=note,
+        seq_len=seq_len,
+        pinned=pins,
+        plan=result,
+    )

@@ -1,0 +1,143 @@
+"""Gate 5 asks the planner (DESIGN §5.8, §7.2): the run's layout on its booking is planned, carried
+with the estimate, and an unplannable manifest is refused ``plan_refused`` with its reasons."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from ito.core.gates import BookingView, check_resources
+from ito.core.manifest import Manifest, parse_manifest
+from ito.core.planner import PlanRefused
+from ito.core.run_plan import SEQUENCES_PER_RANK, plan_run_parallelism
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+Doc = dict[str, Any]
+
+
+def _manifest(doc: Doc, **resources: Any) -> Manifest:
+    doc["resources"].update(resources)
+    return parse_manifest(json.dumps(doc).encode())
+
+
+def _booking(**changes: Any) -> BookingView:
+    base = BookingView(
+        id="bkg_1",
+        account_id="acc_1",
+        state="completed",
+        gpu="cpu",
+        nodes=1,
+        gpus_per_node=2,
+        gpu_memory_gb=8,
+        region="local",
+        fabric="ethernet",
+        term_start=NOW - timedelta(hours=1),
+        term_end=NOW + timedelta(days=30),
+        storage_uri="file:///srv/ckpt/bkg_1",
+        storage_quota_gb=10.0,
+        rate_usd_per_gpu_hour=0.01,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def _gpu_manifest(doc: Doc, nodes: int, gpus_per_node: int, **resources: Any) -> Manifest:
+    doc["budget"] = {"ceiling_usd": 1e6, "max_incremental_cost_usd": 1e6}
+    return _manifest(
+        doc,
+        accelerators=["h100"],
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        fabrics=["ethernet", "infiniband"],
+        **resources,
+    )
+
+
+def test_a_cpu_booking_plans_the_engine_s_own_layout_and_the_run_carries_it(doc: Doc) -> None:
+    result = check_resources(_manifest(doc), _booking(), NOW)
+    run_plan = result.plan
+    assert run_plan.mode == "cpu_stand_in"
+    assert run_plan.applied is True
+    layout = run_plan.plan.layout
+    assert (layout.dp_replicate, layout.dp_shard, layout.tp, layout.pp, layout.cp) == (
+        1,
+        2,
+        1,
+        1,
+        1,
+    )
+    assert run_plan.plan.micro_batch == SEQUENCES_PER_RANK
+    assert run_plan.plan.grad_accum == 1
+    assert run_plan.plan.param_dtype == "float32"
+    longest = max(s["seq_len"] for s in doc["curriculum"])
+    assert run_plan.seq_len == longest
+    assert run_plan.plan.global_batch_tokens == SEQUENCES_PER_RANK * 2 * longest
+    # Stored with the estimate: what the run row keeps and the worker hands on.
+    stored = result.estimate.to_dict()["parallelism"]
+    assert stored == run_plan.to_dict()
+    assert stored["plan"]["mesh"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 1}
+
+
+def test_replica_groups_pin_the_replicate_degree(doc: Doc) -> None:
+    run_plan = check_resources(_manifest(doc, replica_groups=2), _booking(), NOW).plan
+    assert (run_plan.plan.dp_replicate, run_plan.plan.dp_shard) == (2, 1)
+    assert run_plan.pinned["dp_replicate"] == 2
+    assert run_plan.applied is True
+
+
+def test_a_gpu_booking_is_planned_by_the_planner_and_says_it_is_not_yet_applied(doc: Doc) -> None:
+    manifest = _gpu_manifest(doc, 1, 8)
+    run_plan = check_resources(manifest, _booking(gpu="h100", gpus_per_node=8), NOW).plan
+    assert run_plan.mode == "planned"
+    assert run_plan.applied is False
+    assert run_plan.plan.param_dtype == "bfloat16"
+    assert run_plan.plan.layout.world == 8
+    assert 0 < run_plan.plan.time.mfu <= 1
+
+
+def test_pinned_degrees_are_validated_not_chosen(doc: Doc) -> None:
+    pins = {"dp_replicate": 4, "dp_shard": 2, "activation_checkpointing": "none"}
+    doc["model"]["size"] = "150m"
+    manifest = _gpu_manifest(doc, 1, 8, parallelism=pins)
+    run_plan = check_resources(manifest, _booking(gpu="h100", gpus_per_node=8), NOW).plan
+    plan = run_plan.plan
+    assert (plan.dp_replicate, plan.dp_shard, plan.tp, plan.pp) == (4, 2, 1, 1)
+    assert plan.activation_checkpointing == "none"
+    assert plan.micro_batch * plan.grad_accum == SEQUENCES_PER_RANK
+    assert run_plan.pinned == pins
+    assert all(plan.rule(choice).why.startswith("pinned") for choice in pins)
+
+
+def _refusal(manifest: Manifest, booking: BookingView) -> PlanRefused:
+    with pytest.raises(PlanRefused) as info:
+        check_resources(manifest, booking, NOW)
+    assert info.value.code == "plan_refused"
+    return info.value
+
+
+def test_more_pinned_pipeline_stages_than_layers_is_refused_with_its_reason(doc: Doc) -> None:
+    manifest = _manifest(doc, gpus_per_node=4, parallelism={"pp": 4})
+    refused = _refusal(manifest, _booking(gpus_per_node=4))
+    assert "pp_more_stages_than_layers" in [r.code.value for r in refused.reasons]
+    assert refused.to_error_body()["reasons"]
+
+
+def test_data_parallelism_over_ethernet_that_cannot_hide_its_traffic_is_refused(
+    doc: Doc,
+) -> None:
+    manifest = _gpu_manifest(doc, 4, 8)
+    refused = _refusal(manifest, _booking(gpu="h100", nodes=4, gpus_per_node=8))
+    assert "exposed_communication" in [r.code.value for r in refused.reasons]
+    # The same run over InfiniBand plans.
+    booking = _booking(gpu="h100", nodes=4, gpus_per_node=8, fabric="infiniband")
+    assert check_resources(manifest, booking, NOW).plan.plan.layout.world == 32
+
+
+def test_the_plan_ignores_no_pinned_degree(doc: Doc) -> None:
+    # A context-parallel degree the engine cannot apply is refused, not dropped.
+    manifest = _gpu_manifest(doc, 1, 8, parallelism={"cp": 2})
+    with pytest.raises(PlanRefused):
+        plan_run_parallelism(manifest, gpu="h100", nodes=1, gpus_per_node=8, fabric="nvlink")
