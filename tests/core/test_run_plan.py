@@ -79,23 +79,66 @@ def test_a_cpu_booking_plans_the_engine_s_own_layout_and_the_run_carries_it(doc:
     stored = result.estimate.to_dict()["parallelism"]
     assert stored == run_plan.to_dict()
     assert stored["plan"]["mesh"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 1}
+    # The engine's default layout is the plan: the spec carries none for it to build.
+    assert run_plan.layout is None and stored["layout"] is None
 
 
 def test_replica_groups_pin_the_replicate_degree(doc: Doc) -> None:
     run_plan = check_resources(_manifest(doc, replica_groups=2), _booking(), NOW).plan
     assert (run_plan.plan.dp_replicate, run_plan.plan.dp_shard) == (2, 1)
     assert run_plan.pinned["dp_replicate"] == 2
+    assert run_plan.applied is True and run_plan.layout is None
+
+
+def test_pinned_degrees_on_the_cpu_stand_in_travel_to_the_engine(doc: Doc) -> None:
+    manifest = _manifest(doc, parallelism={"tp": 2})
+    run_plan = check_resources(manifest, _booking(), NOW).plan
     assert run_plan.applied is True
+    assert run_plan.layout is not None
+    assert (run_plan.layout.tp, run_plan.layout.dp_shard, run_plan.layout.param_dtype) == (
+        2,
+        1,
+        "float32",
+    )
+    assert run_plan.to_dict()["layout"] == run_plan.layout.model_dump()
 
 
-def test_a_gpu_booking_is_planned_by_the_planner_and_says_it_is_not_yet_applied(doc: Doc) -> None:
+def test_another_layout_inside_replica_groups_is_refused_not_dropped(doc: Doc) -> None:
+    manifest = _manifest(doc, gpus_per_node=4, replica_groups=2, parallelism={"tp": 2})
+    refused = _refusal(manifest, _booking(gpus_per_node=4))
+    assert [r.code.value for r in refused.reasons] == ["layout_with_replica_groups"]
+
+
+def test_a_gpu_booking_is_planned_and_carries_the_layout_the_engine_builds(doc: Doc) -> None:
     manifest = _gpu_manifest(doc, 1, 8)
     run_plan = check_resources(manifest, _booking(gpu="h100", gpus_per_node=8), NOW).plan
     assert run_plan.mode == "planned"
-    assert run_plan.applied is False
-    assert run_plan.plan.param_dtype == "bfloat16"
-    assert run_plan.plan.layout.world == 8
-    assert 0 < run_plan.plan.time.mfu <= 1
+    plan = run_plan.plan
+    assert plan.param_dtype == "bfloat16"
+    assert plan.layout.world == 8
+    assert 0 < plan.time.mfu <= 1
+    # This engine runs eager: the plan does not claim compiled layers.
+    assert plan.compile is False and plan.rule("compile").value is False
+    assert run_plan.applied is True
+    # The planner picks another layout than the engine's default (FSDP over all 8 ranks) for
+    # this model on one 8-GPU node, so the spec carries it.
+    assert (plan.dp_replicate, plan.dp_shard, plan.tp, plan.pp) != (1, 8, 1, 1)
+    layout = run_plan.layout
+    assert layout is not None
+    assert (layout.dp_replicate, layout.dp_shard, layout.tp, layout.pp, layout.cp) == (
+        plan.dp_replicate,
+        plan.dp_shard,
+        plan.tp,
+        plan.pp,
+        plan.cp,
+    )
+    assert (layout.micro_batch, layout.grad_accum, layout.pp_microbatches) == (
+        plan.micro_batch,
+        plan.grad_accum,
+        plan.pp_microbatches,
+    )
+    assert (layout.param_dtype, layout.reduce_dtype) == ("bfloat16", "float32")
+    assert layout.activation_checkpointing == plan.activation_checkpointing
 
 
 def test_pinned_degrees_are_validated_not_chosen(doc: Doc) -> None:

@@ -132,6 +132,27 @@ def _processes_of(run_id: str) -> list[str]:
     return [line for line in out.stdout.splitlines() if "pgrep" not in line]
 
 
+def test_pinned_tensor_parallelism_is_planned_carried_and_built_by_the_engine(
+    worker_server: Server, tmp_path: Path
+) -> None:
+    """Issue 9: a manifest pinning ``tp=2`` on the two-process CPU booking plans that layout at
+    gate 5, the run carries it, and the engine builds exactly that mesh (its ``mesh`` event,
+    ``planned``) and trains to the end."""
+    t = make_tenant(worker_server, tmp_path / "t", "tp")
+    path = t.manifest("tp")
+    document = json.loads(path.read_text())
+    document["resources"]["parallelism"] = {"tp": 2}
+    path.write_text(json.dumps(document))
+    run_id = _create(t, path, "tp-1")
+    shown = _state(t, run_id)
+    assert shown["estimate"]["parallelism"]["layout"]["tp"] == 2
+    final = _wait_state(t, run_id, TERMINAL)
+    assert final["state"] == "succeeded", final
+    meshes = [e["data"] for e in final["events"] if e["kind"] == "mesh"]
+    assert meshes and all(m["planned"] is True for m in meshes)
+    assert all(m["dims"]["tp"] == 2 and m["dims"]["dp_shard"] == 1 for m in meshes)
+
+
 def test_a_confirmed_run_trains_to_succeeded_through_the_in_process_worker(
     worker_server: Server, tmp_path: Path
 ) -> None:

@@ -219,7 +219,7 @@ def render_run_plan(envelope: dict[str, Any]) -> None:
                 f"  - {reason['code']}: {reason['message']}", highlight=False, markup=False
             )
         return
-    applied = "applied as planned" if section["applied"] else "not yet applied by the engine"
+    applied = "applied as planned" if section["applied"] else "not applied by the engine"
     console.print(
         f"  {section['mode']}, planned at seq {section['seq_len']}; {applied}: {section['note']}",
         highlight=False,

@@ -118,6 +118,9 @@ class ParallelismPlanned(_View):
     pinned: dict[str, int | str]
     """What the manifest pinned (``resources.parallelism``, its replica groups)."""
     plan: LayoutPlan
+    layout: dict[str, int | str] | None = None
+    """What the run spec carries to the engine (:class:`ito.core.run_spec.LayoutSpec`);
+    ``None``: the engine's default layout, which is the plan."""
 
 
 class ParallelismRefused(_View):

@@ -326,7 +326,7 @@ def plan(inp: PlannerInput) -> Plan:
         param_dtype="bfloat16" if inp.on_gpu else "float32",
         reduce_dtype="float32",
         fp8=inp.fp8,
-        compile=inp.on_gpu,
+        compile=inp.compiles,
         memory=best.memory,
         time=best.time,
         rules=tuple(explain(inp, best, acceptable, candidates)),

@@ -68,6 +68,8 @@ class ReasonCode(StrEnum):
     pp_not_needed = "pp_not_needed"
     full_checkpointing_not_needed = "full_checkpointing_not_needed"
     booking_oversized = "booking_oversized"
+    layout_with_replica_groups = "layout_with_replica_groups"
+    """A layout other than FSDP inside each torchft replica group (not applied yet)."""
 
     @property
     def wasteful(self) -> bool:

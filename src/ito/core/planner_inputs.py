@@ -175,6 +175,9 @@ class PlannerInput:
     fp8: bool = False
     """fp8 matmuls requested (the planner never turns them on by itself: numerics change)."""
     pinned: Parallelism = field(default_factory=Parallelism)
+    compile: bool = True
+    """Whether the layers may be compiled (``torch.compile``) on a GPU; ``False`` where the
+    engine that will run the plan does not compile (a run's plan, :mod:`ito.core.run_plan`)."""
     allow_wasteful: bool = False
     """Report wasteful choices (a faster or smaller layout exists) as warnings instead of
     refusing: for tests and benchmarks that must run one layout on purpose. What cannot run
@@ -202,6 +205,10 @@ class PlannerInput:
     @property
     def on_gpu(self) -> bool:
         return self.accelerator.compute_capability is not None
+
+    @property
+    def compiles(self) -> bool:
+        return self.on_gpu and self.compile
 
     @property
     def compute_bytes(self) -> int:

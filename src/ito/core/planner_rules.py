@@ -149,11 +149,16 @@ def explain(
     rules.append(
         Rule(
             "compile",
-            inp.on_gpu,
+            inp.compiles,
             "torch.compile per decoder layer, as TorchTitan does; the assumed kernel "
             "efficiency counts on it"
-            if inp.on_gpu
-            else "eager on the CPU stand-in",
+            if inp.compiles
+            else (
+                "eager: the engine that runs this plan does not compile, and the predicted "
+                "step time assumes the kernel efficiency of compiled layers, so it is optimistic"
+                if inp.on_gpu
+                else "eager on the CPU stand-in"
+            ),
         )
     )
     return rules

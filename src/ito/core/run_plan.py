@@ -11,10 +11,15 @@ replica group pins ``dp_replicate`` (each group is one replica of HSDP, kept in 
 A booking of the ``cpu`` stand-in (tests, the demo) is not planned for speed: the planner only
 checks, with every degree pinned to what the engine runs on CPU (FSDP2 over every process of a
 replica group, :data:`SEQUENCES_PER_RANK` sequences per process, fp32, no activation
-checkpointing), that the model fits. The answer says which of the two it did (``mode``), and
-whether the engine of this version trains exactly that layout (``applied``): it runs the
-CPU layout as planned, but a GPU layout it carries for the engine to apply (issue 9 item 3) —
-until then it trains FSDP2 over every rank under bf16 autocast, and says so in ``note``.
+checkpointing), that the model fits. The answer says which of the two it did (``mode``).
+
+A plan other than the engine's default carries its ``layout`` (:class:`~ito.core.run_spec.
+LayoutSpec`: the degrees, micro-batching, activation checkpointing and precision) to the engine,
+which builds exactly that mesh and fails the run if it cannot (``ito.pipeline.layout``); the
+default layout travels as ``None``. Nothing planned is dropped on the way: a layout the engine
+would not apply is refused here, at plan time — context parallelism (the planner refuses it),
+a layout other than FSDP inside torchft replica groups, and ``torch.compile`` (the planner is
+told this engine runs eager, and says what that costs its prediction).
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ from typing import Any, Literal
 from ito.core.hardware import ACCELERATORS, FABRIC_LINKS
 from ito.core.manifest import Manifest
 from ito.core.model_sizes import SIZES
-from ito.core.planner import ModelShape, Parallelism, Plan, PlannerInput, plan
+from ito.core.planner import ModelShape, Parallelism, Plan, PlannerInput, PlanRefused, plan
+from ito.core.planner_checks import Reason, ReasonCode
 from ito.core.planner_inputs import MESH_ORDER
+from ito.core.run_spec import LayoutSpec
 
 __all__ = ["SEQUENCES_PER_RANK", "RunPlan", "engine_layout", "plan_run_parallelism"]
 
@@ -50,6 +57,8 @@ class RunPlan:
     pinned: dict[str, object]
     """What the manifest (and its replica groups) pinned."""
     plan: Plan
+    layout: LayoutSpec | None = None
+    """What the engine applies; ``None``: its default layout, which is the plan."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -59,6 +68,7 @@ class RunPlan:
             "seq_len": self.seq_len,
             "pinned": dict(self.pinned),
             "plan": self.plan.to_dict(),
+            "layout": None if self.layout is None else self.layout.model_dump(),
         }
 
 
@@ -118,6 +128,7 @@ def plan_run_parallelism(
         pinned=pinned,
         # The CPU stand-in is for tests and the demo: only what cannot run refuses it.
         allow_wasteful=on_cpu,
+        compile=False,  # this engine runs eager
     )
     result = plan(inp)
     layout = result.layout
@@ -140,29 +151,67 @@ def plan_run_parallelism(
         1,
         "none",
     )
-    applied = on_cpu and same_layout
-    if applied:
-        note = (
-            "CPU stand-in: the engine's own layout (FSDP2 over every process, fp32), checked by "
-            "the planner to fit; trained exactly so"
+    layout_spec = None if same_layout else _layout_spec(result)
+    if layout_spec is not None and manifest.resources.replica_groups > 1:
+        raise PlanRefused(
+            [
+                Reason(
+                    ReasonCode.layout_with_replica_groups,
+                    f"{manifest.resources.replica_groups} torchft replica groups train FSDP2 "
+                    "inside each group; the plan needs another layout "
+                    f"({_degrees(result)}), which this engine does not apply there",
+                )
+            ]
         )
-    elif on_cpu:
+    if layout_spec is None:
         note = (
-            "CPU stand-in with pinned degrees: validated by the planner, but this engine "
-            "version trains FSDP2 over every process with "
-            f"{SEQUENCES_PER_RANK} sequences per rank, fp32"
+            "the engine's default layout (FSDP2 over every process of a replica group, "
+            f"{SEQUENCES_PER_RANK} sequences per rank), checked by the planner to fit; trained "
+            "exactly so"
         )
     else:
         note = (
-            "chosen by the planner and carried by the run for the engine to apply; this engine "
-            "version trains FSDP2 over every rank with fp32 parameters under bf16 autocast, "
-            f"{SEQUENCES_PER_RANK} sequences per rank"
+            f"the engine builds exactly this mesh ({_degrees(result)}) with this "
+            f"micro-batching, activation checkpointing and precision ({result.param_dtype} "
+            f"parameters, {result.reduce_dtype} reduction), eager (no torch.compile), and "
+            "fails the run if it cannot"
         )
     return RunPlan(
         mode="cpu_stand_in" if on_cpu else "planned",
-        applied=applied,
+        applied=True,
         note=note,
         seq_len=seq_len,
         pinned=pins,
         plan=result,
+        layout=layout_spec,
     )
+
+
+def _degrees(result: Plan) -> str:
+    return " × ".join(f"{dim} {degree}" for dim, degree in result.mesh.items() if degree > 1) or (
+        "one process"
+    )
+
+
+def _layout_spec(result: Plan) -> LayoutSpec:
+    """The plan as the run spec carries it to the engine."""
+    return LayoutSpec(
+        dp_replicate=result.dp_replicate,
+        dp_shard=result.dp_shard,
+        tp=result.tp,
+        pp=result.pp,
+        cp=result.cp,
+        micro_batch=result.micro_batch,
+        grad_accum=result.grad_accum,
+        pp_microbatches=result.pp_microbatches,
+        activation_checkpointing=result.activation_checkpointing,
+        param_dtype=_dtype(result.param_dtype),
+        reduce_dtype=_dtype(result.reduce_dtype),
+    )
+
+
+def _dtype(name: str) -> Literal["float32", "bfloat16"]:
+    if name == "bfloat16":
+        return "bfloat16"
+    assert name == "float32", name
+    return "float32"

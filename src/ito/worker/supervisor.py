@@ -178,6 +178,8 @@ class Supervisor:
                 "gpus_per_node": lease.booking.gpus_per_node,
             },
             "parallelism": lease.parallelism,
+            # The layout gate 5 planned, for the engine to build exactly (None: its default).
+            "layout": (lease.parallelism or {}).get("layout"),
         }
         try:
             spec = RunSpecDocument.model_validate(fields | self.spec_overrides)
