@@ -9,7 +9,7 @@ against, and it is shown to the human who approves.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from ito.core.hardware import ACCELERATORS
@@ -62,9 +62,24 @@ class CostEstimate:
         return self.cost_usd <= self.max_incremental_cost_usd
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        if self.parallelism is None:
-            del data["parallelism"]
+        """As stored with the run and answered by the API. Built field by field, not with
+        ``dataclasses.asdict``, which deep-copies the (already plain) parallelism plan: on the
+        create path that copy cost more than every database statement together."""
+        data: dict[str, Any] = {
+            "accelerator": self.accelerator,
+            "accelerators": self.accelerators,
+            "stages": [
+                {f.name: getattr(stage, f.name) for f in fields(stage)} for stage in self.stages
+            ],
+            "seconds": self.seconds,
+            "gpu_hours": self.gpu_hours,
+            "rate_usd_per_gpu_hour": self.rate_usd_per_gpu_hour,
+            "cost_usd": self.cost_usd,
+            "ceiling_usd": self.ceiling_usd,
+            "max_incremental_cost_usd": self.max_incremental_cost_usd,
+        }
+        if self.parallelism is not None:
+            data["parallelism"] = self.parallelism
         data["within_ceiling"] = self.within_ceiling
         data["within_incremental"] = self.within_incremental
         return data
