@@ -5,12 +5,12 @@ database that is dropped at the end) this script:
 
 1. sets up through the real operator CLI (``ito-server migrate``, ``account create``, ``key
    create`` for a requester and an approver, ``booking create --state completed``) and starts a
-   real ``ito-server serve --no-worker --workers N`` (``--workers``; by default 1 on SQLite, 2
-   on PostgreSQL: on this 2-core machine, where the load generator shares the cores, a second
-   process helped PostgreSQL — create ratio 0.64 vs 0.55/0.32, server CPU per create 6.6-9 ms
-   vs 10-12 — and hurt SQLite, whose one write lock the processes then contend for across
-   processes — create ratio 0.22-0.27 vs 0.44-0.47, create p99 6x the insert's vs 3x) on a free
-   loopback port;
+   real ``ito-server serve --no-worker --workers N`` on a free loopback port (``--workers``; by
+   default 2 on both backends: on this 2-core machine, where the load generator shares the
+   cores, medians of three runs each gave, SQLite, create ratio 0.53 with two processes vs
+   0.39 with one, server CPU per create 2.4x vs 2.6x the insert's — the processes' writers
+   queue on one lock per process, then on the database's — and PostgreSQL 0.60 vs 0.61, 2.5x vs
+   2.4x, i.e. no difference);
 2. **flow round**: ``--clients`` concurrent clients, each doing ``--runs-per-client`` times what
    ``ito confirm`` / ``ito approve`` / ``ito train`` / ``ito status`` do: upload the manifest,
    request a confirmation, approve it with the approver key, check the manifest, create the run
@@ -1064,7 +1064,7 @@ def workers_for(backend: str, args: argparse.Namespace) -> int:
     """``--workers`` when given; else what measured best on 2 cores (module docstring)."""
     if args.workers is not None:
         return int(args.workers)
-    return 1 if backend == "sqlite" else 2
+    return 2
 
 
 def bench_backend(
@@ -1410,7 +1410,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=None,
         help="ito-server API processes (serve --workers; both backends allow "
-        "it: PostgreSQL, SQLite in WAL); default 1 on SQLite, 2 on PostgreSQL",
+        "it: PostgreSQL, SQLite in WAL); default 2",
     )
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument(
