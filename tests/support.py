@@ -380,6 +380,24 @@ class Tenant:
         assert approved["ok"], approved
         return ref
 
+    def train(self, manifest: Path, key: str, booking_id: str | None = None) -> str:
+        """Create a run the way an agent does: an approved confirmation, then ``ito train``
+        with idempotency key ``key``; the new run's id."""
+        booking = booking_id or self.booking_id
+        ref = self.approved_confirmation(manifest, booking_id=booking)
+        created = self.ito(
+            "train",
+            "--booking",
+            booking,
+            "--manifest",
+            str(manifest),
+            "--confirmation-ref",
+            ref,
+            "--idempotency-key",
+            key,
+        )
+        return str(created.data["run_id"])
+
 
 def make_tenant(server: Server, workdir: Path, name: str = "tenant") -> Tenant:
     account = server.desk("/v1/desk/accounts", {"name": name})["account_id"]

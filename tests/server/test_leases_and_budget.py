@@ -33,18 +33,7 @@ SETTINGS = LeaseSettings(ttl_seconds=30, heartbeat_seconds=5)
 def _run_with_worker(tenant: Tenant, rate: float):  # type: ignore[no-untyped-def]
     booking = tenant.booking(rate_usd_per_gpu_hour=rate)
     manifest = tenant.manifest()
-    ref = tenant.approved_confirmation(manifest, booking_id=booking)
-    run_id = tenant.ito(
-        "train",
-        "--booking",
-        booking,
-        "--manifest",
-        str(manifest),
-        "--confirmation-ref",
-        ref,
-        "--idempotency-key",
-        "k",
-    ).data["run_id"]
+    run_id = tenant.train(manifest, "k", booking_id=booking)
     key = tenant.server.desk(
         "/v1/desk/keys", {"account_id": tenant.account_id, "role": "worker", "booking_id": booking}
     )

@@ -26,21 +26,7 @@ def _get(tenant: Tenant, path: str, **params: Any) -> httpx.Response:
 
 
 def _run(tenant: Tenant) -> str:
-    booking = tenant.booking()
-    manifest = tenant.manifest()
-    ref = tenant.approved_confirmation(manifest, booking_id=booking)
-    run_id: str = tenant.ito(
-        "train",
-        "--booking",
-        booking,
-        "--manifest",
-        str(manifest),
-        "--confirmation-ref",
-        ref,
-        "--idempotency-key",
-        "pages",
-    ).data["run_id"]
-    return run_id
+    return tenant.train(tenant.manifest(), "pages", booking_id=tenant.booking())
 
 
 def _fill(tenant: Tenant, run_id: str, lines: int, steps: int) -> None:

@@ -75,20 +75,7 @@ def budget_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def _create(t: Tenant, manifest: Path, key: str) -> str:
-    ref = t.approved_confirmation(manifest)
-    created = t.ito(
-        "train",
-        "--booking",
-        t.booking_id,
-        "--manifest",
-        str(manifest),
-        "--confirmation-ref",
-        ref,
-        "--idempotency-key",
-        key,
-    )
-    assert created.rc == 0, created.stdout
-    return str(created.data["run_id"])
+    return t.train(manifest, key)
 
 
 def _state(t: Tenant, run_id: str) -> dict[str, Any]:
@@ -468,18 +455,7 @@ def _slurm_run(
     document = json.loads(manifest.read_text())
     document["resources"] = resources
     manifest.write_text(json.dumps(document))
-    ref = t.approved_confirmation(manifest, booking_id=booking)
-    run_id = t.ito(
-        "train",
-        "--booking",
-        booking,
-        "--manifest",
-        str(manifest),
-        "--confirmation-ref",
-        ref,
-        "--idempotency-key",
-        name,
-    ).data["run_id"]
+    run_id = t.train(manifest, name, booking_id=booking)
     env = _worker_env(server, t, booking, tmp_path / "worker-home", SLURM_CONF=str(cluster.conf))
     worker = subprocess.run(
         [str(BIN / "ito-worker"), "--booking", booking, "--executor", "slurm", "--once", "--json"],
