@@ -1,5 +1,17 @@
 """Training overhead bench: tokens/s of the engine's pretrain stage ÷ a plain PyTorch loop.
 
+Two layouts, each compared with a plain loop doing the same parallelism (``--layouts``):
+
+- ``fsdp`` — the engine's default layout (FSDP2, ``dp_shard=2``), described below;
+- ``tp`` — the engine with a planned ``tp=2`` layout (run spec ``layout``: ``tp=2,
+  dp_shard=1``) against a plain loop that splits the same model with DTensor
+  ``parallelize_module`` (q, k, v, gate, up column-wise, o and down row-wise) and nothing else
+  (no FSDP), starting from the same values (the engine's deterministic initialisation), both
+  tensor-parallel ranks reading the same batch, AdamW with the engine's hyper-parameters in two
+  parameter groups (DTensor and plain weights) and clipping over both kinds of gradient.
+
+Each layout prints its own tables; a last table puts the ratios side by side.
+
 Both sides run under ``torchrun --standalone --nproc-per-node=2`` (gloo, one OpenMP thread per
 process) with the same FSDP2 model — ``ito.pipeline.model.build_model`` from the same
 ``ito.core.model_sizes`` entry and the same seed (derived from the same run id), each decoder
@@ -60,6 +72,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +83,94 @@ RUN_ID = "bench-train-overhead"
 STEP_TIMEOUT_S = 600.0
 
 
+@dataclass(frozen=True)
+class BenchLayout:
+    title: str
+    spec: dict[str, Any] | None
+    """The run spec's ``layout`` (``None``: the engine's default, FSDP over every rank)."""
+    dp: int
+    """Data-parallel ranks: each reads its own batches."""
+
+
+LAYOUTS: dict[str, BenchLayout] = {
+    "fsdp": BenchLayout("FSDP2 dp_shard=2", None, NPROC),
+    "tp": BenchLayout(
+        "tensor parallel tp=2",
+        {"dp_shard": 1, "tp": NPROC, "micro_batch": 4},
+        1,
+    ),
+}
+"""The layouts compared, each engine against a plain loop doing the same parallelism."""
+
+
 # ---------------------------------------------------------------------------------------------
 # The baseline worker (runs under torchrun)
+
+
+def tensor_parallel_baseline(
+    size: Any, seed: int, world: int, spec: Any
+) -> tuple[Any, Any, Callable[[], Any]]:
+    """The plain PyTorch tensor-parallel model over all ``world`` ranks: the Llama decoder
+    built on ``meta``, each decoder layer's projections split by DTensor ``parallelize_module``
+    (Megatron's split: q, k, v, gate, up column-wise, o and down row-wise; embeddings, norms and
+    the head whole on every rank), materialised with the engine's deterministic initialisation
+    (so both sides start from the same values and their losses compare). No FSDP. AdamW with
+    the engine's hyper-parameters, in two parameter groups (the DTensor weights and the plain
+    ones: ``foreach`` kernels do not mix the two), and gradient clipping over both kinds of
+    gradient. Returns the model, the optimizer and the clipping call."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.experimental import implicit_replication
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+    from transformers import LlamaForCausalLM
+
+    from ito.pipeline.model import BETAS, PEAK_LR, WEIGHT_DECAY, llama_config
+    from ito.pipeline.parallelize import initialize
+    from ito.pipeline.train import MAX_GRAD_NORM
+
+    tp_mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    with torch.device("meta"):
+        model = LlamaForCausalLM(llama_config(size))
+    plan = {
+        "self_attn.q_proj": ColwiseParallel(),
+        "self_attn.k_proj": ColwiseParallel(),
+        "self_attn.v_proj": ColwiseParallel(),
+        "self_attn.o_proj": RowwiseParallel(),
+        "mlp.gate_proj": ColwiseParallel(),
+        "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(),
+    }
+    for layer in model.model.layers:
+        parallelize_module(layer, tp_mesh, plan)
+    initialize(model, seed, torch.device("cpu"))
+    params = list(model.parameters())
+    sharded = [p for p in params if isinstance(p, DTensor)]
+    whole = [p for p in params if not isinstance(p, DTensor)]
+    groups: list[dict[str, Any]] = [{"params": sharded}, {"params": whole}]
+    optimizer = torch.optim.AdamW(
+        groups,
+        lr=PEAK_LR[spec.manifest.model.size],
+        betas=BETAS,
+        weight_decay=WEIGHT_DECAY,
+        foreach=True,
+    )
+
+    def clip() -> Any:
+        grads = [p.grad for p in params if p.grad is not None]
+        tp_norm: Any = torch.nn.utils.get_total_norm([g for g in grads if isinstance(g, DTensor)])
+        plain = [g for g in grads if not isinstance(g, DTensor)]
+        norms = torch.stack([tp_norm.full_tensor(), torch.nn.utils.get_total_norm(plain)])
+        total = torch.linalg.vector_norm(norms)
+        with implicit_replication():
+            torch.nn.utils.clip_grads_with_norm_(grads, MAX_GRAD_NORM, total)
+        return total
+
+    return model, optimizer, clip
 
 
 def baseline_worker(spec_path: Path, out_path: Path) -> None:
@@ -99,14 +200,23 @@ def baseline_worker(spec_path: Path, out_path: Path) -> None:
     ]
     tokenizer = load_tokenizer(spec.checkpoint_dir)
     data = PackedData(pack(tokenizer, docs, stage.seq_len), seed, stage_index)
-    steps = max(1, stage.tokens // (MICRO_BATCH * world * stage.seq_len))
+    if spec.layout is None:
+        layout = EngineLayout.default(world)
+        model = build_model(size, seed, build_mesh("cpu", layout), layout, torch.device("cpu"))
+        optimizer = build_optimizer(model, spec.manifest.model.size)
+        clip: Callable[[], Any] = partial(
+            torch.nn.utils.clip_grad_norm_, model.parameters(), MAX_GRAD_NORM
+        )
+        dp_rank, dp = rank, world
+    else:
+        assert spec.layout.tp == world, "the tp baseline is pure tensor parallel"
+        model, optimizer, clip = tensor_parallel_baseline(size, seed, world, spec)
+        dp_rank, dp = 0, 1  # every tensor-parallel rank reads the same batch
+    step_tokens = MICRO_BATCH * dp * stage.seq_len
+    steps = max(1, stage.tokens // step_tokens)
     if spec.max_steps_per_stage is not None:
         steps = min(steps, spec.max_steps_per_stage)
-    layout = EngineLayout.default(world)
-    model = build_model(size, seed, build_mesh("cpu", layout), layout, torch.device("cpu"))
-    optimizer = build_optimizer(model, spec.manifest.model.size)
     scheduler = build_scheduler(optimizer, steps)
-    step_tokens = MICRO_BATCH * world * stage.seq_len
 
     losses: list[torch.Tensor] = []
     step_seconds: list[float] = []
@@ -115,10 +225,10 @@ def baseline_worker(spec_path: Path, out_path: Path) -> None:
     loop_start = time.time()
     for k in range(steps):
         start = time.perf_counter()
-        batch = data.batch(k, rank, world, MICRO_BATCH)
+        batch = data.batch(k, dp_rank, dp, MICRO_BATCH)
         loss = model(input_ids=batch, labels=batch).loss
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+        clip()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
@@ -323,6 +433,214 @@ def run_side(
     return result
 
 
+def measure_layout(
+    args: argparse.Namespace,
+    name: str,
+    tmp: Path,
+    base_spec: dict[str, Any],
+    tokenizer: Path,
+    every: int,
+    procs: Any,
+    env: dict[str, str],
+) -> dict[str, Any]:
+    """``--repeats`` rounds of engine and baseline on one layout; prints its tables and
+    returns its summary."""
+    from _common import median, rnd, table
+    from ito.pipeline.train import MICRO_BATCH
+
+    layout = LAYOUTS[name]
+    manifest = json.loads(json.dumps(base_spec["manifest"]))
+    stage = manifest["curriculum"][0]
+    step_tokens = MICRO_BATCH * layout.dp * stage["seq_len"]
+    stage["tokens"] = args.steps * step_tokens
+    spec = base_spec | {"manifest": manifest, "layout": layout.spec}
+    load_start = os.getloadavg()
+    results: list[dict[str, Any]] = []
+    print(
+        f"layout {name} ({LAYOUTS[name].title}): model {args.size}, {NPROC} ranks (gloo), "
+        f"micro-batch {MICRO_BATCH} × "
+        f"seq {stage['seq_len']} per rank, {args.steps} steps, checkpoint every "
+        f"{every} steps; {args.repeats} round(s)",
+        flush=True,
+    )
+    for r in range(args.repeats):
+        order = ("baseline", "engine") if r % 2 == 0 else ("engine", "baseline")
+        for kind in order:
+            res = run_side(
+                kind,
+                tmp / f"{name}-round{r}-{kind}",
+                spec,
+                tokenizer,
+                step_tokens,
+                args.steps,
+                procs,
+                env,
+            )
+            res["round"] = r
+            results.append(res)
+            print(
+                f"  round {r} {kind:8s}: loop {res['loop_seconds']:.2f} s, "
+                f"{res['loop_tokens_per_s']:,.0f} tok/s (process "
+                f"{res['process_seconds']:.1f} s)",
+                flush=True,
+            )
+
+    def med(kind: str, key: str) -> float | None:
+        return median([x[key] for x in results if x["kind"] == kind and x[key] is not None])
+
+    engine = {
+        k: med("engine", k)
+        for k in (
+            "loop_seconds",
+            "loop_tokens_per_s",
+            "step_tokens_per_s",
+            "median_step_tokens_per_s",
+            "tokens_per_cpu_s",
+        )
+    }
+    base = {k: med("baseline", k) for k in engine}
+    of_medians = engine["loop_tokens_per_s"] / base["loop_tokens_per_s"]  # type: ignore[operator]
+    ratio_step = engine["step_tokens_per_s"] / base["step_tokens_per_s"]  # type: ignore[operator]
+    ratio_median = (
+        engine["median_step_tokens_per_s"]  # type: ignore[operator]
+        / base["median_step_tokens_per_s"]
+    )
+    eng_runs = [x for x in results if x["kind"] == "engine"]
+    base_runs = [x for x in results if x["kind"] == "baseline"]
+    loss_diff = max(
+        abs(a - b)
+        for e in eng_runs
+        for b_run in base_runs
+        for a, b in zip(e["losses"], b_run["losses"], strict=True)
+    )
+    rows = [
+        [
+            "loop wall (s)",
+            engine["loop_seconds"],
+            base["loop_seconds"],
+            engine["loop_seconds"] / base["loop_seconds"],
+        ],  # type: ignore[operator]
+        [
+            "tokens/s, loop wall",
+            engine["loop_tokens_per_s"],
+            base["loop_tokens_per_s"],
+            of_medians,
+        ],
+        [
+            "tokens/s, Σ step time",
+            engine["step_tokens_per_s"],
+            base["step_tokens_per_s"],
+            ratio_step,
+        ],
+        [
+            "tokens/s, median step",
+            engine["median_step_tokens_per_s"],
+            base["median_step_tokens_per_s"],
+            ratio_median,
+        ],
+        [
+            "tokens per CPU-second",
+            engine["tokens_per_cpu_s"],
+            base["tokens_per_cpu_s"],
+            (engine["tokens_per_cpu_s"] / base["tokens_per_cpu_s"])  # type: ignore[operator]
+            if engine["tokens_per_cpu_s"] and base["tokens_per_cpu_s"]
+            else None,
+        ],
+    ]
+    print()
+    print(table("medians over rounds", ["figure", "engine", "baseline", "engine ÷ base"], rows))
+    print()
+    paired = []
+    for r in range(args.repeats):
+        e = next(x for x in results if x["kind"] == "engine" and x["round"] == r)
+        b = next(x for x in results if x["kind"] == "baseline" and x["round"] == r)
+        paired.append(
+            {
+                "round": r,
+                "first": "baseline" if r % 2 == 0 else "engine",
+                "loop": e["loop_tokens_per_s"] / b["loop_tokens_per_s"],
+                "step": e["step_tokens_per_s"] / b["step_tokens_per_s"],
+                "median_step": e["median_step_tokens_per_s"] / b["median_step_tokens_per_s"],
+                "cpu": e["tokens_per_cpu_s"] / b["tokens_per_cpu_s"]
+                if e["tokens_per_cpu_s"] and b["tokens_per_cpu_s"]
+                else None,
+            }
+        )
+    print(
+        table(
+            "engine ÷ baseline per round (back-to-back pair)",
+            ["round", "first", "loop wall", "Σ step time", "median step", "per CPU-second"],
+            [
+                [p["round"], p["first"], p["loop"], p["step"], p["median_step"], p["cpu"]]
+                for p in paired
+            ],
+        )
+    )
+    ratio_loop = median([p["loop"] for p in paired])
+    ratio_step = median([p["step"] for p in paired])
+    ratio_median = median([p["median_step"] for p in paired])
+    ratio_cpu = median([p["cpu"] for p in paired if p["cpu"] is not None])
+    load = os.getloadavg()
+    print(
+        f"load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} on "
+        f"{os.cpu_count()} CPUs (at the start {load_start[0]:.2f}): other work on the "
+        "machine shows up as spread between rounds"
+    )
+    print()
+    ck = eng_runs[-1]
+    print(
+        f"engine checkpoints per run: {ck['checkpoints']} ({ck['checkpoints_in_window']} "
+        f"inside the timed loop, blocking {ck['blocking_in_window']:.3f} s in all; final "
+        f"one blocked {ck['final_blocking']} s), {ck['checkpoint_bytes']:,} bytes each"
+    )
+    print(
+        f"max |loss(engine) − loss(baseline)| over {args.steps} steps: {loss_diff:.2e} "
+        "(same model, data and order)"
+    )
+    met = ratio_loop >= 0.95  # type: ignore[operator]
+    print(
+        f"ratio (loop wall, median of the rounds' pairs) {ratio_loop:.3f} — goal ≥ 0.95 "
+        f"{'met' if met else 'NOT met'}; per-step ratio {ratio_step:.3f} (engine's "
+        f"step_seconds events vs the loop's own); ratio of medians {of_medians:.3f}; "
+        f"tokens per CPU-second ratio {ratio_cpu:.3f} (least sensitive to other load)"
+    )
+    summary = {
+        "bench": "train_overhead",
+        "size": args.size,
+        "world": NPROC,
+        "backend": "gloo",
+        "layout": name,
+        "layout_spec": LAYOUTS[name].spec,
+        "micro_batch": MICRO_BATCH,
+        "seq_len": stage["seq_len"],
+        "steps": args.steps,
+        "checkpoint_every_steps": every,
+        "repeats": args.repeats,
+        "engine": {k: rnd(v, 3) for k, v in engine.items()},
+        "baseline": {k: rnd(v, 3) for k, v in base.items()},
+        "ratio_loop_wall": rnd(ratio_loop),
+        "ratio_step_time": rnd(ratio_step),
+        "ratio_median_step": rnd(ratio_median),
+        "ratio_of_medians_loop_wall": rnd(of_medians),
+        "ratio_tokens_per_cpu_s": rnd(ratio_cpu),
+        "goal": 0.95,
+        "goal_met": met,
+        "per_round_ratios": [
+            {k: rnd(v) if isinstance(v, float) else v for k, v in p.items()} for p in paired
+        ],
+        "loadavg_start": [round(x, 2) for x in load_start],
+        "loadavg_end": [round(x, 2) for x in load],
+        "engine_checkpoints_in_window": ck["checkpoints_in_window"],
+        "engine_blocking_seconds_in_window": rnd(ck["blocking_in_window"]),
+        "max_loss_diff": loss_diff,
+        "rounds": [
+            {k: (rnd(v, 3) if isinstance(v, float) else v) for k, v in x.items() if k != "losses"}
+            for x in results
+        ],
+    }
+    return summary
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -345,6 +663,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="checkpoint interval (default: the demo manifest's)",
     )
+    parser.add_argument(
+        "--layouts",
+        type=lambda text: [x for x in text.split(",") if x],
+        default=list(LAYOUTS),
+        help=f"comma-separated layouts to compare, of {', '.join(LAYOUTS)} (default: all)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args(argv)
     if args.role == "baseline":
@@ -355,15 +679,12 @@ def main(argv: list[str] | None = None) -> int:
         Processes,
         child_env,
         exit_on_sigterm,
-        median,
-        rnd,
         table,
         write_demo_recipe,
     )
     from ito.pipeline.data import read_documents, split_heldout
     from ito.pipeline.spec import load_spec
     from ito.pipeline.tokenizer import TOKENIZER_FILE, build_tokenizer
-    from ito.pipeline.train import MICRO_BATCH
 
     exit_on_sigterm()
     tmp = Path(tempfile.mkdtemp(prefix="ito-bench-overhead-"))
@@ -371,9 +692,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         manifest = write_demo_recipe(tmp / "data")
         manifest["model"]["size"] = args.size
-        stage = manifest["curriculum"][0]
-        step_tokens = MICRO_BATCH * NPROC * stage["seq_len"]
-        stage["tokens"] = args.steps * step_tokens
         if args.every_steps:
             manifest["checkpoint"]["every_steps"] = args.every_steps
         every = manifest["checkpoint"]["every_steps"]
@@ -408,193 +726,46 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = tmp / "tokenizer" / TOKENIZER_FILE
 
         env = child_env()
-        results: list[dict[str, Any]] = []
-        load_start = os.getloadavg()
-        print(
-            f"model {args.size}, {NPROC} ranks (gloo, FSDP2), micro-batch {MICRO_BATCH} × "
-            f"seq {stage['seq_len']} per rank, {args.steps} steps, checkpoint every "
-            f"{every} steps; {args.repeats} round(s)",
-            flush=True,
-        )
-        for r in range(args.repeats):
-            order = ("baseline", "engine") if r % 2 == 0 else ("engine", "baseline")
-            for kind in order:
-                res = run_side(
-                    kind,
-                    tmp / f"round{r}-{kind}",
-                    spec,
-                    tokenizer,
-                    step_tokens,
-                    args.steps,
-                    procs,
-                    env,
-                )
-                res["round"] = r
-                results.append(res)
-                print(
-                    f"  round {r} {kind:8s}: loop {res['loop_seconds']:.2f} s, "
-                    f"{res['loop_tokens_per_s']:,.0f} tok/s (process "
-                    f"{res['process_seconds']:.1f} s)",
-                    flush=True,
-                )
-
-        def med(kind: str, key: str) -> float | None:
-            return median([x[key] for x in results if x["kind"] == kind and x[key] is not None])
-
-        engine = {
-            k: med("engine", k)
-            for k in (
-                "loop_seconds",
-                "loop_tokens_per_s",
-                "step_tokens_per_s",
-                "median_step_tokens_per_s",
-                "tokens_per_cpu_s",
-            )
+        summaries = {
+            name: measure_layout(args, name, tmp, spec, tokenizer, every, procs, env)
+            for name in args.layouts
         }
-        base = {k: med("baseline", k) for k in engine}
-        of_medians = engine["loop_tokens_per_s"] / base["loop_tokens_per_s"]  # type: ignore[operator]
-        ratio_step = engine["step_tokens_per_s"] / base["step_tokens_per_s"]  # type: ignore[operator]
-        ratio_median = (
-            engine["median_step_tokens_per_s"]  # type: ignore[operator]
-            / base["median_step_tokens_per_s"]
-        )
-        eng_runs = [x for x in results if x["kind"] == "engine"]
-        base_runs = [x for x in results if x["kind"] == "baseline"]
-        loss_diff = max(
-            abs(a - b)
-            for e in eng_runs
-            for b_run in base_runs
-            for a, b in zip(e["losses"], b_run["losses"], strict=True)
-        )
-        rows = [
-            [
-                "loop wall (s)",
-                engine["loop_seconds"],
-                base["loop_seconds"],
-                engine["loop_seconds"] / base["loop_seconds"],
-            ],  # type: ignore[operator]
-            [
-                "tokens/s, loop wall",
-                engine["loop_tokens_per_s"],
-                base["loop_tokens_per_s"],
-                of_medians,
-            ],
-            [
-                "tokens/s, Σ step time",
-                engine["step_tokens_per_s"],
-                base["step_tokens_per_s"],
-                ratio_step,
-            ],
-            [
-                "tokens/s, median step",
-                engine["median_step_tokens_per_s"],
-                base["median_step_tokens_per_s"],
-                ratio_median,
-            ],
-            [
-                "tokens per CPU-second",
-                engine["tokens_per_cpu_s"],
-                base["tokens_per_cpu_s"],
-                (engine["tokens_per_cpu_s"] / base["tokens_per_cpu_s"])  # type: ignore[operator]
-                if engine["tokens_per_cpu_s"] and base["tokens_per_cpu_s"]
-                else None,
-            ],
-        ]
         print()
-        print(table("medians over rounds", ["figure", "engine", "baseline", "engine ÷ base"], rows))
-        print()
-        paired = []
-        for r in range(args.repeats):
-            e = next(x for x in results if x["kind"] == "engine" and x["round"] == r)
-            b = next(x for x in results if x["kind"] == "baseline" and x["round"] == r)
-            paired.append(
-                {
-                    "round": r,
-                    "first": "baseline" if r % 2 == 0 else "engine",
-                    "loop": e["loop_tokens_per_s"] / b["loop_tokens_per_s"],
-                    "step": e["step_tokens_per_s"] / b["step_tokens_per_s"],
-                    "median_step": e["median_step_tokens_per_s"] / b["median_step_tokens_per_s"],
-                    "cpu": e["tokens_per_cpu_s"] / b["tokens_per_cpu_s"]
-                    if e["tokens_per_cpu_s"] and b["tokens_per_cpu_s"]
-                    else None,
-                }
-            )
         print(
             table(
-                "engine ÷ baseline per round (back-to-back pair)",
-                ["round", "first", "loop wall", "Σ step time", "median step", "per CPU-second"],
+                "engine ÷ plain loop by layout (median of the rounds' back-to-back pairs)",
+                ["layout", "loop wall", "Σ step time", "median step", "per CPU-second", "goal"],
                 [
-                    [p["round"], p["first"], p["loop"], p["step"], p["median_step"], p["cpu"]]
-                    for p in paired
+                    [
+                        f"{name} ({LAYOUTS[name].title})",
+                        x["ratio_loop_wall"],
+                        x["ratio_step_time"],
+                        x["ratio_median_step"],
+                        x["ratio_tokens_per_cpu_s"],
+                        x["goal_met"],
+                    ]
+                    for name, x in summaries.items()
                 ],
             )
         )
-        ratio_loop = median([p["loop"] for p in paired])
-        ratio_step = median([p["step"] for p in paired])
-        ratio_median = median([p["median_step"] for p in paired])
-        ratio_cpu = median([p["cpu"] for p in paired if p["cpu"] is not None])
-        load = os.getloadavg()
+        first = summaries[args.layouts[0]]
         print(
-            f"load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} on "
-            f"{os.cpu_count()} CPUs (at the start {load_start[0]:.2f}): other work on the "
-            "machine shows up as spread between rounds"
-        )
-        print()
-        ck = eng_runs[-1]
-        print(
-            f"engine checkpoints per run: {ck['checkpoints']} ({ck['checkpoints_in_window']} "
-            f"inside the timed loop, blocking {ck['blocking_in_window']:.3f} s in all; final "
-            f"one blocked {ck['final_blocking']} s), {ck['checkpoint_bytes']:,} bytes each"
-        )
-        print(
-            f"max |loss(engine) − loss(baseline)| over {args.steps} steps: {loss_diff:.2e} "
-            "(same model, data and order)"
-        )
-        met = ratio_loop >= 0.95  # type: ignore[operator]
-        print(
-            f"ratio (loop wall, median of the rounds' pairs) {ratio_loop:.3f} — goal ≥ 0.95 "
-            f"{'met' if met else 'NOT met'}; per-step ratio {ratio_step:.3f} (engine's "
-            f"step_seconds events vs the loop's own); ratio of medians {of_medians:.3f}; "
-            f"tokens per CPU-second ratio {ratio_cpu:.3f} (least sensitive to other load)"
-        )
-        summary = {
-            "bench": "train_overhead",
-            "size": args.size,
-            "world": NPROC,
-            "backend": "gloo",
-            "sharding": "fsdp2",
-            "micro_batch": MICRO_BATCH,
-            "seq_len": stage["seq_len"],
-            "steps": args.steps,
-            "checkpoint_every_steps": every,
-            "repeats": args.repeats,
-            "engine": {k: rnd(v, 3) for k, v in engine.items()},
-            "baseline": {k: rnd(v, 3) for k, v in base.items()},
-            "ratio_loop_wall": rnd(ratio_loop),
-            "ratio_step_time": rnd(ratio_step),
-            "ratio_median_step": rnd(ratio_median),
-            "ratio_of_medians_loop_wall": rnd(of_medians),
-            "ratio_tokens_per_cpu_s": rnd(ratio_cpu),
-            "goal": 0.95,
-            "goal_met": met,
-            "per_round_ratios": [
-                {k: rnd(v) if isinstance(v, float) else v for k, v in p.items()} for p in paired
-            ],
-            "loadavg_start": [round(x, 2) for x in load_start],
-            "loadavg_end": [round(x, 2) for x in load],
-            "engine_checkpoints_in_window": ck["checkpoints_in_window"],
-            "engine_blocking_seconds_in_window": rnd(ck["blocking_in_window"]),
-            "max_loss_diff": loss_diff,
-            "rounds": [
+            json.dumps(
                 {
-                    k: (rnd(v, 3) if isinstance(v, float) else v)
-                    for k, v in x.items()
-                    if k != "losses"
+                    "bench": "train_overhead",
+                    "size": args.size,
+                    "world": NPROC,
+                    "backend": "gloo",
+                    "steps": args.steps,
+                    "repeats": args.repeats,
+                    "goal": 0.95,
+                    "goal_met": all(x["goal_met"] for x in summaries.values()),
+                    "ratio_loop_wall": first["ratio_loop_wall"],
+                    "ratios_loop_wall": {n: x["ratio_loop_wall"] for n, x in summaries.items()},
+                    "layouts": summaries,
                 }
-                for x in results
-            ],
-        }
-        print(json.dumps(summary))
+            )
+        )
         return 0
     finally:
         procs.kill_all()
