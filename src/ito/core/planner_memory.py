@@ -5,7 +5,7 @@ mixed-precision Adam as FSDP2 runs it: fp32 sharded parameters (4 bytes), fp32 s
 gradients (4, ``reduce_dtype=float32``) and two fp32 Adam moments (8), i.e. 16 bytes per
 parameter, divided by every degree that splits the parameter: tensor parallel, the pipeline
 stage, and the FSDP shard group ``dp_shard × cp``. Replication (``dp_replicate``) divides
-nothing.
+nothing. On the CPU stand-in AdamW's per-tensor ``step`` counters are counted too.
 
 Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
 Transformer Models", §4, eq. 2 and 4), rewritten for Llama's layer:
@@ -46,7 +46,9 @@ __all__ = [
     "largest_unit",
     "memory_per_gpu",
     "minimum_gpus",
+    "stage_memory",
     "stage_parameters",
+    "stage_tensors",
 ]
 
 STATE_BYTES = {"parameters": 4, "gradients": 4, "optimizer_states": 8}
@@ -144,19 +146,43 @@ def stage_parameters(shape: ModelShape, layout: Layout, stage: str = "fullest") 
     return layers + max(shape.embedding_parameters, shape.output_parameters)
 
 
+PARAMETER_TENSORS_PER_LAYER = 9
+"""q, k, v, o, gate, up, down and the two RMSNorm weights (no biases in Llama)."""
+STEP_BYTES = 4
+"""AdamW's ``step`` counter: one fp32 scalar per parameter tensor, whole on every rank."""
+
+
+def stage_tensors(shape: ModelShape, layout: Layout, stage: str = "fullest") -> int:
+    """Parameter tensors of one pipeline stage: the decoder layers', the embedding on the first
+    stage, the final norm and output projection on the last."""
+    layers = layout.layers_per_stage(shape.layers) if layout.pp > 1 else shape.layers
+    tensors = layers * PARAMETER_TENSORS_PER_LAYER
+    if layout.pp == 1:
+        return tensors + 3
+    if stage == "first":
+        return tensors + 1
+    return tensors + 2
+
+
 def largest_unit(shape: ModelShape) -> int:
     """FSDP units are the decoder layers, the embedding and the output (TorchTitan
     ``apply_fsdp``); the largest bounds what one all-gather materialises."""
     return max(shape.layer_parameters, shape.embedding_parameters, shape.output_parameters)
 
 
-def _stage_memory(
+def stage_memory(
     inp: PlannerInput, layout: Layout, stage: Literal["only", "first", "last"]
 ) -> MemoryBreakdown:
+    """Bytes per GPU of one pipeline stage (``only`` without a pipeline)."""
     shape, e, t = inp.model, inp.compute_bytes, layout.tp
     local = stage_parameters(shape, layout, stage) / t
     shard = local / layout.fsdp
     states = {name: round(bytes_ * shard) for name, bytes_ in STATE_BYTES.items()}
+    if not inp.on_gpu:
+        # torch.optim.AdamW (foreach, not capturable) keeps each parameter's ``step`` as a
+        # CPU scalar tensor: on a GPU it is host memory, on the CPU stand-in it is held with
+        # the moments (84 bytes for the tiny model, counted by bench/planner_memory.py (a)).
+        states["optimizer_states"] += STEP_BYTES * stage_tensors(shape, layout, stage)
 
     tokens = layout.tokens_per_microbatch(inp.seq_len)
     layers = layout.layers_per_stage(shape.layers)
@@ -193,9 +219,9 @@ def _stage_memory(
 def memory_per_gpu(inp: PlannerInput, layout: Layout) -> MemoryBreakdown:
     """The fuller of the first and last pipeline stages (the only one without a pipeline)."""
     if layout.pp == 1:
-        return _stage_memory(inp, layout, "only")
-    first = _stage_memory(inp, layout, "first")
-    last = _stage_memory(inp, layout, "last")
+        return stage_memory(inp, layout, "only")
+    first = stage_memory(inp, layout, "first")
+    last = stage_memory(inp, layout, "last")
     return first if first.total >= last.total else last
 
 
