@@ -3,9 +3,10 @@
 Model states follow the Ultra-Scale Playbook ("Memory usage in transformers", ZeRO-3) for
 mixed-precision Adam as FSDP2 runs it: fp32 sharded parameters (4 bytes), fp32 sharded
 gradients (4, ``reduce_dtype=float32``) and two fp32 Adam moments (8), i.e. 16 bytes per
-parameter, divided by every degree that splits the parameter: tensor parallel, the pipeline
-stage, and the FSDP shard group ``dp_shard × cp``. Replication (``dp_replicate``) divides
-nothing.
+parameter, divided by every degree that splits the parameter: tensor parallel (all but the
+RMSNorm weights, which stay whole), the pipeline stage, and the FSDP shard group
+``dp_shard × cp``. Replication (``dp_replicate``) divides nothing. On the CPU stand-in AdamW's
+per-tensor ``step`` counters are counted too.
 
 Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
 Transformer Models", §4, eq. 2 and 4), rewritten for Llama's layer:
@@ -27,9 +28,9 @@ outputs of the matmuls and of attention and recomputes norms and element-wise op
 rematerialises one layer at a time. Every mode also holds one layer's full activations as the
 working set of the backward in progress. The loss keeps an fp32 log-softmax of the logits and,
 at the start of the backward, its gradient and the logits' gradient: 12 bytes per vocabulary
-entry and token, divided by ``tp`` (loss parallel), on the last stage only. Under 1F1B
-(Narayanan et al. 2021 §2.2) the first stage holds ``min(pp, micro-batches)`` micro-batches of
-activations.
+entry and token, on the last stage only, whole on every tensor-parallel rank (the engine
+gathers the logits; no loss parallel). Under 1F1B (Narayanan et al. 2021 §2.2) the first stage
+holds ``min(pp, micro-batches)`` micro-batches of activations.
 """
 
 from __future__ import annotations
@@ -46,7 +47,10 @@ __all__ = [
     "largest_unit",
     "memory_per_gpu",
     "minimum_gpus",
+    "stage_memory",
     "stage_parameters",
+    "stage_tensors",
+    "tp_local_parameters",
 ]
 
 STATE_BYTES = {"parameters": 4, "gradients": 4, "optimizer_states": 8}
@@ -144,19 +148,66 @@ def stage_parameters(shape: ModelShape, layout: Layout, stage: str = "fullest") 
     return layers + max(shape.embedding_parameters, shape.output_parameters)
 
 
-def largest_unit(shape: ModelShape) -> int:
+def stage_norms(shape: ModelShape, layout: Layout, stage: str = "fullest") -> int:
+    """RMSNorm weights of one pipeline stage: two per decoder layer, the final one on the
+    last stage."""
+    layers = layout.layers_per_stage(shape.layers) if layout.pp > 1 else shape.layers
+    final = shape.hidden if layout.pp == 1 or stage in ("last", "fullest") else 0
+    return 2 * shape.hidden * layers + final
+
+
+def tp_local_parameters(shape: ModelShape, layout: Layout, stage: str = "fullest") -> float:
+    """Parameters of one pipeline stage on one tensor-parallel rank, before FSDP shards them.
+
+    The engine's tensor-parallel plan (``ito.pipeline.parallelize``) splits the projections,
+    the embedding and the output head by ``tp`` but keeps every RMSNorm weight whole on each
+    tensor-parallel rank (as TorchTitan does without sequence-parallel norms). Dividing the
+    norms too left the planner 640 bytes short per rank for the tiny model at ``tp=2``
+    (bench/planner_memory.py, check (a)); this counts what a rank holds, to the byte."""
+    norms = stage_norms(shape, layout, stage)
+    return (stage_parameters(shape, layout, stage) - norms) / layout.tp + norms
+
+
+PARAMETER_TENSORS_PER_LAYER = 9
+"""q, k, v, o, gate, up, down and the two RMSNorm weights (no biases in Llama)."""
+STEP_BYTES = 4
+"""AdamW's ``step`` counter: one fp32 scalar per parameter tensor, whole on every rank."""
+
+
+def stage_tensors(shape: ModelShape, layout: Layout, stage: str = "fullest") -> int:
+    """Parameter tensors of one pipeline stage: the decoder layers', the embedding on the first
+    stage, the final norm and output projection on the last."""
+    layers = layout.layers_per_stage(shape.layers) if layout.pp > 1 else shape.layers
+    tensors = layers * PARAMETER_TENSORS_PER_LAYER
+    if layout.pp == 1:
+        return tensors + 3
+    if stage == "first":
+        return tensors + 1
+    return tensors + 2
+
+
+def largest_unit(shape: ModelShape, tp: int = 1) -> float:
     """FSDP units are the decoder layers, the embedding and the output (TorchTitan
-    ``apply_fsdp``); the largest bounds what one all-gather materialises."""
-    return max(shape.layer_parameters, shape.embedding_parameters, shape.output_parameters)
+    ``apply_fsdp``); the largest, on one tensor-parallel rank (norms whole), bounds what one
+    all-gather materialises."""
+    h = shape.hidden
+    layer = (shape.layer_parameters - 2 * h) / tp + 2 * h
+    return max(layer, shape.embedding_parameters / tp, (shape.output_parameters - h) / tp + h)
 
 
-def _stage_memory(
+def stage_memory(
     inp: PlannerInput, layout: Layout, stage: Literal["only", "first", "last"]
 ) -> MemoryBreakdown:
+    """Bytes per GPU of one pipeline stage (``only`` without a pipeline)."""
     shape, e, t = inp.model, inp.compute_bytes, layout.tp
-    local = stage_parameters(shape, layout, stage) / t
+    local = tp_local_parameters(shape, layout, stage)
     shard = local / layout.fsdp
     states = {name: round(bytes_ * shard) for name, bytes_ in STATE_BYTES.items()}
+    if not inp.on_gpu:
+        # torch.optim.AdamW (foreach, not capturable) keeps each parameter's ``step`` as a
+        # CPU scalar tensor: on a GPU it is host memory, on the CPU stand-in it is held with
+        # the moments (84 bytes for the tiny model, counted by bench/planner_memory.py (a)).
+        states["optimizer_states"] += STEP_BYTES * stage_tensors(shape, layout, stage)
 
     tokens = layout.tokens_per_microbatch(inp.seq_len)
     layers = layout.layers_per_stage(shape.layers)
@@ -165,9 +216,10 @@ def _stage_memory(
     in_flight = min(layout.pp, layout.microbatches) if stage == "first" else 1
     activations = kept * layers * tokens * in_flight + working * tokens
     if stage != "first":
-        activations += LOGIT_BYTES_PER_ENTRY * shape.vocab / t * tokens
+        # Whole on every tensor-parallel rank: the engine gathers the logits (no loss parallel).
+        activations += LOGIT_BYTES_PER_ENTRY * shape.vocab * tokens
 
-    unit = largest_unit(shape) / t
+    unit = largest_unit(shape, t)
     upcast = REDUCE_BYTES if e != REDUCE_BYTES else 0
     if layout.pp == 1:
         # Two units all-gathered (the one computing, the one prefetched) and one unit's
@@ -193,9 +245,9 @@ def _stage_memory(
 def memory_per_gpu(inp: PlannerInput, layout: Layout) -> MemoryBreakdown:
     """The fuller of the first and last pipeline stages (the only one without a pipeline)."""
     if layout.pp == 1:
-        return _stage_memory(inp, layout, "only")
-    first = _stage_memory(inp, layout, "first")
-    last = _stage_memory(inp, layout, "last")
+        return stage_memory(inp, layout, "only")
+    first = stage_memory(inp, layout, "first")
+    last = stage_memory(inp, layout, "last")
     return first if first.total >= last.total else last
 
 

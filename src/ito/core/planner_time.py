@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ito.core.planner_inputs import Layout, PlannerInput
-from ito.core.planner_memory import REDUCE_BYTES, largest_unit, stage_parameters
+from ito.core.planner_memory import REDUCE_BYTES, largest_unit, tp_local_parameters
 
 __all__ = [
     "COLLECTIVE_EFFICIENCY",
@@ -152,8 +152,8 @@ def _fsdp(inp: PlannerInput, layout: Layout, per_micro: float) -> tuple[Traffic,
     if d == 1:
         return _NONE, 0.0
     share = (d - 1) / d
-    local = stage_parameters(shape, layout) / layout.tp
-    unit = largest_unit(shape) / layout.tp
+    local = tp_local_parameters(shape, layout)
+    unit = largest_unit(shape, layout.tp)
     stride = layout.stride("cp")  # dp_shard × cp is one flattened group with tp inside it
     bandwidth = group_bandwidth(inp, d, stride)[0]
     layer = _over(e * shape.layer_parameters / layout.tp * share, bandwidth)
@@ -178,7 +178,7 @@ def _replicate(inp: PlannerInput, layout: Layout, per_micro: float) -> Traffic:
     r = layout.dp_replicate
     if r == 1:
         return _NONE
-    shard = stage_parameters(inp.model, layout) / layout.tp / layout.fsdp
+    shard = tp_local_parameters(inp.model, layout) / layout.fsdp
     sent = 2 * REDUCE_BYTES * shard * (r - 1) / r
     stride = layout.stride("dp_replicate")
     seconds = _over(sent, group_bandwidth(inp, r, stride)[0])

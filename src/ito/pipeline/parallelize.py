@@ -41,8 +41,9 @@ TP_PLAN: dict[str, str] = {
 """Megatron's split of a decoder layer (Shoeybi et al. 2019, §3): q, k, v, gate and up split by
 output features, o and down by input features, so attention heads and the MLP's hidden width
 are divided between the tensor-parallel ranks and one all-reduce ends each block. The heads per
-rank follow from the local width (the attention reshapes to ``(-1, head_dim)``). Embeddings,
-norms and the output head stay whole on every tensor-parallel rank."""
+rank follow from the local width (the attention reshapes to ``(-1, head_dim)``). The embedding
+and the output head are split by vocabulary (:func:`_root_plan`); the norms stay whole on every
+tensor-parallel rank."""
 
 SAVED_OPS: frozenset[Any] = frozenset(
     {
@@ -106,6 +107,27 @@ def _tensor_parallel(model: LlamaForCausalLM, tp_mesh: DeviceMesh) -> None:
     plan = {name: styles[style]() for name, style in TP_PLAN.items()}
     for layer in decoder_layers(model):
         parallelize_module(layer, tp_mesh, plan)
+    parallelize_module(model, tp_mesh, _root_plan(model))
+
+
+def _root_plan(model: LlamaForCausalLM) -> dict[str, Any]:
+    """The embedding split by vocabulary rows (each token's row lives on one rank, the others
+    add zeros: an exact all-reduce) and the output head by vocabulary columns, its logits
+    gathered whole on every rank (no loss parallel: the loss is Hugging Face's) — TorchTitan's
+    ``apply_tp`` for ``tok_embeddings`` and ``output``, so a rank holds ``1/tp`` of the two
+    largest matrices as the planner counts (:mod:`ito.core.planner_memory`). The RMSNorms stay
+    whole. This stage's modules only, under a pipeline."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plan: dict[str, Any] = {}
+    if model.model.embed_tokens is not None:
+        plan["model.embed_tokens"] = RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Replicate()
+        )
+    if model.lm_head is not None:
+        plan["lm_head"] = ColwiseParallel(output_layouts=Replicate())
+    return plan
 
 
 def _activation_checkpointing(model: LlamaForCausalLM, mode: str) -> None:
