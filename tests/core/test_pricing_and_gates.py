@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -22,8 +21,9 @@ from ito.core.gates import (
 from ito.core.manifest import Manifest, parse_manifest
 from ito.core.pricing import STAGE_OVERHEAD_SECONDS, CostEstimate, estimate_cost
 from ito.recipes import build_recipe
+from tests.core.booking_views import NOW
+from tests.core.booking_views import booking_view as _booking
 
-NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 STORAGE = "file:///srv/ckpt/bkg_1"
 Doc = dict[str, Any]
 
@@ -40,26 +40,6 @@ def _manifest(doc: Doc, mutate: Callable[[Doc], None] | None = None) -> Manifest
     if mutate is not None:
         mutate(doc)
     return parse_manifest(json.dumps(doc).encode())
-
-
-def _booking(**changes: Any) -> BookingView:
-    base = BookingView(
-        id="bkg_1",
-        account_id="acc_1",
-        state="completed",
-        gpu="cpu",
-        nodes=1,
-        gpus_per_node=2,
-        gpu_memory_gb=8,
-        region="local",
-        fabric="ethernet",
-        term_start=NOW - timedelta(hours=1),
-        term_end=NOW + timedelta(days=1),
-        storage_uri=STORAGE,
-        storage_quota_gb=10.0,
-        rate_usd_per_gpu_hour=1.0,
-    )
-    return dataclasses.replace(base, **changes)
 
 
 def _code(fn: Callable[[], object]) -> str:

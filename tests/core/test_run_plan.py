@@ -3,9 +3,8 @@ with the estimate, and an unplannable manifest is refused ``plan_refused`` with 
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -14,34 +13,18 @@ from ito.core.gates import BookingView, check_resources
 from ito.core.manifest import Manifest, parse_manifest
 from ito.core.planner import PlanRefused
 from ito.core.run_plan import SEQUENCES_PER_RANK, plan_run_parallelism
+from tests.core.booking_views import NOW, booking_view
 
-NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 Doc = dict[str, Any]
+
+
+def _booking(**changes: Any) -> BookingView:
+    return booking_view(term_end=NOW + timedelta(days=30), rate_usd_per_gpu_hour=0.01, **changes)
 
 
 def _manifest(doc: Doc, **resources: Any) -> Manifest:
     doc["resources"].update(resources)
     return parse_manifest(json.dumps(doc).encode())
-
-
-def _booking(**changes: Any) -> BookingView:
-    base = BookingView(
-        id="bkg_1",
-        account_id="acc_1",
-        state="completed",
-        gpu="cpu",
-        nodes=1,
-        gpus_per_node=2,
-        gpu_memory_gb=8,
-        region="local",
-        fabric="ethernet",
-        term_start=NOW - timedelta(hours=1),
-        term_end=NOW + timedelta(days=30),
-        storage_uri="file:///srv/ckpt/bkg_1",
-        storage_quota_gb=10.0,
-        rate_usd_per_gpu_hour=0.01,
-    )
-    return dataclasses.replace(base, **changes)
 
 
 def _gpu_manifest(doc: Doc, nodes: int, gpus_per_node: int, **resources: Any) -> Manifest:

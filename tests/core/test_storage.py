@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -13,7 +12,7 @@ from urllib.parse import unquote, urlparse
 import pytest
 
 from ito.core.errors import ItoError
-from ito.core.gates import BookingView, check_resources
+from ito.core.gates import check_resources
 from ito.core.manifest import Manifest, parse_manifest
 from ito.core.storage import (
     booking_storage_uri,
@@ -23,11 +22,11 @@ from ito.core.storage import (
     run_checkpoint_uri,
 )
 from ito.recipes import build_recipe
+from tests.core.booking_views import NOW, booking_view
 
 ROOT = "file:///data/bkg"
 RUN = "run_abcdefghijklmnopqrstuvwx"
 OTHER_RUN = "run_234567abcdefghijklmnopqr"
-NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
 def _code(fn: Callable[[], object]) -> str:
@@ -359,25 +358,6 @@ def test_booking_storage_in_an_ordinary_directory_is_accepted(uri: str, expected
 # --- through the gate ------------------------------------------------------------------------
 
 
-def _booking() -> BookingView:
-    return BookingView(
-        id="bkg_1",
-        account_id="acc_1",
-        state="completed",
-        gpu="cpu",
-        nodes=1,
-        gpus_per_node=2,
-        gpu_memory_gb=8,
-        region="local",
-        fabric="ethernet",
-        term_start=NOW - timedelta(hours=1),
-        term_end=NOW + timedelta(days=1),
-        storage_uri=ROOT,
-        storage_quota_gb=10.0,
-        rate_usd_per_gpu_hour=1.0,
-    )
-
-
 def _manifest_with(tmp_path: Path, storage: str) -> Manifest:
     document: dict[str, Any] = json.loads(json.dumps(build_recipe("test", str(tmp_path)).manifest))
     document["checkpoint"]["storage"] = storage
@@ -407,13 +387,13 @@ def test_the_gate_refuses_escaping_storage(tmp_path: Path, storage: str) -> None
     manifest = _manifest_with(tmp_path, storage)
     for hint in ("{run_id}", RUN):
         with pytest.raises(ItoError) as info:
-            check_resources(manifest, _booking(), NOW, run_id_hint=hint)
+            check_resources(manifest, booking_view(storage_uri=ROOT), NOW, run_id_hint=hint)
         assert info.value.code == "checkpoint_storage_invalid"
 
 
 def test_the_gate_stores_the_normalised_uri(tmp_path: Path) -> None:
     manifest = _manifest_with(tmp_path, "file://localhost/data/bkg/mine/")
-    checked = check_resources(manifest, _booking(), NOW, run_id_hint=RUN)
+    checked = check_resources(manifest, booking_view(storage_uri=ROOT), NOW, run_id_hint=RUN)
     assert checked.checkpoint_uri == f"{ROOT}/mine/{RUN}"
-    planned = check_resources(manifest, _booking(), NOW)
+    planned = check_resources(manifest, booking_view(storage_uri=ROOT), NOW)
     assert planned.checkpoint_uri == f"{ROOT}/mine/{{run_id}}"
