@@ -39,27 +39,15 @@ if TYPE_CHECKING:
     from _common import Processes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the equivalence tests' layouts
+
+from tests.pipeline.equivalence_layouts import LAYOUTS
 
 SIZE = "tiny"
 SEQ_LEN = 128
 SEED = 1234
 DEADLINE_S = 300.0
 
-LAYOUTS: dict[str, tuple[int, dict[str, Any]]] = {
-    "one_process": (1, {"micro_batch": 4, "grad_accum": 2}),
-    "dp_shard_2": (2, {"dp_shard": 2, "micro_batch": 4}),
-    "tp_2": (
-        2,
-        {"tp": 2, "micro_batch": 4, "grad_accum": 2, "activation_checkpointing": "selective"},
-    ),
-    "dp_replicate_2": (
-        2,
-        {"dp_replicate": 2, "micro_batch": 4, "activation_checkpointing": "full"},
-    ),
-    "pp_2": (2, {"pp": 2, "micro_batch": 4, "pp_microbatches": 2}),
-    "dp_shard_2_tp_2": (4, {"dp_shard": 2, "tp": 2, "micro_batch": 4}),
-}
-"""The layouts of the equivalence tests (tests/pipeline/test_layouts.py), processes first."""
 
 STATES = ("parameters", "gradients", "optimizer_states")
 

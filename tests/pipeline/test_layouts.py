@@ -24,6 +24,7 @@ import pytest
 from ito.core.errors import ItoError
 from ito.core.run_spec import LayoutSpec
 from ito.pipeline.layout import EngineLayout
+from tests.pipeline.equivalence_layouts import LAYOUTS
 from tests.pipeline.test_pretrain_engine import events, losses, make_spec
 
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -32,23 +33,6 @@ SEQ_LEN = 128
 GLOBAL_SEQUENCES = 8
 DEADLINE_S = 300
 REL_TOL = 1e-5
-
-LAYOUTS: dict[str, tuple[int, dict[str, Any]]] = {
-    "one_process": (1, {"micro_batch": 4, "grad_accum": 2}),
-    "dp_shard_2": (2, {"dp_shard": 2, "micro_batch": 4}),
-    "tp_2": (
-        2,
-        {"tp": 2, "micro_batch": 4, "grad_accum": 2, "activation_checkpointing": "selective"},
-    ),
-    "dp_replicate_2": (
-        2,
-        {"dp_replicate": 2, "micro_batch": 4, "activation_checkpointing": "full"},
-    ),
-    "dp_shard_2_tp_2": (4, {"dp_shard": 2, "tp": 2, "micro_batch": 4}),
-    "pp_2": (2, {"pp": 2, "micro_batch": 4, "pp_microbatches": 2}),
-}
-"""Processes and layout; every one trains on 8 sequences per step (two of them recompute their
-activations: checkpointing changes memory, never the numbers)."""
 
 
 def layout_spec(root: Path, layout: dict[str, Any] | None, **overrides: Any) -> Path:
