@@ -126,23 +126,6 @@ def make_plan(
         return result, [f"planned with allow_wasteful: {r.code.value}" for r in refused.reasons]
 
 
-def layout_spec(result: Any) -> dict[str, Any]:
-    """The plan as a run spec carries it (:class:`~ito.core.run_spec.LayoutSpec` fields)."""
-    return {
-        "dp_replicate": result.dp_replicate,
-        "dp_shard": result.dp_shard,
-        "tp": result.tp,
-        "pp": result.pp,
-        "cp": result.cp,
-        "micro_batch": result.micro_batch,
-        "grad_accum": result.grad_accum,
-        "pp_microbatches": result.pp_microbatches,
-        "activation_checkpointing": result.activation_checkpointing,
-        "param_dtype": result.param_dtype,
-        "reduce_dtype": result.reduce_dtype,
-    }
-
-
 # ---------------------------------------------------------------------------------------------
 # The worker (runs under torchrun, one process per GPU)
 
@@ -362,6 +345,7 @@ def run_size(
     """Plan, train and report one size; a refused plan is reported, not run."""
     from _common import child_env, torchrun
     from ito.core.planner import PlanRefused
+    from ito.core.run_plan import layout_spec
 
     try:
         result, notes = make_plan(
@@ -379,7 +363,7 @@ def run_size(
     job = {
         "size": size,
         "seq_len": args.seq_len,
-        "layout": layout_spec(result),
+        "layout": layout_spec(result).model_dump(),
         "device": "cpu" if args.cpu_check else "cuda",
         "warmup": args.warmup,
         "steps": args.steps,

@@ -246,7 +246,7 @@ def check_b() -> dict[str, Any]:
     from ito.core.model_sizes import SIZES
     from ito.core.planner import plan
     from ito.core.planner_inputs import ModelShape, PlannerInput
-    from ito.core.run_spec import LayoutSpec
+    from ito.core.run_plan import layout_spec
     from ito.pipeline.layout import EngineLayout, build_mesh
     from ito.pipeline.model import build_model, build_optimizer
 
@@ -262,19 +262,7 @@ def check_b() -> dict[str, Any]:
         compile=False,
     )
     result = plan(inp)
-    spec = LayoutSpec(
-        dp_replicate=result.dp_replicate,
-        dp_shard=result.dp_shard,
-        tp=result.tp,
-        pp=result.pp,
-        cp=result.cp,
-        micro_batch=result.micro_batch,
-        grad_accum=result.grad_accum,
-        pp_microbatches=result.pp_microbatches,
-        activation_checkpointing=result.activation_checkpointing,
-        param_dtype="bfloat16" if result.param_dtype == "bfloat16" else "float32",
-        reduce_dtype="bfloat16" if result.reduce_dtype == "bfloat16" else "float32",
-    )
+    spec = layout_spec(result)
     dist.init_process_group("fake", rank=0, world_size=B_WORLD, store=FakeStore())
     try:
         layout = EngineLayout.from_spec(spec, B_WORLD)

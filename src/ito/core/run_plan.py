@@ -35,7 +35,13 @@ from ito.core.planner_checks import Reason, ReasonCode
 from ito.core.planner_inputs import MESH_ORDER
 from ito.core.run_spec import LayoutSpec
 
-__all__ = ["SEQUENCES_PER_RANK", "RunPlan", "engine_layout", "plan_run_parallelism"]
+__all__ = [
+    "SEQUENCES_PER_RANK",
+    "RunPlan",
+    "engine_layout",
+    "layout_spec",
+    "plan_run_parallelism",
+]
 
 SEQUENCES_PER_RANK = 4
 """Sequences each data-parallel rank trains on per optimizer step: the engine's batch
@@ -151,8 +157,8 @@ def plan_run_parallelism(
         1,
         "none",
     )
-    layout_spec = None if same_layout else _layout_spec(result)
-    if layout_spec is not None and manifest.resources.replica_groups > 1:
+    carried = None if same_layout else layout_spec(result)
+    if carried is not None and manifest.resources.replica_groups > 1:
         raise PlanRefused(
             [
                 Reason(
@@ -163,7 +169,7 @@ def plan_run_parallelism(
                 )
             ]
         )
-    if layout_spec is None:
+    if carried is None:
         note = (
             "the engine's default layout (FSDP2 over every process of a replica group, "
             f"{SEQUENCES_PER_RANK} sequences per rank), checked by the planner to fit; trained "
@@ -183,7 +189,7 @@ def plan_run_parallelism(
         seq_len=seq_len,
         pinned=pins,
         plan=result,
-        layout=layout_spec,
+        layout=carried,
     )
 
 
@@ -193,8 +199,8 @@ def _degrees(result: Plan) -> str:
     )
 
 
-def _layout_spec(result: Plan) -> LayoutSpec:
-    """The plan as the run spec carries it to the engine."""
+def layout_spec(result: Plan) -> LayoutSpec:
+    """The plan as the run spec carries it to the engine (also what the benches build)."""
     return LayoutSpec(
         dp_replicate=result.dp_replicate,
         dp_shard=result.dp_shard,
