@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import and_, bindparam, select
+from sqlalchemy import bindparam, select, true
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
@@ -50,18 +50,31 @@ CLEANUP_TRANSITIONS = {
 
 
 # The polled reads, built once, each ONE statement: the run, tenant-scoped (another tenant's
-# looks missing), LEFT JOIN one page of its rows (the indexed range ``run_id, id > cursor``,
-# bounded by ``limit``). A run with no new rows still answers one row, its page columns NULL;
-# no row at all means no such run for this account. Polling with a cursor (mostly empty pages)
-# thus costs one query, not a run lookup and then a range.
-_LOGS = (
-    select(RunLog.id, RunLog.attempt, RunLog.level, RunLog.message, RunLog.created_at)
-    .select_from(Run)
-    .outerjoin(RunLog, and_(RunLog.run_id == Run.id, RunLog.id > bindparam("since")))
-    .where(Run.id == bindparam("run_id"), Run.account_id == bindparam("account_id"))
-    .order_by(RunLog.id)
-    .limit(bindparam("limit"))
-)
+# looks missing), LEFT JOIN one page of its rows — the page an uncorrelated subquery over the
+# indexed range ``run_id, id > cursor``, ordered and cut to ``limit`` before the join (joined
+# directly, PostgreSQL would read and sort every row after the cursor, then cut). A run with no
+# new rows still answers one row, its page columns NULL; no row at all means no such run for
+# this account. Polling with a cursor (mostly empty pages) thus costs one query, not a run
+# lookup and then a range.
+def _page_of(columns: tuple[Any, ...], *where: Any) -> Any:
+    table = columns[0].class_
+    page = (
+        select(*columns)
+        .where(table.run_id == bindparam("run_id"), table.id > bindparam("since"), *where)
+        .order_by(table.id)
+        .limit(bindparam("limit"))
+        .subquery()
+    )
+    return (
+        select(page)
+        .select_from(Run)
+        .outerjoin(page, true())
+        .where(Run.id == bindparam("run_id"), Run.account_id == bindparam("account_id"))
+        .order_by(page.c.id)
+    )
+
+
+_LOGS = _page_of((RunLog.id, RunLog.attempt, RunLog.level, RunLog.message, RunLog.created_at))
 _METRIC_COLUMNS = (
     RunMetric.id,
     RunMetric.attempt,
@@ -70,29 +83,8 @@ _METRIC_COLUMNS = (
     RunMetric.name,
     RunMetric.value,
 )
-_METRICS = (
-    select(*_METRIC_COLUMNS)
-    .select_from(Run)
-    .outerjoin(RunMetric, and_(RunMetric.run_id == Run.id, RunMetric.id > bindparam("since")))
-    .where(Run.id == bindparam("run_id"), Run.account_id == bindparam("account_id"))
-    .order_by(RunMetric.id)
-    .limit(bindparam("limit"))
-)
-_METRICS_NAMED = (
-    select(*_METRIC_COLUMNS)
-    .select_from(Run)
-    .outerjoin(
-        RunMetric,
-        and_(
-            RunMetric.run_id == Run.id,
-            RunMetric.name == bindparam("name"),
-            RunMetric.id > bindparam("since"),
-        ),
-    )
-    .where(Run.id == bindparam("run_id"), Run.account_id == bindparam("account_id"))
-    .order_by(RunMetric.id)
-    .limit(bindparam("limit"))
-)
+_METRICS = _page_of(_METRIC_COLUMNS)
+_METRICS_NAMED = _page_of(_METRIC_COLUMNS, RunMetric.name == bindparam("name"))
 
 
 def _page(session: Session | Connection, query: Any, params: dict[str, Any]) -> list[Any]:
