@@ -41,7 +41,6 @@ from ito.server.services.hints import (
 from ito.server.services.idempotency import (
     bind_key,
     find_key,
-    lock_key,
     replayable,
     reserve_key,
 )
@@ -215,16 +214,10 @@ def _commit_prepared(
     """The atomic part of a create whose checks were prepared. Any refusal rolls back the
     reservation with everything else; the gates keep their order among themselves."""
     now = utcnow()
-    # The reservation comes first here, so it is also the lock: a second holder of the key
-    # waits on the unique index until this transaction ends (PostgreSQL; SQLite's
-    # BEGIN IMMEDIATE serialises writers anyway), then finds the record and replays it. No
-    # separate advisory lock, one round trip fewer.
-    record_id = reserve_key(session, db, ctx.account_id, ACTION, req.idempotency_key, fingerprint)
-    if record_id is None:
-        # Another request with this key committed since the read: replay it (or refuse reuse).
-        existing = find_key(session, ctx.account_id, ACTION, req.idempotency_key)
-        assert existing is not None
-        return _replay(session, existing, fingerprint)
+    reserved = _reserve_or_replay(session, db, ctx, req, fingerprint)
+    if isinstance(reserved, CreateRunResult):
+        return reserved
+    record_id = reserved
 
     view = _gate_1(session, ctx, req, now)
 
@@ -267,10 +260,10 @@ def _create_in_transaction(
     """Every gate in order, inside the write transaction: the path of a request the lock-free
     read refused, so the refusal is the first failing gate's, seen under the lock."""
     now = utcnow()
-    lock_key(session, db, ctx.account_id, ACTION, req.idempotency_key)
-    existing = find_key(session, ctx.account_id, ACTION, req.idempotency_key)
-    if existing is not None:
-        return _replay(session, existing, fingerprint)
+    reserved = _reserve_or_replay(session, db, ctx, req, fingerprint)
+    if isinstance(reserved, CreateRunResult):
+        return reserved
+    record_id = reserved
 
     view = _gate_1(session, ctx, req, now)
 
@@ -291,13 +284,7 @@ def _create_in_transaction(
     check_usable(confirmation, ctx, pepper, now)
     _check_binding(confirmation, view.id)
 
-    # Gate 4: reserve the key. Concurrent holders of the same key wait here for the winner's
-    # commit (unique constraint / database lock), then replay its run.
-    record_id = reserve_key(session, db, ctx.account_id, ACTION, req.idempotency_key, fingerprint)
-    if record_id is None:
-        existing = find_key(session, ctx.account_id, ACTION, req.idempotency_key)
-        assert existing is not None
-        return _replay(session, existing, fingerprint)
+    # Gate 4: the key, reserved above.
 
     # Gate 5: fabric, capacity, data policy, checkpoint storage, term and cost.
     run_id = new_id("run")
@@ -314,6 +301,22 @@ def _create_in_transaction(
         record_id=record_id,
         now=now,
     )
+
+
+def _reserve_or_replay(
+    session: Session, db: Database, ctx: AuthContext, req: CreateRunRequest, fingerprint: str
+) -> int | CreateRunResult:
+    """Gate 4 first, in both paths: reserve the key (its id), or replay the run it is bound to
+    (or refuse its reuse for something else). The reservation is also the key's lock: a second
+    holder waits on the unique index until this transaction ends (PostgreSQL; SQLite's
+    ``BEGIN IMMEDIATE`` serialises writers anyway), then finds the record and replays it — no
+    separate advisory lock. A refusal after it rolls the reservation back with the rest."""
+    record_id = reserve_key(session, db, ctx.account_id, ACTION, req.idempotency_key, fingerprint)
+    if record_id is not None:
+        return record_id
+    existing = find_key(session, ctx.account_id, ACTION, req.idempotency_key)
+    assert existing is not None
+    return _replay(session, existing, fingerprint)
 
 
 def _gate_1(
