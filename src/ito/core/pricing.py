@@ -66,20 +66,13 @@ class CostEstimate:
         ``dataclasses.asdict``, which deep-copies the (already plain) parallelism plan: on the
         create path that copy cost more than every database statement together."""
         data: dict[str, Any] = {
-            "accelerator": self.accelerator,
-            "accelerators": self.accelerators,
-            "stages": [
-                {f.name: getattr(stage, f.name) for f in fields(stage)} for stage in self.stages
-            ],
-            "seconds": self.seconds,
-            "gpu_hours": self.gpu_hours,
-            "rate_usd_per_gpu_hour": self.rate_usd_per_gpu_hour,
-            "cost_usd": self.cost_usd,
-            "ceiling_usd": self.ceiling_usd,
-            "max_incremental_cost_usd": self.max_incremental_cost_usd,
+            f.name: getattr(self, f.name) for f in fields(self) if f.name != "stages"
         }
-        if self.parallelism is not None:
-            data["parallelism"] = self.parallelism
+        data["stages"] = [
+            {f.name: getattr(stage, f.name) for f in fields(stage)} for stage in self.stages
+        ]
+        if self.parallelism is None:
+            del data["parallelism"]
         data["within_ceiling"] = self.within_ceiling
         data["within_incremental"] = self.within_incremental
         return data

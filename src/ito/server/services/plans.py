@@ -12,7 +12,7 @@ from ito.core.gates import check_resources, eligibility_record
 from ito.core.manifest import manifest_digest, manifest_summary
 from ito.core.planner import PlanRefused
 from ito.core.pricing import estimate_cost
-from ito.core.run_plan import plan_run_parallelism
+from ito.core.run_plan import RunPlan, plan_run_parallelism
 from ito.server.services.bookings import booking_view, get_booking
 from ito.server.services.manifest_cache import parsed_manifest
 from ito.server.store.tables import utcnow
@@ -39,9 +39,10 @@ def plan_run(session: Session, account_id: str, booking_id: str, raw: bytes) -> 
         refusals.append(exc.to_error_body())
 
     checks: dict[str, Any]
+    run_plan: RunPlan | None = None
     try:
         result = check_resources(manifest, view, now)
-        estimate = result.estimate
+        estimate, run_plan = result.estimate, result.plan
         checks = {
             "ok": True,
             "checkpoint_uri": result.checkpoint_uri,
@@ -58,15 +59,18 @@ def plan_run(session: Session, account_id: str, booking_id: str, raw: bytes) -> 
         checks = {"ok": False, "error": exc.to_error_body()}
         refusals.append(exc.to_error_body())
 
+    # Gate 5 planned the run when its checks passed; otherwise the plan is asked for on its own,
+    # so the answer still says what the layout would be (or why there is none).
     parallelism: dict[str, Any]
     try:
-        run_plan = plan_run_parallelism(
-            manifest,
-            gpu=view.gpu,
-            nodes=view.nodes,
-            gpus_per_node=view.gpus_per_node,
-            fabric=view.fabric,
-        )
+        if run_plan is None:
+            run_plan = plan_run_parallelism(
+                manifest,
+                gpu=view.gpu,
+                nodes=view.nodes,
+                gpus_per_node=view.gpus_per_node,
+                fabric=view.fabric,
+            )
         parallelism = {"ok": True} | run_plan.to_dict()
     except PlanRefused as refused:
         parallelism = {"ok": False, "error": refused.to_error_body()}
