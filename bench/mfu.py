@@ -182,7 +182,7 @@ def worker(job_path: Path, out_path: Path) -> None:
             loss = torch.zeros((), device=device)
             for i, micro in enumerate(torch.split(batch, layout.micro_batch)):
                 if accum > 1:
-                    model.set_requires_gradient_sync(i == accum - 1)  # type: ignore[operator]
+                    model.set_requires_all_reduce(i == accum - 1)  # type: ignore[operator]
                 part = model(input_ids=micro, labels=micro).loss / accum
                 part.backward()
                 loss += part.detach().float()
@@ -500,7 +500,9 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
         )
-        return 0 if any(r["ran"] for r in results) else 1
+        # A size the planner refuses is an answer; a size whose run crashed is a failure.
+        crashed = any("exit_code" in r for r in results)
+        return 0 if any(r["ran"] for r in results) and not crashed else 1
     finally:
         procs.kill_all()
         if args.keep:

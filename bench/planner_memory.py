@@ -97,7 +97,7 @@ def worker(name: str, out_dir: Path) -> None:
             accum = layout.grad_accum
             for i, micro in enumerate(torch.split(batch, layout.micro_batch)):
                 if accum > 1:
-                    model.set_requires_gradient_sync(i == accum - 1)  # type: ignore[operator]
+                    model.set_requires_all_reduce(i == accum - 1)  # type: ignore[operator]
                 loss = model(input_ids=micro, labels=micro).loss / accum
                 loss.backward()
         clip_grad_norm(
@@ -280,7 +280,7 @@ def check_b() -> dict[str, Any]:
                         tracker.reset_mod_stats()
                     if layout.grad_accum > 1:
                         sync = i == layout.grad_accum - 1
-                        model.set_requires_gradient_sync(sync)  # type: ignore[operator]
+                        model.set_requires_all_reduce(sync)  # type: ignore[operator]
                     loss = model(input_ids=micro, labels=micro).loss / layout.grad_accum
                     loss.backward()
 

@@ -31,16 +31,24 @@ def main(argv: list[str]) -> int:
     torch.manual_seed(SEED)
     eager = LlamaForCausalLM(llama_config(size))
     status = 0
+    compared = 0
     built = dict(model.named_parameters()) | dict(model.named_buffers())
     for name, expected in [*eager.named_parameters(), *eager.named_buffers()]:
         if name not in built:
+            if layout.pp == 1:  # without a pipeline every rank holds every name
+                print(f"rank {dist.get_rank()}: {name} missing from the built model")
+                status = 1
             continue  # another pipeline stage holds it
+        compared += 1
         value = built[name]
         whole = value.full_tensor() if isinstance(value, DTensor) else value
         if not torch.equal(whole, expected):
             print(f"rank {dist.get_rank()}: {name} differs from the eager initialisation")
             status = 1
             break
+    if compared == 0:
+        print(f"rank {dist.get_rank()}: nothing compared")
+        status = 1
     dist.destroy_process_group()
     return status
 

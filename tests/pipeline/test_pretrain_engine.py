@@ -55,14 +55,15 @@ def make_spec(root: Path, **overrides: Any) -> Path:
     return path
 
 
-def torchrun(spec: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    """Run the engine under torchrun with two processes; kill it if it passes the deadline."""
+def torchrun(spec: Path, *extra: str, nproc: int = 2) -> subprocess.CompletedProcess[str]:
+    """Run the engine under torchrun with ``nproc`` processes; kill it if it passes the
+    deadline."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
     cmd = [
         TORCHRUN,
         "--standalone",
-        "--nproc-per-node=2",
+        f"--nproc-per-node={nproc}",
         *extra,
         "-m",
         "ito.pipeline.run",

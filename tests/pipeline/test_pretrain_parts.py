@@ -81,15 +81,16 @@ def test_spec_carries_the_booked_accelerator_and_the_plan_and_refuses_an_unknown
     tmp_path: Path, recipe_dir: tuple[Path, dict[str, Any]]
 ) -> None:
     _, manifest = recipe_dir
-    plan = {"mode": "planned", "plan": {"dp_shard": 8}}
+    layout = {"dp_shard": 4, "tp": 2, "param_dtype": "bfloat16"}
     spec = load_spec(
         write_spec(
-            tmp_path, manifest, accelerator={"gpu": "h100", "gpus_per_node": 8}, parallelism=plan
+            tmp_path, manifest, accelerator={"gpu": "h100", "gpus_per_node": 8}, layout=layout
         )
     )
     assert spec.accelerator is not None
     assert (spec.accelerator.gpu, spec.accelerator.gpus_per_node) == ("h100", 8)
-    assert spec.parallelism == plan
+    assert spec.layout is not None
+    assert (spec.layout.dp_shard, spec.layout.tp, spec.layout.param_dtype) == (4, 2, "bfloat16")
     with pytest.raises(ValueError, match=r"spec\.accelerator\.gpu"):
         load_spec(write_spec(tmp_path, manifest, accelerator={"gpu": "tpu", "gpus_per_node": 8}))
 
@@ -102,6 +103,8 @@ def test_the_cpu_stand_in_needs_no_device_and_a_gpu_booking_needs_its_gpus() -> 
         assert problem is not None and "h100" in problem
     elif not device_matches("h100", torch.cuda.get_device_name(0)):
         assert problem is not None
+    else:
+        assert problem is None
     # More GPUs per node than any machine has is refused wherever this runs.
     assert accelerator_problem(BookedAccelerator(gpu="h100", gpus_per_node=1024)) is not None
 

@@ -29,7 +29,11 @@ rematerialises one layer at a time. Every mode also holds one layer's full activ
 working set of the backward in progress. The loss keeps an fp32 log-softmax of the logits and,
 at the start of the backward, its gradient and the logits' gradient: 12 bytes per vocabulary
 entry and token, on the last stage only, whole on every tensor-parallel rank (the engine
-gathers the logits; no loss parallel). Under 1F1B (Narayanan et al. 2021 §2.2) the first stage
+gathers the logits; no loss parallel). Known to fall short: ``bench/planner_memory.py`` check
+(b) tracks the 8b layout on 8 ranks at 80.6 GiB against 55.9 GiB planned, mostly fp32 copies of
+the logits in Hugging Face's loss path (38 GiB of temporaries) that these 12 bytes do not cover
+— to be settled against a GPU's ``max_memory_allocated`` before the figure is trusted.
+Under 1F1B (Narayanan et al. 2021 §2.2) the first stage
 holds ``min(pp, micro-batches)`` micro-batches of activations.
 """
 
@@ -59,7 +63,8 @@ REDUCE_BYTES = 4
 """Gradients are reduced in fp32 (``MixedPrecisionPolicy(reduce_dtype=float32)``)."""
 LOGIT_BYTES_PER_ENTRY = 12
 """fp32 log-softmax output, its gradient and the fp32 logits' gradient, live together at the
-start of the backward (cross-entropy on upcast logits, as TorchTitan computes it)."""
+start of the backward (cross-entropy on upcast logits, as TorchTitan computes it). An
+undercount for this engine's loss path (see the module docstring)."""
 LSE_BYTES_PER_HEAD = 4
 """The fp32 log-sum-exp a flash-attention kernel saves per head and token."""
 RUNTIME_RESERVE = 2 << 30

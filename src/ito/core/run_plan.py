@@ -172,8 +172,8 @@ def plan_run_parallelism(
     if carried is None:
         note = (
             "the engine's default layout (FSDP2 over every process of a replica group, "
-            f"{SEQUENCES_PER_RANK} sequences per rank), checked by the planner to fit; trained "
-            "exactly so"
+            f"{SEQUENCES_PER_RANK} sequences per rank, {result.param_dtype} parameters, "
+            f"{result.reduce_dtype} reduction), checked by the planner to fit; trained exactly so"
         )
     else:
         note = (

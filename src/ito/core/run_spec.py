@@ -132,9 +132,6 @@ class RunSpecDocument(_Spec):
     """The planned layout; ``None``: FSDP over every rank (the engine's default)."""
     accelerator: BookedAccelerator | None = None
     """The booked accelerator; ``None`` (the engine run alone, in tests): not checked."""
-    parallelism: dict[str, Any] | None = None
-    """The run's accepted parallelism plan (:meth:`ito.core.run_plan.RunPlan.to_dict`), as
-    gate 5 stored it with the run's estimate: for the engine to apply (issue 9 item 3)."""
 
     @model_validator(mode="after")
     def _checkpoints_below_root(self) -> RunSpecDocument:

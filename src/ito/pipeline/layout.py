@@ -1,10 +1,13 @@
 """The parallel layout the engine applies, and the device mesh it builds for it (DESIGN §7.2).
 
 A run spec carries the planner's degrees (:class:`ito.core.run_spec.LayoutSpec`); without them
-the engine does what it did before the planner: FSDP over every rank, four sequences per rank,
-fp32. The mesh is built in TorchTitan's order, outermost first ``pp, dp_replicate, dp_shard, cp,
-tp`` (torchtitan ``ParallelDims.build_mesh``), every dimension named even at degree 1, so the
-mesh the engine reports compares one to one with the plan's ``mesh``.
+the engine trains FSDP over every rank, four sequences per rank, in the precision the planner
+plans for the device (fp32 on the CPU stand-in; bf16 parameters, fp32 reduction on a GPU). The
+mesh is built in TorchTitan's order, outermost first ``pp, dp_replicate, dp_shard, cp, tp``
+(torchtitan ``ParallelDims.build_mesh``), every dimension named even at degree 1, so the mesh the
+engine reports compares one to one with the plan's ``mesh`` — except under torchft replica
+groups, where each group builds its own mesh (``dp_replicate`` 1) and torchft replicates across
+them (the plan's ``dp_replicate`` is the number of groups).
 
 Nothing planned is ignored: a degree the engine cannot apply (context parallel, a pipeline
 with fewer micro-batches than stages) is refused with ``layout_unsupported``, and a mesh that
@@ -32,7 +35,6 @@ __all__ = ["DEFAULT_MICRO_BATCH", "EngineLayout", "build_mesh", "mesh_dims"]
 
 DEFAULT_MICRO_BATCH = SEQUENCES_PER_RANK
 """Sequences per rank when the spec plans no layout: what gate 5 plans a run's batch with."""
-"""Sequences per rank per step when the spec plans no layout."""
 
 UNSUPPORTED: dict[str, str] = {
     "cp": "context parallel is not applied by this engine",
@@ -62,7 +64,11 @@ class EngineLayout:
     """Whether a plan set it (``False``: the default for a spec without one)."""
 
     @classmethod
-    def default(cls, world: int) -> EngineLayout:
+    def default(cls, world: int, device_type: str = "cpu") -> EngineLayout:
+        """FSDP over every rank in the precision the planner plans for the device: bf16
+        parameters with fp32 gradient reduction on a GPU (``MixedPrecisionPolicy``), fp32 on
+        the CPU stand-in (:func:`ito.core.run_plan.plan_run_parallelism`)."""
+        on_gpu = device_type == "cuda"
         return cls(
             dp_replicate=1,
             dp_shard=world,
@@ -73,17 +79,19 @@ class EngineLayout:
             grad_accum=1,
             pp_microbatches=1,
             activation_checkpointing="none",
-            param_dtype=torch.float32,
+            param_dtype=torch.bfloat16 if on_gpu else torch.float32,
             reduce_dtype=torch.float32,
             planned=False,
         )
 
     @classmethod
-    def from_spec(cls, spec: LayoutSpec | None, world: int) -> EngineLayout:
+    def from_spec(
+        cls, spec: LayoutSpec | None, world: int, device_type: str = "cpu"
+    ) -> EngineLayout:
         """The layout of a spec, checked against what this engine applies and the world size;
         raises :class:`ItoError` (``layout_unsupported``, ``mesh_mismatch``) otherwise."""
         if spec is None:
-            return cls.default(world)
+            return cls.default(world, device_type)
         for dim, why in UNSUPPORTED.items():
             if getattr(spec, dim) > 1:
                 raise ItoError(

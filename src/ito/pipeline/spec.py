@@ -104,9 +104,6 @@ class RunSpec:
     accelerator: BookedAccelerator | None = None
     """The booked accelerator, checked before training (:mod:`ito.pipeline.accelerator`);
     ``None``: not checked (the engine run alone, in tests)."""
-    parallelism: dict[str, Any] | None = field(default=None, compare=False, repr=False)
-    """The run's accepted parallelism plan, as gate 5 stored it (not applied yet: issue 9
-    item 3)."""
     document: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The spec as read, for logging."""
 
@@ -168,6 +165,5 @@ def load_spec(path: Path) -> RunSpec:
         storage_root=Path(doc.storage_root) if doc.storage_root is not None else None,
         layout=doc.layout,
         accelerator=doc.accelerator,
-        parallelism=doc.parallelism,
         document=json.loads(raw),
     )

@@ -8,7 +8,6 @@ steps, so an interrupted and resumed run repeats the uninterrupted run's losses 
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
@@ -138,7 +137,7 @@ class Trainer:
             self.events = LeaderEvents(events, self.replica.id, self._leading)
         self.device = device
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.layout = EngineLayout.from_spec(spec.layout, self.world)
+        self.layout = EngineLayout.from_spec(spec.layout, self.world, self.device.type)
         self.mesh = build_mesh(device.type, self.layout)
         groups = self.replica.groups if self.replica else 1
         self.group_dp_rank, group_dp = self.layout.dp_coordinates(self.mesh)
@@ -708,13 +707,6 @@ class Trainer:
         docs = [d for i in data_ids for d in self._split(i)[0]]
         return pack(self.tokenizer, docs, seq_len)
 
-    def _autocast(self) -> contextlib.AbstractContextManager[object]:
-        # A planned layout computes in its MixedPrecisionPolicy's dtype; without one, bf16
-        # autocast on a GPU (the engine's default).
-        if self.device.type == "cuda" and not self.layout.planned:
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
-
     def _train_step(self, batch: torch.Tensor, step: int, lr: float) -> PendingStep | None:
         """One optimizer step over ``grad_accum`` micro-batches; ``None`` if the replica groups'
         quorum discarded it."""
@@ -755,10 +747,11 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         for i, micro in enumerate(torch.split(batch, self.layout.micro_batch)):
             if accum > 1:
-                # FSDP2 reduces the gradients once, after the last micro-batch.
-                self.model.set_requires_gradient_sync(i == accum - 1)  # type: ignore[operator]
-            with self._autocast():
-                loss = self.model(input_ids=micro, labels=micro).loss / accum
+                # Each micro-batch's gradients are reduce-scattered at once, so only sharded
+                # gradients are kept between micro-batches (what the planner counts); only the
+                # replicas' all-reduce (HSDP) waits for the last one.
+                self.model.set_requires_all_reduce(i == accum - 1)  # type: ignore[operator]
+            loss = self.model(input_ids=micro, labels=micro).loss / accum
             loss.backward()
             total += loss.detach().float()
         return total
@@ -794,7 +787,7 @@ class Trainer:
         sequences = sequences[:MAX_EVAL_SEQUENCES]
         sums = torch.zeros(2, dtype=torch.float64)
         self.model.train(False)
-        with torch.no_grad(), self._autocast():
+        with torch.no_grad():
             for batch, weight in self._eval_batches(sequences):
                 if self.pipeline is not None:
                     out = self.pipeline.logits(batch.to(self.device))

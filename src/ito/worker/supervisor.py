@@ -177,7 +177,6 @@ class Supervisor:
                 "gpu": lease.booking.gpu,
                 "gpus_per_node": lease.booking.gpus_per_node,
             },
-            "parallelism": lease.parallelism,
             # The layout gate 5 planned, for the engine to build exactly (None: its default).
             "layout": (lease.parallelism or {}).get("layout"),
         }
