@@ -26,12 +26,16 @@ database that is dropped at the end) this script:
    (exactly one run; the others ``idempotency_key_reused``, their confirmations still
    ``approved``, i.e. nothing consumed);
 5. **read-only round**: the same clients poll status, logs and metrics of the created runs
-   (``--read-polls`` times each); their p99s are reported against the bare insert's p99;
+   (``--read-polls`` times each); their p99s and server CPU per read are reported against
+   the bare app's steady round (step 7);
 6. counts runs per idempotency key through the API (``GET /v1/runs?idempotency_key=``) and in
    the database (duplicates must be 0), and scans the server log for tracebacks and lock errors;
 7. stops the server, then serves ``bench/baseline_app.py`` (FastAPI + SQLAlchemy, one
-   ``POST /insert`` of one row, same backend) and hammers it like the create burst: same
-   concurrency, same number of requests, connections opened and warmed before the clock starts.
+   ``POST /insert`` of one row, same backend) and hammers it twice, connections opened and
+   warmed before the clock starts: like the create burst (same concurrency, same number of
+   requests: the create ratios), then steadily like the read round (each client ``3 x
+   --read-polls`` requests in a row: the read ratios). With ``--repeat N`` all of it runs N
+   times per backend and the last JSON line also holds each target's median (``medians``).
 
 ``ratio_gated_create`` = create-burst runs/s ÷ bare inserts/s (one request each);
 ``ratio_full_flow`` = flow-round runs/s (about 8 requests per run) ÷ bare inserts/s. The load
@@ -61,6 +65,7 @@ import re
 import secrets
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -1229,8 +1234,7 @@ def print_medians(
             values = sorted(r[figure] for r in runs if r.get(figure) is not None)
             if not values:
                 continue
-            mid = len(values) // 2
-            median = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+            median = statistics.median(values)
             met = median >= goal if at_least else median <= goal
             medians[backend][figure] = {
                 "median": round(median, 3),

@@ -78,6 +78,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from ito.core.run_plan import SEQUENCES_PER_RANK  # the engine's MICRO_BATCH
+
 NPROC = 2
 RUN_ID = "bench-train-overhead"
 STEP_TIMEOUT_S = 600.0
@@ -96,7 +98,7 @@ LAYOUTS: dict[str, BenchLayout] = {
     "fsdp": BenchLayout("FSDP2 dp_shard=2", None, NPROC),
     "tp": BenchLayout(
         "tensor parallel tp=2",
-        {"dp_shard": 1, "tp": NPROC, "micro_batch": 4},
+        {"dp_shard": 1, "tp": NPROC, "micro_batch": SEQUENCES_PER_RANK},
         1,
     ),
 }
@@ -112,15 +114,16 @@ def tensor_parallel_baseline(
 ) -> tuple[Any, Any, Callable[[], Any]]:
     """The plain PyTorch tensor-parallel model over all ``world`` ranks: the Llama decoder
     built on ``meta``, each decoder layer's projections split by DTensor ``parallelize_module``
-    (Megatron's split: q, k, v, gate, up column-wise, o and down row-wise; embeddings, norms and
-    the head whole on every rank), materialised with the engine's deterministic initialisation
+    (Megatron's split, the engine's ``TP_PLAN``: q, k, v, gate, up column-wise, o and down
+    row-wise), the embedding and head split by vocabulary as the engine does, the norms whole on
+    every rank, materialised with the engine's deterministic initialisation
     (so both sides start from the same values and their losses compare). No FSDP. AdamW with
     the engine's hyper-parameters, in two parameter groups (the DTensor weights and the plain
     ones: ``foreach`` kernels do not mix the two), and gradient clipping over both kinds of
     gradient. Returns the model, the optimizer and the clipping call."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor, Replicate
     from torch.distributed.tensor.experimental import implicit_replication
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -130,23 +133,28 @@ def tensor_parallel_baseline(
     from transformers import LlamaForCausalLM
 
     from ito.pipeline.model import BETAS, PEAK_LR, WEIGHT_DECAY, llama_config
-    from ito.pipeline.parallelize import initialize
+    from ito.pipeline.parallelize import TP_PLAN, initialize
     from ito.pipeline.train import MAX_GRAD_NORM
 
     tp_mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
     with torch.device("meta"):
         model = LlamaForCausalLM(llama_config(size))
-    plan = {
-        "self_attn.q_proj": ColwiseParallel(),
-        "self_attn.k_proj": ColwiseParallel(),
-        "self_attn.v_proj": ColwiseParallel(),
-        "self_attn.o_proj": RowwiseParallel(),
-        "mlp.gate_proj": ColwiseParallel(),
-        "mlp.up_proj": ColwiseParallel(),
-        "mlp.down_proj": RowwiseParallel(),
-    }
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    plan = {name: styles[style]() for name, style in TP_PLAN.items()}  # the engine's split
     for layer in model.model.layers:
         parallelize_module(layer, tp_mesh, plan)
+    # The embedding by vocabulary rows, the head by vocabulary columns with its logits gathered,
+    # as the engine (and TorchTitan's apply_tp) splits them.
+    parallelize_module(
+        model,
+        tp_mesh,
+        {
+            "model.embed_tokens": RowwiseParallel(
+                input_layouts=Replicate(), output_layouts=Replicate()
+            ),
+            "lm_head": ColwiseParallel(output_layouts=Replicate()),
+        },
+    )
     initialize(model, seed, torch.device("cpu"))
     params = list(model.parameters())
     sharded = [p for p in params if isinstance(p, DTensor)]
@@ -204,8 +212,10 @@ def baseline_worker(spec_path: Path, out_path: Path) -> None:
         layout = EngineLayout.default(world)
         model = build_model(size, seed, build_mesh("cpu", layout), layout, torch.device("cpu"))
         optimizer = build_optimizer(model, spec.manifest.model.size)
+        # A list, not model.parameters(): a generator would be spent after the first call,
+        # and every later step would clip nothing.
         clip: Callable[[], Any] = partial(
-            torch.nn.utils.clip_grad_norm_, model.parameters(), MAX_GRAD_NORM
+            torch.nn.utils.clip_grad_norm_, list(model.parameters()), MAX_GRAD_NORM
         )
         dp_rank, dp = rank, world
     else:

@@ -165,5 +165,6 @@ def test_data_parallelism_over_ethernet_that_cannot_hide_its_traffic_is_refused(
 def test_the_plan_ignores_no_pinned_degree(doc: Doc) -> None:
     # A context-parallel degree the engine cannot apply is refused, not dropped.
     manifest = _gpu_manifest(doc, 1, 8, parallelism={"cp": 2})
-    with pytest.raises(PlanRefused):
+    with pytest.raises(PlanRefused) as refused:
         plan_run_parallelism(manifest, gpu="h100", nodes=1, gpus_per_node=8, fabric="nvlink")
+    assert "cp_unsupported" in [r.code.value for r in refused.value.reasons]

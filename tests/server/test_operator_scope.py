@@ -84,20 +84,7 @@ def booking_body(tenant: Tenant, **overrides: Any) -> dict[str, Any]:
 
 
 def create_run(tenant: Tenant) -> str:
-    manifest = tenant.manifest()
-    ref = tenant.approved_confirmation(manifest)
-    created = tenant.ito(
-        "train",
-        "--booking",
-        tenant.booking_id,
-        "--manifest",
-        str(manifest),
-        "--confirmation-ref",
-        ref,
-        "--idempotency-key",
-        "operator-scope",
-    )
-    return str(created.data["run_id"])
+    return tenant.train(tenant.manifest(), "operator-scope")
 
 
 def routes(module: Any) -> list[tuple[str, str]]:

@@ -74,10 +74,6 @@ def budget_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     stop_server(srv)
 
 
-def _create(t: Tenant, manifest: Path, key: str) -> str:
-    return t.train(manifest, key)
-
-
 def _state(t: Tenant, run_id: str) -> dict[str, Any]:
     return dict(t.api("GET", f"/v1/runs/{run_id}")["data"])
 
@@ -130,7 +126,7 @@ def test_pinned_tensor_parallelism_is_planned_carried_and_built_by_the_engine(
     document = json.loads(path.read_text())
     document["resources"]["parallelism"] = {"tp": 2}
     path.write_text(json.dumps(document))
-    run_id = _create(t, path, "tp-1")
+    run_id = t.train(path, "tp-1")
     shown = _state(t, run_id)
     assert shown["estimate"]["parallelism"]["layout"]["tp"] == 2
     final = _wait_state(t, run_id, TERMINAL)
@@ -144,7 +140,7 @@ def test_a_confirmed_run_trains_to_succeeded_through_the_in_process_worker(
     worker_server: Server, tmp_path: Path
 ) -> None:
     t = make_tenant(worker_server, tmp_path / "t", "trainer")
-    run_id = _create(t, t.manifest(), "train-1")
+    run_id = t.train(t.manifest(), "train-1")
     final = _wait_state(t, run_id, TERMINAL)
     assert final["state"] == "succeeded", final
 
@@ -188,7 +184,7 @@ def test_a_gpu_booking_this_machine_cannot_serve_fails_before_any_training_step(
     document = json.loads(path.read_text())
     document["resources"].update(accelerators=["h100"], gpus_per_node=1)
     path.write_text(json.dumps(document))
-    run_id = _create(t, path, "gpu-1")
+    run_id = t.train(path, "gpu-1")
     final = _wait_state(t, run_id, TERMINAL)
 
     assert final["state"] == "failed", final
@@ -205,7 +201,7 @@ def test_cancel_reaches_the_running_job_and_cleanup_frees_its_bytes(
     worker_server: Server, tmp_path: Path
 ) -> None:
     t = make_tenant(worker_server, tmp_path / "t", "canceller")
-    run_id = _create(t, _long_manifest(t, "long"), "long-1")
+    run_id = t.train(_long_manifest(t, "long"), "long-1")
     wait_until(
         lambda: t.ito("runs", "checkpoints", run_id).data["checkpoints"], timeout=300, interval=0.5
     )
@@ -288,7 +284,7 @@ def test_a_link_in_the_booking_storage_fails_the_run_before_anything_is_written_
     (storage / "runs").symlink_to(outside)  # where every run's directory would be created
     before = _tree(outside)
 
-    run_id = _create(t, t.manifest(), "linked-1")
+    run_id = t.train(t.manifest(), "linked-1")
     final = _wait_state(t, run_id, TERMINAL)
 
     assert final["state"] == "failed", final
@@ -303,7 +299,7 @@ def test_a_link_swapped_in_while_training_refuses_the_next_checkpoint_and_prunes
     t = make_tenant(worker_server, tmp_path / "t", "swapped-storage")
     outside = _outside(tmp_path)
     before = _tree(outside)
-    run_id = _create(t, _long_manifest(t, "long"), "swapped-1")
+    run_id = t.train(_long_manifest(t, "long"), "swapped-1")
     listed = wait_until(
         lambda: t.ito("runs", "checkpoints", run_id).data["checkpoints"], timeout=300, interval=0.5
     )
@@ -335,7 +331,7 @@ def test_cleanup_deletes_a_run_directory_without_following_links_planted_in_it(
     t.booking_id = t.booking(storage_uri=f"file://{t.workdir}/volume/storage")
     storage = real / "storage"
     (storage / "runs").symlink_to(tmp_path / "nowhere")  # dangling: the run fails at once
-    run_id = _create(t, t.manifest(), "planted-1")
+    run_id = t.train(t.manifest(), "planted-1")
     failed = _wait_state(t, run_id, TERMINAL)
     assert failed["failure_code"] == "checkpoint_storage_invalid", failed
     assert not (tmp_path / "nowhere").exists()
@@ -386,7 +382,7 @@ def test_a_killed_worker_is_detected_and_another_worker_resumes_the_run(
         tmp_path / "worker-home",
         ITO_FAULT_INJECTION=json.dumps({"pause_at_step": 12}),
     )
-    run_id = _create(t, t.manifest(), "resume-1")
+    run_id = t.train(t.manifest(), "resume-1")
 
     first = subprocess.Popen(
         [str(BIN / "ito-worker"), "--booking", t.booking_id],
@@ -431,7 +427,7 @@ def test_worker_key_of_another_booking_cannot_lease(plain_server: Server, tmp_pa
     key = plain_server.desk(
         "/v1/desk/keys", {"account_id": t.account_id, "role": "worker", "booking_id": other}
     )["api_key"]
-    _create(t, t.manifest(), "scoped-1")
+    t.train(t.manifest(), "scoped-1")
     leased = t.api("POST", "/v1/worker/lease", key=key)
     assert leased["ok"] and leased["data"] is None
     requester = t.api("POST", "/v1/worker/lease")
@@ -518,7 +514,7 @@ def test_a_loss_spike_waits_for_a_confirmed_restart_and_never_acts_alone(
     document = json.loads(manifest.read_text())
     document["curriculum"][0]["tokens"] = 60_000  # 58 steps of 1024 tokens
     manifest.write_text(json.dumps(document))
-    run_id = _create(t, manifest, "spike-1")
+    run_id = t.train(manifest, "spike-1")
     env = _worker_env(
         plain_server,
         t,
@@ -586,7 +582,7 @@ def test_a_killed_rank_is_restarted_by_torchrun_and_the_run_still_succeeds(
     document = json.loads(manifest.read_text())
     document["curriculum"][0]["tokens"] = 120_000  # ~117 steps: time to kill mid-stage
     manifest.write_text(json.dumps(document))
-    run_id = _create(t, manifest, "rank-1")
+    run_id = t.train(manifest, "rank-1")
     wait_until(
         lambda: t.ito("runs", "checkpoints", run_id).data["checkpoints"], timeout=300, interval=0.5
     )

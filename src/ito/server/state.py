@@ -51,7 +51,7 @@ class Limits:
             )
 
     def failed(self, key: str) -> None:
-        self._failures.fail([key], utcnow())
+        self._failures.record([key], utcnow())
 
     def key_failed(self, source: str, key_prefix: str | None) -> None:
         """Count an API key that did not verify against its source address and, when it had

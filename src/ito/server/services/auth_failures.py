@@ -41,10 +41,6 @@ class AuthFailures:
         with self.db.read() as session:
             return self._wait(session, [self._hashed(key) for key in keys], now)
 
-    def fail(self, keys: list[str], now: datetime) -> None:
-        """Count one failure against each key (and forget failures past the window)."""
-        self.record(keys, now)
-
     def record(self, keys: list[str], now: datetime) -> float | None:
         """Count one failure against each key and say whether any of them was already past
         the limit (``None``, or seconds until the last may try again) — both in one write

@@ -2,10 +2,12 @@
 
 Writes and reads get different transactions on SQLite: a write transaction starts with
 ``BEGIN IMMEDIATE`` so concurrent writers queue on the database lock (bounded by
-``busy_timeout``) instead of failing when a snapshot turns stale; reads stay deferred and never
-block in WAL mode. On PostgreSQL both are READ COMMITTED transactions and writes rely on
-row locks and unique constraints; each connection waits at most ``POSTGRES_LOCK_TIMEOUT_MS`` for
-a lock (``store_busy``), and is pinged before use only after being idle a while.
+``busy_timeout``) instead of failing when a snapshot turns stale — the writers of one process
+first on a lock of that process (:meth:`Database.write`), so the worst wait is that lock's
+timeout and then ``busy_timeout``; reads stay deferred and never block in WAL mode.
+On PostgreSQL both are READ COMMITTED transactions and writes rely on row locks and unique
+constraints; each connection waits at most ``POSTGRES_LOCK_TIMEOUT_MS`` for a lock
+(``store_busy``), and is pinged before use only after being idle a while.
 """
 
 from __future__ import annotations
