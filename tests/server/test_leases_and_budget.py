@@ -122,18 +122,7 @@ def test_booking_telemetry_sums_unrounded_run_figures_and_counts_a_recomputed_st
     run_ids = []
     for index, (held, steps) in enumerate(plans):
         manifest = tenant.manifest(f"m{index}")
-        ref = tenant.approved_confirmation(manifest, booking_id=booking)
-        run_id = tenant.ito(
-            "train",
-            "--booking",
-            booking,
-            "--manifest",
-            str(manifest),
-            "--confirmation-ref",
-            ref,
-            "--idempotency-key",
-            f"k{index}",
-        ).data["run_id"]
+        run_id = tenant.train(manifest, f"k{index}", booking_id=booking)
         run_ids.append(run_id)
         start = now + timedelta(seconds=100 * index)
         with db.write() as session:

@@ -616,18 +616,7 @@ def test_a_budget_stop_checkpoints_the_running_job_and_fails_it_budget_exceeded(
     ceiling = plan["cost_usd"]
     document["budget"] = {"ceiling_usd": ceiling, "max_incremental_cost_usd": ceiling}
     manifest.write_text(json.dumps(document))
-    ref = t.approved_confirmation(manifest, booking_id=booking)
-    run_id = t.ito(
-        "train",
-        "--booking",
-        booking,
-        "--manifest",
-        str(manifest),
-        "--confirmation-ref",
-        ref,
-        "--idempotency-key",
-        "budget-1",
-    ).data["run_id"]
+    run_id = t.train(manifest, "budget-1", booking_id=booking)
 
     env = _worker_env(
         budget_server,
