@@ -18,6 +18,14 @@ Inputs:
 Each figure is the median ``time.process_time()`` of ``--reps`` calls in this process, after
 one warm-up call. The scan alone (``scan_document`` on the parsed document) is shown beside.
 
+A live section (skipped with ``--no-live``) measures the whole request instead: a real
+``ito-server`` on SQLite (loopback, no worker) answers ``POST /v1/plans`` for the demo, worst valid
+and anchor-heavy manifests — each of ``--live-reps`` requests a distinct document (its ``name``
+changed, so the server's per-process parse cache never answers), server CPU read from ``/proc``
+over the whole batch and divided by its count (``/proc`` counts in 10 ms ticks: one request
+alone is below its resolution). Then another tenant's booking read: its latency alone, and while
+twelve worst-valid plans arrive at once (the hostile review's scenario).
+
 A last table times :func:`scan_text` (the scan of CLI and MCP arguments) on ¼, ½ and all of the size
 bound in anchor-heavy text: the ratios show it linear.
 
@@ -28,14 +36,18 @@ JSON line with every figure.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
+import os
 import random
 import statistics
 import string
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -119,9 +131,113 @@ def _parse(raw: bytes) -> str:
     return "valid"
 
 
+def _distinct(raw: bytes, count: int, tag: str) -> list[bytes]:
+    document = json.loads(raw)
+    bodies = []
+    for i in range(count):
+        document["name"] = f"{tag}-{i}"
+        bodies.append(json.dumps(document, separators=(",", ":")).encode())
+    return bodies
+
+
+def _live(reps: int) -> dict[str, Any]:
+    """The whole ``POST /v1/plans`` on a live server (see the module docstring)."""
+    import httpx
+
+    from tests.support import make_tenant, start_server, stop_server
+
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp) / "home"
+        home.mkdir(mode=0o700)
+        server = start_server(f"sqlite:///{home / 'ito.db'}", home)
+        try:
+            planner = make_tenant(server, Path(tmp) / "a", "planner")
+            reader = make_tenant(server, Path(tmp) / "b", "reader")
+            pid = server.process.pid
+
+            def plan(client: httpx.Client, body: bytes) -> None:
+                response = client.post(
+                    f"{server.url}/v1/plans",
+                    content=body,
+                    params={"booking_id": planner.booking_id},
+                    headers={
+                        "authorization": f"Bearer {planner.requester_key}",
+                        "content-type": "application/json",
+                    },
+                    timeout=120,
+                )
+                assert response.status_code == 200 and response.json()["ok"], response.text[:300]
+
+            def read(client: httpx.Client) -> float:
+                start = time.perf_counter()
+                response = client.get(
+                    f"{server.url}/v1/bookings/{reader.booking_id}",
+                    headers={"authorization": f"Bearer {reader.requester_key}"},
+                    timeout=120,
+                )
+                assert response.status_code == 200, response.text[:300]
+                return time.perf_counter() - start
+
+            rows = []
+            with httpx.Client() as client:
+                for label, raw in (
+                    ("demo", recipe_manifest("demo")),
+                    ("worst valid", worst_case_manifest()),
+                    ("anchor-heavy valid", anchor_heavy_manifest()),
+                ):
+                    plan(client, raw)  # warm-up
+                    bodies = _distinct(raw, reps, label.split()[0])
+                    before = _proc_cpu(pid)
+                    for body in bodies:
+                        plan(client, body)
+                    per_request = (_proc_cpu(pid) - before) / len(bodies)
+                    rows.append(
+                        {"input": label, "bytes": len(raw), "server_cpu_ms": per_request * 1000}
+                    )
+                quiet = [read(client) for _ in range(20)]
+
+            bodies = _distinct(worst_case_manifest(), 12, "burst")
+            loaded: list[float] = []
+            with httpx.Client() as reads:
+
+                def reading() -> None:
+                    while len(loaded) < 20:
+                        loaded.append(read(reads))
+
+                with concurrent.futures.ThreadPoolExecutor(13) as pool:
+                    clients = [httpx.Client() for _ in bodies]
+                    try:
+                        reader_done = pool.submit(reading)
+                        burst = [
+                            pool.submit(plan, c, b) for c, b in zip(clients, bodies, strict=True)
+                        ]
+                        for future in [*burst, reader_done]:
+                            future.result()
+                    finally:
+                        for c in clients:
+                            c.close()
+        finally:
+            stop_server(server)
+    return {
+        "plans": rows,
+        "read_quiet_ms": {"median": statistics.median(quiet) * 1000, "max": max(quiet) * 1000},
+        "read_under_12_plans_ms": {
+            "median": statistics.median(loaded) * 1000,
+            "max": max(loaded) * 1000,
+        },
+    }
+
+
+def _proc_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--live-reps", type=int, default=24)
+    parser.add_argument("--no-live", action="store_true", help="skip the live server section")
     args = parser.parse_args()
 
     rows = []
@@ -183,7 +299,27 @@ def main() -> int:
             f"{row['bytes']:>9,} bytes {row['scan_text_ms']:>9.2f} ms "
             f"{row['scan_text_ms'] / linear[0]['scan_text_ms']:>6.2f}× the ¼-bound figure"
         )
-    print(json.dumps({"bench": "manifest_validation", "rows": rows, "scan_text": linear}))
+    live = None if args.no_live else _live(args.live_reps)
+    if live is not None:
+        print()
+        print("live server: CPU per POST /v1/plans (a distinct document each), ratio to demo")
+        demo_ms = live["plans"][0]["server_cpu_ms"]
+        for row in live["plans"]:
+            print(
+                f"{row['input']:<22} {row['bytes']:>9,} bytes {row['server_cpu_ms']:>8.1f} ms "
+                f"{row['server_cpu_ms'] / demo_ms:>6.1f}× demo"
+            )
+        quiet, loaded = live["read_quiet_ms"], live["read_under_12_plans_ms"]
+        print(
+            f"another tenant's booking read: alone median {quiet['median']:.1f} ms, "
+            f"max {quiet['max']:.1f} ms; during 12 worst-valid plans at once median "
+            f"{loaded['median']:.1f} ms, max {loaded['max']:.1f} ms"
+        )
+    print(
+        json.dumps(
+            {"bench": "manifest_validation", "rows": rows, "scan_text": linear, "live": live}
+        )
+    )
     return 0
 
 
