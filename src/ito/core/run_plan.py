@@ -24,7 +24,8 @@ told this engine runs eager, and says what that costs its prediction).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Literal
 
 from ito.core.hardware import ACCELERATORS, FABRIC_LINKS
@@ -65,17 +66,22 @@ class RunPlan:
     plan: Plan
     layout: LayoutSpec | None = None
     """What the engine applies; ``None``: its default layout, which is the plan."""
+    _rendered: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "applied": self.applied,
-            "note": self.note,
-            "seq_len": self.seq_len,
-            "pinned": dict(self.pinned),
-            "plan": self.plan.to_dict(),
-            "layout": None if self.layout is None else self.layout.model_dump(),
-        }
+        """The plan as the API and the stored estimate show it: built once per plan (a create
+        asks for it on every request, and plans are memoised), a fresh outer dict each call."""
+        if not self._rendered:
+            self._rendered.update(
+                mode=self.mode,
+                applied=self.applied,
+                note=self.note,
+                seq_len=self.seq_len,
+                pinned=dict(self.pinned),
+                plan=self.plan.to_dict(),
+                layout=None if self.layout is None else self.layout.model_dump(),
+            )
+        return dict(self._rendered)
 
 
 def engine_layout(world: int, replica_groups: int) -> Parallelism:
@@ -115,16 +121,43 @@ def _cpu_pins(engine: Parallelism, pins: dict[str, object]) -> dict[str, object]
 def plan_run_parallelism(
     manifest: Manifest, *, gpu: str, nodes: int, gpus_per_node: int, fabric: str
 ) -> RunPlan:
-    """The run's plan on this booking, or :class:`~ito.core.planner.PlanRefused`."""
-    accelerator = ACCELERATORS[gpu]
-    seq_len = max(stage.seq_len for stage in manifest.curriculum)
-    world = nodes * gpus_per_node
+    """The run's plan on this booking, or :class:`~ito.core.planner.PlanRefused`.
+
+    The planner is a pure function of what is passed on here, so its answer is memoised on
+    exactly those values: every create of a run re-asks gate 5, and the search and its rendering
+    were a third of a create's CPU. A refusal is not memoised (it is raised anew)."""
     pins = _manifest_pins(manifest)
+    return _planned(
+        manifest.model.size,
+        max(stage.seq_len for stage in manifest.curriculum),
+        tuple(sorted(pins.items())),
+        manifest.resources.replica_groups,
+        gpu,
+        nodes,
+        gpus_per_node,
+        fabric,
+    )
+
+
+@lru_cache(maxsize=512)
+def _planned(
+    size: str,
+    seq_len: int,
+    pinned_items: tuple[tuple[str, object], ...],
+    replica_groups: int,
+    gpu: str,
+    nodes: int,
+    gpus_per_node: int,
+    fabric: str,
+) -> RunPlan:
+    accelerator = ACCELERATORS[gpu]
+    world = nodes * gpus_per_node
+    pins = dict(pinned_items)
     on_cpu = accelerator.compute_capability is None
-    engine = engine_layout(world, manifest.resources.replica_groups)
+    engine = engine_layout(world, replica_groups)
     pinned = Parallelism.from_mapping(_cpu_pins(engine, pins) if on_cpu else pins)
     inp = PlannerInput(
-        model=ModelShape.from_size(SIZES[manifest.model.size]),
+        model=ModelShape.from_size(SIZES[size]),
         seq_len=seq_len,
         accelerator=accelerator,
         nodes=nodes,
@@ -158,12 +191,12 @@ def plan_run_parallelism(
         "none",
     )
     carried = None if same_layout else layout_spec(result)
-    if carried is not None and manifest.resources.replica_groups > 1:
+    if carried is not None and replica_groups > 1:
         raise PlanRefused(
             [
                 Reason(
                     ReasonCode.layout_with_replica_groups,
-                    f"{manifest.resources.replica_groups} torchft replica groups train FSDP2 "
+                    f"{replica_groups} torchft replica groups train FSDP2 "
                     "inside each group; the plan needs another layout "
                     f"({_degrees(result)}), which this engine does not apply there",
                 )

@@ -30,6 +30,7 @@ from __future__ import annotations
 import posixpath
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from urllib.parse import unquote, urlsplit
 
 from ito.core.errors import ItoError
@@ -113,7 +114,10 @@ def _refuse(what: str, reason: str) -> ItoError:
     return ItoError(_CODE, f"{what} {reason}", reason=reason)
 
 
+@lru_cache(maxsize=1024)
 def _parse(uri: str, what: str) -> _Uri:
+    # Memoised: a create parses its booking's root and the run's URI several times; the answer
+    # is immutable and a refusal is raised anew (exceptions are not cached).
     if not uri:
         raise _refuse(what, "is empty")
     if len(uri) > 2048:

@@ -40,6 +40,8 @@ def _reserve_statement(insert: Any) -> Any:
             action=bindparam("action"),
             key=bindparam("key"),
             fingerprint=bindparam("fingerprint"),
+            run_id=bindparam("run_id"),
+            response=bindparam("response"),
             created_at=bindparam("created_at"),
         )
         .on_conflict_do_nothing(index_elements=["account_id", "action", "key"])
@@ -68,10 +70,22 @@ def find_key(session: Session, account_id: str, action: str, key: str) -> Idempo
 
 
 def reserve_key(
-    session: Session, db: Database, account_id: str, action: str, key: str, fingerprint: str
+    session: Session,
+    db: Database,
+    account_id: str,
+    action: str,
+    key: str,
+    fingerprint: str,
+    *,
+    bound: tuple[str, dict[str, Any]] | None = None,
 ) -> int | None:
     """Insert the record and return its id, or ``None`` if another transaction holds the key.
-    The record is bound to what it created by :func:`bind_key`, in the same transaction."""
+    The record is bound to what it created, in the same transaction: at once when the caller
+    already knows the run and the response a retry replays (``bound``: the run's id and that
+    response; a refusal later in the transaction rolls the record back with everything else, so
+    no other transaction ever sees it bound to a run that does not exist), else by
+    :func:`bind_key`."""
+    run_id, response = bound if bound is not None else (None, None)
     inserted = (
         session.connection()
         .execute(
@@ -81,6 +95,8 @@ def reserve_key(
                 "action": action,
                 "key": key,
                 "fingerprint": fingerprint,
+                "run_id": run_id,
+                "response": response,
                 "created_at": utcnow(),
             },
         )

@@ -39,7 +39,6 @@ from ito.server.services.hints import (
     remember_manifest,
 )
 from ito.server.services.idempotency import (
-    bind_key,
     find_key,
     replayable,
     reserve_key,
@@ -214,10 +213,9 @@ def _commit_prepared(
     """The atomic part of a create whose checks were prepared. Any refusal rolls back the
     reservation with everything else; the gates keep their order among themselves."""
     now = utcnow()
-    reserved = _reserve_or_replay(session, db, ctx, req, fingerprint)
-    if isinstance(reserved, CreateRunResult):
-        return reserved
-    record_id = reserved
+    replay = _reserve_or_replay(session, db, ctx, req, fingerprint, prepared.run_id)
+    if replay is not None:
+        return replay
 
     view = _gate_1(session, ctx, req, now)
 
@@ -243,7 +241,6 @@ def _commit_prepared(
         view=view,
         confirmation=confirmation,
         checked=checked,
-        record_id=record_id,
         now=now,
     )
 
@@ -260,10 +257,10 @@ def _create_in_transaction(
     """Every gate in order, inside the write transaction: the path of a request the lock-free
     read refused, so the refusal is the first failing gate's, seen under the lock."""
     now = utcnow()
-    reserved = _reserve_or_replay(session, db, ctx, req, fingerprint)
-    if isinstance(reserved, CreateRunResult):
-        return reserved
-    record_id = reserved
+    run_id = new_id("run")
+    replay = _reserve_or_replay(session, db, ctx, req, fingerprint, run_id)
+    if replay is not None:
+        return replay
 
     view = _gate_1(session, ctx, req, now)
 
@@ -287,7 +284,6 @@ def _create_in_transaction(
     # Gate 4: the key, reserved above.
 
     # Gate 5: fabric, capacity, data policy, checkpoint storage, term and cost.
-    run_id = new_id("run")
     checked = check_resources(manifest, view, now, run_id_hint=run_id)
     return _write_run(
         session,
@@ -298,22 +294,35 @@ def _create_in_transaction(
         view=view,
         confirmation=confirmation,
         checked=checked,
-        record_id=record_id,
         now=now,
     )
 
 
 def _reserve_or_replay(
-    session: Session, db: Database, ctx: AuthContext, req: CreateRunRequest, fingerprint: str
-) -> int | CreateRunResult:
-    """Gate 4 first, in both paths: reserve the key (its id), or replay the run it is bound to
-    (or refuse its reuse for something else). The reservation is also the key's lock: a second
-    holder waits on the unique index until this transaction ends (PostgreSQL; SQLite's
+    session: Session,
+    db: Database,
+    ctx: AuthContext,
+    req: CreateRunRequest,
+    fingerprint: str,
+    run_id: str,
+) -> CreateRunResult | None:
+    """Gate 4 first, in both paths: reserve the key, bound at once to the run this transaction
+    will create and the response a retry replays (``None``: reserved), or replay the run it is
+    bound to (or refuse its reuse for something else). The reservation is also the key's lock:
+    a second holder waits on the unique index until this transaction ends (PostgreSQL; SQLite's
     ``BEGIN IMMEDIATE`` serialises writers anyway), then finds the record and replays it — no
     separate advisory lock. A refusal after it rolls the reservation back with the rest."""
-    record_id = reserve_key(session, db, ctx.account_id, ACTION, req.idempotency_key, fingerprint)
+    record_id = reserve_key(
+        session,
+        db,
+        ctx.account_id,
+        ACTION,
+        req.idempotency_key,
+        fingerprint,
+        bound=(run_id, _created(req, run_id)),
+    )
     if record_id is not None:
-        return record_id
+        return None
     existing = find_key(session, ctx.account_id, ACTION, req.idempotency_key)
     assert existing is not None
     return _replay(session, existing, fingerprint)
@@ -339,19 +348,17 @@ def _write_run(
     view: BookingView,
     confirmation: Confirmation | Row[Any],
     checked: ResourceCheck,
-    record_id: int,
     now: datetime,
 ) -> CreateRunResult:
     """The end of every create that passed gates 1 to 5: the cost bound, then the writes —
     the confirmation consumed, the manifest stored (``new_manifest``: bytes the store lacks),
-    the run and its event, the key bound to them."""
+    the run and its event (the key was bound to them when it was reserved)."""
     _check_cost_bound(checked, confirmation)
     mark_consumed(session, confirmation, run_id, now)
     if new_manifest is not None:
         store_manifest(session, ctx.account_id, new_manifest)
-    data = _insert_run(session, ctx, req, run_id, view.id, confirmation, checked, now)
-    bind_key(session, record_id, run_id, data)
-    return CreateRunResult(data=data, replayed=False)
+    _insert_run(session, ctx, req, run_id, view.id, confirmation, checked, now)
+    return CreateRunResult(data=_created(req, run_id), replayed=False)
 
 
 def _check_digest(confirmation: Confirmation | Row[Any], req: CreateRunRequest) -> None:
@@ -397,7 +404,7 @@ def _insert_run(
     confirmation: Confirmation | Row[Any],
     checked: ResourceCheck,
     now: datetime,
-) -> dict[str, Any]:
+) -> None:
     """The run and its ``created`` event: two plain INSERTs on the session's connection (no
     ORM unit of work for rows this transaction only writes)."""
     connection = session.connection()
@@ -439,8 +446,12 @@ def _insert_run(
             "created_at": now,
         },
     )
+
+
+def _created(req: CreateRunRequest, run_id: str) -> dict[str, Any]:
+    """The answer to a create (and what a retry with its key replays)."""
     return {
-        "booking_id": booking_id,
+        "booking_id": req.booking_id,
         "run_id": run_id,
         "manifest_id": req.manifest_digest,
         "idempotency_key": req.idempotency_key,
