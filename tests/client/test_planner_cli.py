@@ -26,6 +26,19 @@ def test_a_named_size_plans_locally_with_its_layout_memory_and_rules() -> None:
     assert result.data["input"]["seq_len"] == 8192  # the size's own maximum
 
 
+def test_the_planner_plans_eager_as_a_run_is_planned_unless_compile_is_asked_for() -> None:
+    args = ("--size", "1b", "--gpu", "h100", "--global-batch-tokens", str(8 * 8192))
+    eager, compiled = _planner(*args), _planner(*args, "--compile")
+    assert eager.rc == 0 and compiled.rc == 0
+    assert eager.data["input"]["compile"] is False and eager.data["plan"]["compile"] is False
+    assert compiled.data["input"]["compile"] is True and compiled.data["plan"]["compile"] is True
+    rules = [
+        {r["choice"]: r["value"] for r in answer.data["plan"]["rules"]}["compile"]
+        for answer in (eager, compiled)
+    ]
+    assert rules == [False, True]
+
+
 def test_an_explicit_shape_that_cannot_fit_is_refused_with_its_reasons() -> None:
     result = _planner(
         "--params", "70600000000",

@@ -205,6 +205,14 @@ def planner(
         int | None, typer.Option(help="Tokens per optimizer step (default: planner's choice).")
     ] = None,
     fp8: Annotated[bool, typer.Option("--fp8", help="Request fp8 matmuls.")] = False,
+    compile: Annotated[
+        bool,
+        typer.Option(
+            "--compile",
+            help="Plan as if the layers were torch.compile-d (this version's engine runs "
+            "eager, as a run is planned; off by default).",
+        ),
+    ] = False,
     dp_replicate: Annotated[int | None, typer.Option(help="Pin HSDP replicas.")] = None,
     dp_shard: Annotated[int | None, typer.Option(help="Pin the FSDP shard degree.")] = None,
     tp: Annotated[int | None, typer.Option(help="Pin tensor parallel.")] = None,
@@ -252,6 +260,7 @@ def planner(
         seq_len=seq_len,
         global_batch_tokens=global_batch_tokens,
         fp8=fp8,
+        compile=compile,
         parallelism=pinned,
         allow_wasteful=allow_wasteful,
     )

@@ -51,6 +51,9 @@ class PlannerRequest:
     seq_len: int | None = None
     global_batch_tokens: int | None = None
     fp8: bool = False
+    compile: bool = False
+    """Plan as if the layers were ``torch.compile``-d. Off by default: this version's engine
+    runs eager, and gate 5 plans a run so (:mod:`ito.core.run_plan`)."""
     parallelism: Parallelism = field(default_factory=Parallelism)
     allow_wasteful: bool = False
 
@@ -132,6 +135,7 @@ def planner_input(request: PlannerRequest) -> tuple[PlannerInput, list[str]]:
             fp8=request.fp8,
             pinned=request.parallelism,
             allow_wasteful=request.allow_wasteful,
+            compile=request.compile,
         )
     except ValueError as exc:
         raise _invalid(str(exc)) from None
@@ -148,6 +152,7 @@ def _described(inp: PlannerInput, request: PlannerRequest, assumed: list[str]) -
         "fabric": request.fabric,
         "global_batch_tokens": inp.global_batch_tokens,
         "fp8": inp.fp8,
+        "compile": inp.compile,
         "pinned": inp.pinned.pinned,
         "allow_wasteful": inp.allow_wasteful,
         "assumed": assumed,
