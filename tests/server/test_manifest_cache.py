@@ -4,12 +4,14 @@ refused bytes are never cached; the cache stays within its bound."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ito.core.errors import ItoError
-from ito.core.manifest import manifest_digest
+from ito.core.manifest import manifest_digest, parse_manifest
 from ito.recipes import build_recipe
 from ito.server.services import manifest_cache
 
@@ -45,3 +47,49 @@ def test_the_cache_keeps_at_most_its_bound(tmp_path: Path, monkeypatch: pytest.M
         manifest_cache.parsed_manifest(raw)
     kept = [manifest_cache.cached_manifest(manifest_digest(raw)) is not None for raw in raws]
     assert kept == [False, False, True, True, True]
+
+
+def test_parses_run_one_at_a_time_and_the_same_bytes_at_once_are_parsed_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While one parse runs, every other waits outside it (it would only compete for the GIL);
+    the same bytes sent at once are parsed once. The first parse holds until a second one
+    enters or a deadline passes: with parses serialised none can enter, so it is the deadline."""
+    guard = threading.Lock()
+    inside: list[str] = []
+    overlapped = threading.Event()
+    calls: list[bytes] = []
+    real = parse_manifest
+
+    def parse(raw: bytes) -> Any:
+        with guard:
+            calls.append(raw)
+            inside.append("in")
+            if len(inside) > 1:
+                overlapped.set()
+        if len(calls) == 1:
+            overlapped.wait(timeout=1.0)
+        try:
+            return real(raw)
+        finally:
+            with guard:
+                inside.pop()
+
+    monkeypatch.setattr(manifest_cache, "parse_manifest", parse)
+    distinct = [_manifest(tmp_path, f"cache-serial-{i}") for i in range(3)]
+    same = _manifest(tmp_path, "cache-serial-same")
+    bodies = [*distinct, same, same, same]
+    results: dict[int, Any] = {}
+
+    def work(index: int) -> None:
+        results[index] = manifest_cache.parsed_manifest(bodies[index])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(bodies))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not overlapped.is_set()
+    assert len(results) == len(bodies)
+    assert calls.count(same) == 1 and len(calls) == 4
+    assert results[3] is results[4] is results[5]
