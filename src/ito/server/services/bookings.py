@@ -18,14 +18,13 @@ from ito.core.secret_scan import scan_text
 from ito.core.states import RunState
 from ito.core.storage import booking_storage_uri
 from ito.server.ids import new_id
-from ito.server.store.tables import Account, Booking, Run, table_of, utcnow
+from ito.server.store.tables import Account, Booking, Run, utcnow
 
 __all__ = [
     "BOOKING_STATES",
     "NewBooking",
     "booking_dict",
     "booking_view",
-    "booking_view_now",
     "create_booking",
     "eligibility",
     "get_booking",
@@ -172,9 +171,6 @@ _BOOKING = select(Booking).where(
     Booking.id == bindparam("booking_id"), Booking.account_id == bindparam("account_id")
 )
 """Built once (the hot lookup of every create)."""
-_BOOKING_ROW = select(table_of(Booking)).where(
-    Booking.id == bindparam("booking_id"), Booking.account_id == bindparam("account_id")
-)
 
 
 def get_booking(session: Session, account_id: str, booking_id: str) -> Booking:
@@ -191,20 +187,6 @@ def list_bookings(session: Session, account_id: str) -> list[Booking]:
             select(Booking).where(Booking.account_id == account_id).order_by(Booking.created_at)
         )
     )
-
-
-def booking_view_now(session: Session, account_id: str, booking_id: str) -> BookingView:
-    """This account's booking as the gates see it, read as a plain row on the transaction's
-    connection (the create path reads it, never changes it); ``booking_not_found`` as
-    :func:`get_booking`."""
-    row = (
-        session.connection()
-        .execute(_BOOKING_ROW, {"booking_id": booking_id, "account_id": account_id})
-        .first()
-    )
-    if row is None:
-        raise ItoError("booking_not_found")
-    return booking_view(row)
 
 
 def booking_view(booking: Booking | Row[Any]) -> BookingView:

@@ -9,11 +9,11 @@ bound to a run with the same fingerprint replays that run before any gate is loo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, insert, select
+from sqlalchemy import and_, bindparam, insert, select
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.orm import Session
 
@@ -29,7 +29,7 @@ from ito.core.gates import (
 from ito.core.manifest import Manifest, manifest_digest
 from ito.core.states import ConfirmationAction, RunState, check_transition
 from ito.server.ids import new_id
-from ito.server.services.bookings import booking_view, booking_view_now, get_booking
+from ito.server.services.bookings import booking_view, get_booking
 from ito.server.services.confirmations import check_usable, mark_consumed
 from ito.server.services.credentials import AuthContext
 from ito.server.services.hints import (
@@ -47,6 +47,7 @@ from ito.server.services.manifest_cache import cached_manifest, parsed_manifest
 from ito.server.services.manifests import find_manifest, store_manifest
 from ito.server.store.db import Database
 from ito.server.store.tables import (
+    Booking,
     Confirmation,
     IdempotencyRecord,
     Run,
@@ -98,10 +99,31 @@ _EVENT_ROWS = (
 )
 _INSERT_RUN = insert(table_of(Run))
 _INSERT_EVENT = insert(table_of(RunEvent))
-_CONFIRMATION = select(table_of(Confirmation)).where(
-    Confirmation.id == bindparam("ref"), Confirmation.account_id == bindparam("account_id")
+_VIEW_FIELDS = [f.name for f in fields(BookingView)]
+_BOOKINGS, _CONFIRMATIONS = table_of(Booking), table_of(Confirmation)
+_BOOKING_AND_CONFIRMATION = (
+    select(
+        *(_BOOKINGS.c[name].label(f"booking_{name}") for name in _VIEW_FIELDS),
+        *_CONFIRMATIONS.c,
+    )
+    .select_from(
+        _BOOKINGS.outerjoin(
+            _CONFIRMATIONS,
+            and_(
+                _CONFIRMATIONS.c.id == bindparam("ref"),
+                _CONFIRMATIONS.c.account_id == bindparam("account_id"),
+            ),
+        )
+    )
+    .where(
+        _BOOKINGS.c.id == bindparam("booking_id"),
+        _BOOKINGS.c.account_id == bindparam("account_id"),
+    )
 )
-"""A plain row: the create reads the confirmation, and consumes it by a conditional UPDATE."""
+"""What gates 1 to 3 read under the write lock, in one statement: this account's booking (its
+view's columns, prefixed) and, beside it, this account's confirmation as a plain row (its own
+column names; all ``NULL`` when there is none). The confirmation is consumed by a conditional
+UPDATE."""
 
 
 @dataclass(frozen=True)
@@ -217,11 +239,10 @@ def _commit_prepared(
     if replay is not None:
         return replay
 
-    view = _gate_1(session, ctx, req, now)
+    view, confirmation = _gate_1(session, ctx, req, now)
 
     # Gate 2: the manifest (its existence or bytes were established and it cannot change:
     # content-addressed, immutable) is the one the confirmation is bound to.
-    confirmation = _confirmation_for(session, ctx.account_id, req.confirmation_ref)
     _check_digest(confirmation, req)
 
     # Gate 3, on the row just read.
@@ -262,11 +283,10 @@ def _create_in_transaction(
     if replay is not None:
         return replay
 
-    view = _gate_1(session, ctx, req, now)
+    view, confirmation = _gate_1(session, ctx, req, now)
 
     # Gate 2: the manifest is known (or its bytes came along), valid, and its digest is the one
     # the confirmation is bound to.
-    confirmation = _confirmation_for(session, ctx.account_id, req.confirmation_ref)
     _check_digest(confirmation, req)
     row = find_manifest(session, ctx.account_id, req.manifest_digest)
     if row is not None:
@@ -330,12 +350,30 @@ def _reserve_or_replay(
 
 def _gate_1(
     session: Session, ctx: AuthContext, req: CreateRunRequest, now: datetime
-) -> BookingView:
-    """Gate 1, fresh: the booking as it is now, read under the write lock, eligible."""
-    view = booking_view_now(session, ctx.account_id, req.booking_id)
+) -> tuple[BookingView, Row[Any]]:
+    """Gate 1, fresh: the booking as it is now, read under the write lock, eligible — and, in
+    the same statement, the confirmation gates 2 and 3 judge (``confirmation_not_found`` only
+    once gate 1 has passed, so the gates keep their order)."""
+    row = (
+        session.connection()
+        .execute(
+            _BOOKING_AND_CONFIRMATION,
+            {
+                "booking_id": req.booking_id,
+                "account_id": ctx.account_id,
+                "ref": req.confirmation_ref,
+            },
+        )
+        .first()
+    )
+    if row is None:
+        raise ItoError("booking_not_found")
+    view = BookingView(**{name: row._mapping[f"booking_{name}"] for name in _VIEW_FIELDS})
     remember_booking(view)
     check_eligibility(view, now)
-    return view
+    if row.id is None:
+        raise ItoError("confirmation_not_found")
+    return view, row
 
 
 def _write_run(
@@ -468,15 +506,6 @@ def _decode_manifest(req: CreateRunRequest) -> bytes | None:
             "manifest_digest_mismatch", "the manifest bytes do not hash to the presented digest"
         )
     return req.manifest_raw
-
-
-def _confirmation_for(session: Session, account_id: str, ref: str) -> Row[Any]:
-    confirmation = (
-        session.connection().execute(_CONFIRMATION, {"ref": ref, "account_id": account_id}).first()
-    )
-    if confirmation is None:
-        raise ItoError("confirmation_not_found")
-    return confirmation
 
 
 def _replay(session: Session, record: IdempotencyRecord, fingerprint: str) -> CreateRunResult:
