@@ -5,7 +5,9 @@ a real answer on both backends."""
 
 from __future__ import annotations
 
+import base64
 import json
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,8 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from ito.core.provenance import provenance_digest
+from ito.pipeline.data_prep import prepare_data
 from ito.server.services.audit import (
     account_event_dict,
     audit_dict,
@@ -24,6 +28,7 @@ from ito.server.services.audit import (
 from ito.server.services.bookings import booking_dict, eligibility, get_booking, list_bookings
 from ito.server.services.manifests import load_manifest, manifest_dict
 from ito.server.services.plans import plan_run
+from ito.server.services.provenance import provenance_of
 from ito.server.services.runs import list_runs, run_dict
 from ito.server.services.telemetry import booking_telemetry, run_telemetry
 from ito.server.store.tables import IdempotencyRecord
@@ -245,6 +250,22 @@ def _run_through_a_worker(t: Tenant, digest: str) -> None:
     assert (lease["run_id"], lease["attempt"], lease["restart_from"]) == (run_id, 1, None)
     beat = ok(work(f"/v1/worker/runs/{run_id}/heartbeat", {"attempt": 1}))
     assert beat["state"] == "running" and beat["stop"] is None
+    with Session(t.server.engine) as session:
+        manifest = load_manifest(session, t.account_id, digest)[1]
+    with tempfile.TemporaryDirectory() as scratch:
+        prepare_data(manifest, Path(scratch))
+        report = (Path(scratch) / "prepared" / "provenance.json").read_bytes()
+    upload = {"attempt": 1, "report_b64": base64.b64encode(report).decode()}
+    bound = ok(work(f"/v1/worker/runs/{run_id}/provenance", upload))
+    assert bound == {
+        "run_id": run_id,
+        "sha256": provenance_digest(report),
+        "bytes": len(report),
+        "replayed": False,
+    }
+    served = ok(t.api("GET", f"/v1/runs/{run_id}/provenance"))
+    assert served == built(t.server, lambda s: provenance_of(s, t.account_id, run_id))
+    assert served["report"] == json.loads(report)
     events = [
         {"type": "stage", "stage": "s1", "status": "started"},
         {"type": "log", "level": "info", "message": "step 1"},

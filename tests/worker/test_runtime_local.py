@@ -140,7 +140,8 @@ def test_a_confirmed_run_trains_to_succeeded_through_the_in_process_worker(
     worker_server: Server, tmp_path: Path
 ) -> None:
     t = make_tenant(worker_server, tmp_path / "t", "trainer")
-    run_id = t.train(t.manifest(), "train-1")
+    manifest = t.manifest()
+    run_id = t.train(manifest, "train-1")
     final = _wait_state(t, run_id, TERMINAL)
     assert final["state"] == "succeeded", final
 
@@ -161,6 +162,14 @@ def test_a_confirmed_run_trains_to_succeeded_through_the_in_process_worker(
     logs = t.ito("runs", "logs", run_id).data
     assert logs["lines"] and logs["next_cursor"] == logs["lines"][-1]["cursor"]
     assert t.ito("runs", "logs", run_id, "--since", str(logs["next_cursor"])).data["lines"] == []
+
+    # The data-preparation report the worker uploaded is bound to the run and served.
+    provenance = t.ito("runs", "provenance", run_id).data
+    assert final["provenance_sha256"] == provenance["sha256"]
+    assert ("provenance", None, None) in kinds
+    reported = {d["id"]: d for d in provenance["report"]["datasets"]}
+    assert set(reported) == {d["id"] for d in json.loads(manifest.read_bytes())["data"]}
+    assert all(d["counts"]["output"] > 0 for d in reported.values())
 
     telemetry = t.ito("telemetry", "--run", run_id).data
     assert 0 < telemetry["goodput"] <= 1

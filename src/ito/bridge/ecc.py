@@ -105,7 +105,8 @@ Usage:
   ecc ito plan --booking B --manifest M
   ecc ito confirm --action train --booking B --manifest M
   ecc ito train --booking B --manifest M --confirmation-ref REF --idempotency-key K
-  ecc ito runs list | show R | logs R | metrics R | checkpoints R | watch R | cancel R | cleanup R
+  ecc ito runs list | show R | logs R | metrics R | checkpoints R | provenance R | watch R
+      | cancel R | cleanup R
   ecc ito telemetry --booking B | --run R
   ecc ito find | evals              ito-compute verbs; this runtime answers capability_unavailable
   ecc ito <verb> ... --json         the JSON envelope (--json at most once)

@@ -440,6 +440,15 @@ def runs_checkpoints(run: str) -> None:
     Output.finish(_ops().checkpoints(run))
 
 
+@runs_app.command("provenance")
+def runs_provenance(run: str) -> None:
+    """The data-preparation report bound to a run (its sha256, inputs, rows kept and removed
+    per reason, decontamination, output shard digests)."""
+    from ito.client.provenance import render_provenance
+
+    Output.finish(_ops().provenance(run), render=render_provenance)
+
+
 @runs_app.command("cancel")
 def runs_cancel(
     run: str,

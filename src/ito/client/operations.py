@@ -352,6 +352,12 @@ class Operations:
         return self._call("GET", _path("runs", _id(run, "run"), "checkpoints"))
 
     @_operation
+    def provenance(self, run: str) -> Envelope:
+        """The data-preparation report bound to a run: inputs, counts kept and removed per
+        reason, eval items matched by decontamination, output shard digests."""
+        return self._call("GET", _path("runs", _id(run, "run"), "provenance"))
+
+    @_operation
     def cancel(self, run: str, confirmation_ref: str, idempotency_key: str) -> Envelope:
         """Cancel a run behind its own confirmation and idempotency key."""
         return self._run_action(run, "cancel", confirmation_ref, idempotency_key)

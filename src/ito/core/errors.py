@@ -124,6 +124,10 @@ REGISTRY: dict[str, ErrorSpec] = {
     "invalid_transition": _s(409, "that state change is not allowed"),
     "run_not_terminal": _s(409, "the run has not ended; cancel it first"),
     "lease_lost": _s(409, "this worker no longer holds the run's lease"),
+    "provenance_mismatch": _s(
+        409, "the data does not match the provenance report bound to this run"
+    ),
+    "provenance_not_found": _s(404, "this run has no data-preparation report yet"),
     "rate_limited": _s(429, "too many requests", True),
     "request_too_large": _s(413, "the request body exceeds the server's size bound"),
     "method_not_allowed": _s(405, "this method is not allowed here"),

@@ -132,6 +132,10 @@ class RunSpecDocument(_Spec):
     """The planned layout; ``None``: FSDP over every rank (the engine's default)."""
     accelerator: BookedAccelerator | None = None
     """The booked accelerator; ``None`` (the engine run alone, in tests): not checked."""
+    provenance_sha256: Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")] | None = None
+    """The data-preparation report bound to the run: training reads a prepared shard only if
+    ``provenance.json`` has this digest and lists the shard's digest. ``None`` (the engine run
+    alone, in tests): prepared shards are read as they are."""
 
     @model_validator(mode="after")
     def _checkpoints_below_root(self) -> RunSpecDocument:

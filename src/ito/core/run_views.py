@@ -18,6 +18,7 @@ __all__ = [
     "LogPage",
     "MetricPage",
     "MetricPoint",
+    "ProvenanceView",
     "RunActionResult",
     "RunCreated",
     "RunDetail",
@@ -49,6 +50,9 @@ class RunView(_View):
     """The cost estimate fixed at creation (cost, ceiling, hours)."""
     checkpoint_uri: str
     failure_code: str | None
+    provenance_sha256: str | None = None
+    """The data-preparation report bound to the run (``/v1/runs/{id}/provenance``), once the
+    worker uploaded it."""
     created_at: str
     updated_at: str
     finished_at: str | None
@@ -145,3 +149,16 @@ class CheckpointView(_View):
 
 class CheckpointList(_View):
     checkpoints: list[CheckpointView]
+
+
+class ProvenanceView(_View):
+    """The data-preparation report bound to a run (:mod:`ito.core.provenance`)."""
+
+    run_id: str
+    sha256: str
+    """``sha256:`` of the report's exact bytes, bound to the run."""
+    bytes: int
+    attempt: int
+    """The attempt that uploaded it."""
+    created_at: str
+    report: dict[str, Any]

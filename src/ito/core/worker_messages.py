@@ -25,6 +25,8 @@ __all__ = [
     "HeartbeatAnswer",
     "Lease",
     "LeaseBooking",
+    "ProvenanceBody",
+    "ProvenanceBound",
     "ReportBody",
     "ReportCounts",
     "RestartPoint",
@@ -90,6 +92,9 @@ class Lease(_Answer):
     parallelism: dict[str, Any] | None = None
     """The run's accepted parallelism plan, as gate 5 stored it with the run's estimate
     (:meth:`ito.core.run_plan.RunPlan.to_dict`); ``None`` for runs created before it was."""
+    provenance_sha256: Annotated[str, Field(max_length=80)] | None = None
+    """The data-preparation report already bound to the run (an earlier attempt uploaded it):
+    this attempt's preparation must reproduce it."""
 
 
 # ---- heartbeat -----------------------------------------------------------------------------
@@ -111,6 +116,26 @@ class HeartbeatAnswer(_Answer):
     """The error code of a budget or booking stop."""
     lease_expires_at: Annotated[str, Field(max_length=64)]
     cost_usd: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+# ---- provenance ----------------------------------------------------------------------------
+
+
+class ProvenanceBody(_Inbound):
+    """The data-preparation report: the exact bytes of ``provenance.json``, base64 (so the
+    digest the server binds is the digest of the file training checks its shards against)."""
+
+    attempt: Attempt
+    report_b64: Annotated[str, Field(min_length=1, max_length=3 * 1024 * 1024)]
+
+
+class ProvenanceBound(_Answer):
+    run_id: RunId
+    sha256: Annotated[str, Field(max_length=80)]
+    """``sha256:`` of the report's bytes, now bound to the run."""
+    bytes: Annotated[int, Field(ge=0)]
+    replayed: bool
+    """True when this digest was already bound (a repeated upload): nothing new was stored."""
 
 
 # ---- report --------------------------------------------------------------------------------

@@ -24,7 +24,14 @@ from tokenizers import Tokenizer
 
 from ito.core.manifest import DataRef
 
-__all__ = ["HELDOUT_EVERY", "PackedData", "read_documents", "seed_from", "split_heldout"]
+__all__ = [
+    "HELDOUT_EVERY",
+    "PackedData",
+    "check_shard",
+    "read_documents",
+    "seed_from",
+    "split_heldout",
+]
 
 HELDOUT_EVERY = 20
 """One document in this many (by digest bucket) is held out of training for evaluation."""
@@ -34,10 +41,15 @@ def seed_from(run_id: str) -> int:
     return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:8], "big") % (2**62)
 
 
-def read_documents(ref: DataRef, workdir: Path) -> list[str]:
+def read_documents(ref: DataRef, workdir: Path, provenance_sha256: str | None = None) -> list[str]:
+    """The documents of ``ref``: its prepared shard when data preparation wrote one — checked
+    against the provenance report bound to the run when ``provenance_sha256`` is given — else
+    the raw file (checked against the manifest's digest)."""
     prepared = workdir / "prepared" / f"{ref.id}.jsonl"
     if prepared.exists():
         raw = prepared.read_bytes()
+        if provenance_sha256 is not None:
+            check_shard(workdir, ref.id, raw, provenance_sha256)
     else:
         uri = urlparse(ref.uri)
         if uri.scheme != "file":
@@ -56,6 +68,28 @@ def read_documents(ref: DataRef, workdir: Path) -> list[str]:
             raise ValueError(f"data {ref.id!r}: line {number} is not a JSON object")
         docs.append(_row_text(row))
     return docs
+
+
+def check_shard(workdir: Path, data_id: str, raw: bytes, provenance_sha256: str) -> None:
+    """Refuse (``provenance_mismatch``) a prepared shard unless ``provenance.json`` is the
+    report bound to the run and lists exactly these bytes' digest for ``data_id``."""
+    from ito.core.errors import ItoError
+    from ito.core.provenance import parse_provenance, provenance_digest
+
+    report_raw = (workdir / "prepared" / "provenance.json").read_bytes()
+    if provenance_digest(report_raw) != provenance_sha256:
+        raise ItoError(
+            "provenance_mismatch",
+            "provenance.json is not the report bound to the run",
+            bound=provenance_sha256,
+        )
+    expected = parse_provenance(report_raw).shard_digests().get(data_id)
+    if expected != hashlib.sha256(raw).hexdigest():
+        raise ItoError(
+            "provenance_mismatch",
+            f"the prepared shard of {data_id!r} is not the one the bound report lists",
+            data_id=data_id,
+        )
 
 
 def _row_text(row: dict[str, object]) -> str:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from ito.core.errors import ItoError
+from ito.core.provenance import PROVENANCE_SCHEMA
 from ito.pipeline.decontam import DEFAULT_NGRAM, EvalIndex
 from ito.pipeline.dedup import NearDedup, exact_duplicates, near_duplicates
 
@@ -59,7 +60,6 @@ PREPARED_DIR = "prepared"
 MAX_DATA_FILE_BYTES = 2 << 30
 """Largest data file one preparation reads (it is held in memory to be hashed and parsed)."""
 PROVENANCE_FILE = "provenance.json"
-PROVENANCE_SCHEMA = "ito.data_prep.provenance.v1"
 
 _FIELD_ORDER = ("prompt", "completion", "chosen", "answer", "rejected")
 """Order in which the fields of a row without ``text`` are joined into its text, so that a

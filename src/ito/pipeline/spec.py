@@ -104,6 +104,10 @@ class RunSpec:
     accelerator: BookedAccelerator | None = None
     """The booked accelerator, checked before training (:mod:`ito.pipeline.accelerator`);
     ``None``: not checked (the engine run alone, in tests)."""
+    provenance_sha256: str | None = None
+    """The data-preparation report bound to the run: a prepared shard is read only if
+    ``provenance.json`` has this digest and lists the shard's digest
+    (:func:`ito.pipeline.data.read_documents`). ``None``: read as they are (tests)."""
     document: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The spec as read, for logging."""
 
@@ -165,5 +169,6 @@ def load_spec(path: Path) -> RunSpec:
         storage_root=Path(doc.storage_root) if doc.storage_root is not None else None,
         layout=doc.layout,
         accelerator=doc.accelerator,
+        provenance_sha256=doc.provenance_sha256,
         document=json.loads(raw),
     )

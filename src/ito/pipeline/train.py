@@ -228,7 +228,8 @@ class Trainer:
     def _split(self, data_id: str) -> tuple[list[str], list[str]]:
         if data_id not in self._splits:
             ref = self.refs[data_id]
-            self._splits[data_id] = split_heldout(read_documents(ref, self.spec.workdir), ref.role)
+            docs = read_documents(ref, self.spec.workdir, self.spec.provenance_sha256)
+            self._splits[data_id] = split_heldout(docs, ref.role)
         return self._splits[data_id]
 
     def _plans(self) -> list[StagePlan]:

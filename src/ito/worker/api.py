@@ -5,6 +5,7 @@ decides how long a silent API may last: the lease TTL)."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Sequence
 from typing import Any, TypeVar
@@ -23,6 +24,8 @@ from ito.core.worker_messages import (
     FinishBody,
     HeartbeatAnswer,
     Lease,
+    ProvenanceBody,
+    ProvenanceBound,
 )
 from ito.transport import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, Transport
 
@@ -75,6 +78,15 @@ class WorkerApi:
         per batch of :func:`report_batches`; the first refusal raises)."""
         for batch in report_batches(events):
             self._post(f"/v1/worker/runs/{run_id}/report", {"attempt": attempt, "events": batch})
+
+    def provenance(self, run_id: str, attempt: int, raw: bytes) -> ProvenanceBound:
+        """Bind the data-preparation report (the exact bytes of ``provenance.json``) to the
+        run; refused ``provenance_mismatch`` when another report is already bound."""
+        body = ProvenanceBody(attempt=attempt, report_b64=base64.b64encode(raw).decode("ascii"))
+        return _answer(
+            ProvenanceBound,
+            self._post(f"/v1/worker/runs/{run_id}/provenance", body.model_dump()),
+        )
 
     def finish(
         self,

@@ -147,6 +147,9 @@ class Supervisor:
         prep = self._prepare(run_id, attempt, raw, workdir)
         if prep is not None or self.stop.is_set():
             return prep  # an outcome, or None: the worker is stopping and leaves the lease
+        bound = self._bind_provenance(run_id, attempt, workdir, lease.provenance_sha256)
+        if isinstance(bound, Outcome):
+            return bound
         skipped = [s for s in POST_TRAINING if (document.get("post_training") or {}).get(s)]
         if skipped:
             self.api.report(
@@ -179,6 +182,8 @@ class Supervisor:
             },
             # The layout gate 5 planned, for the engine to build exactly (None: its default).
             "layout": (lease.parallelism or {}).get("layout"),
+            # Training reads only shards whose digests are those of this bound report.
+            "provenance_sha256": bound,
         }
         try:
             spec = RunSpecDocument.model_validate(fields | self.spec_overrides)
@@ -225,6 +230,27 @@ class Supervisor:
             # Whatever went wrong here, no training process outlives its supervision.
             executor.kill()
             raise
+
+    def _bind_provenance(
+        self, run_id: str, attempt: int, workdir: Path, bound: str | None
+    ) -> str | Outcome:
+        """Upload this preparation's report and have the server bind it to the run (DESIGN
+        §7.4); its digest, or the run's failure when the server refuses it (another report is
+        bound, the report does not describe the manifest's data, contamination over the
+        policy). An attempt that finds its report already bound sends nothing."""
+        from ito.core.provenance import provenance_digest
+        from ito.pipeline.data_prep import PROVENANCE_FILE, prepared_dir
+
+        report = (prepared_dir(workdir) / PROVENANCE_FILE).read_bytes()
+        digest = provenance_digest(report)
+        if bound == digest:
+            return digest
+        try:
+            return self.api.provenance(run_id, attempt, report).sha256
+        except ItoError as exc:
+            if exc.retryable or exc.code in _LOST:
+                raise
+            return self._finish(run_id, attempt, Outcome("failed", exc.code, exc.message))
 
     def _prepare(self, run_id: str, attempt: int, raw: bytes, workdir: Path) -> Outcome | None:
         if (workdir / "prepared" / "provenance.json").exists():

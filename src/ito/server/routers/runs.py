@@ -14,6 +14,7 @@ from ito.core.run_views import (
     CheckpointList,
     LogPage,
     MetricPage,
+    ProvenanceView,
     RunActionResult,
     RunCreated,
     RunDetail,
@@ -29,6 +30,7 @@ from ito.server.services.lifecycle import (
     list_logs,
     list_metrics,
 )
+from ito.server.services.provenance import provenance_of
 from ito.server.services.runs import (
     CreateRunRequest,
     create_run,
@@ -201,6 +203,13 @@ def runs_metrics(
             connection, caller.account_id, run_id, name=name, since=since, limit=limit
         )
     return ok_envelope({"points": points, "next_cursor": cursor}, f"{len(points)} point(s)")
+
+
+@router.get("/{run_id}/provenance", response_model=Envelope[ProvenanceView])
+def runs_provenance(run_id: str, caller: Requester, state: State) -> dict[str, Any]:
+    with state.db.read() as session:
+        data = provenance_of(session, caller.account_id, run_id)
+    return ok_envelope(data, f"data-preparation report {data['sha256']}")
 
 
 @router.get("/{run_id}/checkpoints", response_model=Envelope[CheckpointList])

@@ -3,11 +3,14 @@ heartbeats, reports, finishes, and performs requested cleanups."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Any
 
 from fastapi import APIRouter, Depends
 
 from ito.core.envelope import ok_envelope
+from ito.core.errors import ItoError
 from ito.core.responses import Envelope
 from ito.core.worker_messages import (
     AttemptBody,
@@ -18,6 +21,8 @@ from ito.core.worker_messages import (
     FinishBody,
     HeartbeatAnswer,
     Lease,
+    ProvenanceBody,
+    ProvenanceBound,
     ReportBody,
     ReportCounts,
 )
@@ -32,6 +37,7 @@ from ito.server.services.leases import (
     report,
 )
 from ito.server.services.lifecycle import cleanup_jobs, mark_cleaned
+from ito.server.services.provenance import bind_provenance
 from ito.server.store.tables import utcnow
 
 router = APIRouter(prefix="/v1/worker", route_class=OneHopRoute)
@@ -70,6 +76,19 @@ def worker_report(
     with state.db.write() as session:
         counts = report(session, caller, run_id, body.attempt, body.events)
     return ok_envelope(counts, "reported")
+
+
+@router.post("/runs/{run_id}/provenance", response_model=Envelope[ProvenanceBound])
+def worker_provenance(
+    run_id: str, body: ProvenanceBody, state: State, caller: AuthContext = Worker
+) -> dict[str, Any]:
+    try:
+        raw = base64.b64decode(body.report_b64, validate=True)
+    except binascii.Error:
+        raise ItoError("invalid_arguments", "report_b64 is not base64") from None
+    with state.db.write() as session:
+        data = bind_provenance(session, caller, run_id, body.attempt, raw)
+    return ok_envelope(data, f"provenance {data['sha256']} bound to run {run_id}")
 
 
 @router.post("/runs/{run_id}/finish", response_model=Envelope[FinishAnswer])

@@ -206,10 +206,13 @@ def lease_next(
         "lease_ttl_s": settings.ttl.total_seconds(),
         "heartbeat_s": settings.heartbeat_seconds,
         "parallelism": (run.estimate or {}).get("parallelism"),
+        "provenance_sha256": run.provenance_sha256,
     }
 
 
-def _held(session: Session, worker: AuthContext, run_id: str, attempt: int) -> tuple[Run, RunLease]:
+def held_lease(
+    session: Session, worker: AuthContext, run_id: str, attempt: int
+) -> tuple[Run, RunLease]:
     run = session.scalar(
         select(Run)
         .where(
@@ -241,7 +244,7 @@ def heartbeat(
     now: datetime,
 ) -> dict[str, Any]:
     """Renew the lease, account the time held since the last beat, say what the run must do."""
-    run, lease = _held(session, worker, run_id, attempt)
+    run, lease = held_lease(session, worker, run_id, attempt)
     booking = session.get(Booking, run.booking_id)
     assert booking is not None
     if lease.last_heartbeat_at is not None:
@@ -299,7 +302,7 @@ def report(
     events: Sequence[ReportedEvent],
 ) -> dict[str, int]:
     """Ingest a batch of the pipeline's events (already validated), in order."""
-    run, lease = _held(session, worker, run_id, attempt)
+    run, lease = held_lease(session, worker, run_id, attempt)
     counts = {"logs": 0, "metrics": 0, "checkpoints": 0, "events": 0}
     for item in events:
         if isinstance(item, LogEvent):
@@ -441,7 +444,7 @@ def finish_run(
     failure_code: str | None,
     message: str,
 ) -> dict[str, Any]:
-    run, lease = _held(session, worker, run_id, attempt)
+    run, lease = held_lease(session, worker, run_id, attempt)
     targets = {
         "succeeded": RunState.succeeded,
         "failed": RunState.failed,

@@ -641,6 +641,7 @@ def run_dict(run: Run | Row[Any]) -> dict[str, Any]:
         "estimate": run.estimate,
         "checkpoint_uri": run.checkpoint_uri,
         "failure_code": run.failure_code,
+        "provenance_sha256": run.provenance_sha256,
         "created_at": run.created_at.isoformat(),
         "updated_at": run.updated_at.isoformat(),
         "finished_at": run.finished_at.isoformat() if run.finished_at else None,

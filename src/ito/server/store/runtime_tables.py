@@ -7,12 +7,22 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from ito.server.store.tables import Base, UTCDateTime, utcnow
 
-__all__ = ["CheckpointRow", "RunLease", "RunLog", "RunMetric"]
+__all__ = ["CheckpointRow", "RunLease", "RunLog", "RunMetric", "RunProvenance"]
 
 _ID = BigInteger().with_variant(Integer, "sqlite")
 
@@ -87,3 +97,17 @@ class CheckpointRow(Base):
     seconds: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class RunProvenance(Base):
+    """The data-preparation report bound to a run: its exact bytes, once per run (a later
+    upload must carry the same digest; :mod:`ito.server.services.provenance`)."""
+
+    __tablename__ = "run_provenance"
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    sha256: Mapped[str] = mapped_column(String(80))
+    content: Mapped[bytes] = mapped_column(LargeBinary)
+    bytes: Mapped[int] = mapped_column(Integer)
+    attempt: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

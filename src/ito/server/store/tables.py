@@ -229,6 +229,8 @@ class Run(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     failure_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    provenance_sha256: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    """The data-preparation report bound to the run (``run_provenance``), once uploaded."""
 
 
 class RunEvent(Base):
