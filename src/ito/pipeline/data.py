@@ -8,12 +8,14 @@ Guarantees:
   rank ``r`` is computed, never iterated to, so the data position of a checkpoint is the step.
 - Raw files are read only from ``file://`` URIs and must match the manifest's sha256; a file
   that data preparation wrote to ``<workdir>/prepared/<id>.jsonl`` is used in its place.
+- A document is :attr:`Row.text <ito.pipeline.rows.Row.text>` of a row read by
+  :func:`ito.pipeline.rows.read_rows`: the same text data preparation deduplicated and
+  decontaminated.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,7 @@ import torch
 from tokenizers import Tokenizer
 
 from ito.core.manifest import DataRef
+from ito.pipeline.rows import read_rows
 
 __all__ = ["HELDOUT_EVERY", "PackedData", "read_documents", "seed_from", "split_heldout"]
 
@@ -47,25 +50,7 @@ def read_documents(ref: DataRef, workdir: Path) -> list[str]:
         raw = Path(unquote(uri.path)).read_bytes()
         if hashlib.sha256(raw).hexdigest() != ref.sha256:
             raise ValueError(f"data {ref.id!r}: the file's sha256 does not match the manifest")
-    docs = []
-    for number, line in enumerate(raw.decode("utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        if not isinstance(row, dict):
-            raise ValueError(f"data {ref.id!r}: line {number} is not a JSON object")
-        docs.append(_row_text(row))
-    return docs
-
-
-def _row_text(row: dict[str, object]) -> str:
-    if isinstance(row.get("text"), str):
-        return str(row["text"])
-    prompt = str(row.get("prompt", ""))
-    for key in ("completion", "chosen", "answer"):
-        if isinstance(row.get(key), str):
-            return prompt + str(row[key])
-    return prompt
+    return [row.text for row in read_rows(raw, ref.role, data_id=ref.id)]
 
 
 def _digest(text: str) -> int:
