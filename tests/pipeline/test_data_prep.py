@@ -124,7 +124,7 @@ def test_prepared_shards_and_provenance_match_the_bytes_written(
     )
 
 
-def test_prepared_rows_are_normalised_and_keep_their_other_fields(
+def test_prepared_rows_are_normalised_and_keep_only_their_roles_fields(
     recipe: Recipe, tmp_path: Path
 ) -> None:
     web = recipe.rows("web")
@@ -137,9 +137,9 @@ def test_prepared_rows_are_normalised_and_keep_their_other_fields(
     prepare_data(recipe.manifest(), workdir)
 
     first_web = json.loads(shard_path(workdir, "web").read_bytes().splitlines()[0])
-    assert first_web == {"text": "The model adds small numbers .", "source": "crawl-7"}
+    assert first_web == {"text": "The model adds small numbers ."}
     first_sft = json.loads(shard_path(workdir, "arith-sft").read_bytes().splitlines()[0])
-    assert first_sft == {"prompt": "1+2=", "completion": "3", "weight": 2}
+    assert first_sft == {"prompt": "1+2= ", "completion": "3"}
 
 
 def test_exact_and_near_duplicates_are_removed_and_counted(recipe: Recipe, tmp_path: Path) -> None:
@@ -332,16 +332,26 @@ def test_a_symlinked_data_file_is_refused(recipe: Recipe, tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize(
-    "bad_line", [b"not json", b"[1, 2]", b'{"text": 5}', b"\xff\xfe", b'{"text": NaN}']
+    ("bad_line", "reason"),
+    [
+        (b"not json", "not_json"),
+        (b"[1, 2]", "not_object"),
+        (b'{"text": 5}', "wrong_type"),
+        (b'{"prompt": "a", "completion": "b"}', "missing_field"),
+        (b"\xff\xfe", "not_utf8"),
+        (b'{"text": NaN}', "not_json"),
+    ],
 )
-def test_a_malformed_row_is_refused(recipe: Recipe, tmp_path: Path, bad_line: bytes) -> None:
+def test_a_malformed_row_is_refused(
+    recipe: Recipe, tmp_path: Path, bad_line: bytes, reason: str
+) -> None:
     path = recipe.path("web")
     raw = path.read_bytes() + bad_line + b"\n"
     path.write_bytes(raw)
     recipe.doc["data"][0]["sha256"] = hashlib.sha256(raw).hexdigest()
     exc = _refusal(recipe.manifest(), tmp_path / "work")
-    assert exc.code == "data_policy_violation"
-    assert exc.details["reason"] == "malformed"
+    assert exc.code == "data_invalid"
+    assert (exc.details["data_id"], exc.details["reason"]) == ("web", reason)
     assert exc.details["line"] == len(raw.splitlines())
     assert not (tmp_path / "work").exists()
 

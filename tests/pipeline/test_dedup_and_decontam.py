@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ito.pipeline.data_prep import normalise_row, normalise_text, row_text
+from ito.pipeline.data_prep import normalise_text
 from ito.pipeline.decontam import EvalIndex, match_tokens, ngrams
 from ito.pipeline.dedup import (
     NearDedup,
@@ -15,6 +15,7 @@ from ito.pipeline.dedup import (
     near_duplicates,
     word_shingles,
 )
+from ito.pipeline.rows import Row, row_from_mapping
 
 LONG = (
     "the scheduler reads every token of the long sentences and the optimizer stores "
@@ -39,28 +40,32 @@ def test_text_is_nfkc_normalised_with_whitespace_collapsed(raw: str, expected: s
     assert normalise_text(raw) == expected
 
 
-def test_a_text_row_has_only_its_text_normalised() -> None:
-    row = {"text": " a  b ", "url": " https://x/ ", "n": 3}
-    assert normalise_row(row) == {"text": "a b", "url": " https://x/ ", "n": 3}
+def test_a_prompt_keeps_one_trailing_space_and_an_answer_one_leading_space() -> None:
+    assert normalise_text(" 1+2=\t", keep_end=True) == "1+2= "
+    assert normalise_text("  ３ ", keep_start=True) == " 3"
+    assert normalise_text("A:", keep_end=True) == "A:"
+    assert normalise_text("\u3000", keep_start=True) == " "
 
 
-def test_a_row_without_text_has_every_string_field_normalised() -> None:
-    row = {"prompt": " 1+2=\t", "chosen": "３ ", "rejected": "4", "weight": 1.5, "tags": [" x "]}
-    assert normalise_row(row) == {
-        "prompt": "1+2=",
-        "chosen": "3",
-        "rejected": "4",
-        "weight": 1.5,
-        "tags": [" x "],
-    }
+def _row(role: str, **fields: object) -> Row:
+    return row_from_mapping(fields, role, data_id="d", where={"line": 1})
 
 
-def test_row_text_puts_the_prompt_before_its_answer() -> None:
-    assert row_text({"text": "hello world", "title": "t"}) == "hello world"
-    assert row_text({"completion": "3", "prompt": "1+2="}) == "1+2= 3"
-    assert row_text({"rejected": "4", "prompt": "1+2=", "chosen": "3"}) == "1+2= 3 4"
-    assert row_text({"answer": 3, "prompt": "1+2=", "ok": True, "extra": "z"}) == "1+2= 3 z"
-    assert row_text({"prompt": "", "completion": ""}) == ""
+def test_a_row_keeps_only_its_roles_fields_normalised() -> None:
+    row = _row("pretrain", text=" a  b ", url=" https://x/ ", n=3).normalised()
+    assert row.to_dict() == {"text": "a b"}
+    dpo = _row("dpo", prompt=" 1+2=\t", chosen="３ ", rejected="4", weight=1.5).normalised()
+    assert dpo.to_dict() == {"prompt": "1+2= ", "chosen": "3", "rejected": "4"}
+
+
+def test_row_text_joins_each_prompt_to_its_answer_as_the_data_has_it() -> None:
+    assert _row("pretrain", text="hello world", title="t").text == "hello world"
+    assert _row("sft", completion="3", prompt="1+2=").text == "1+2=3"
+    assert _row("dpo", rejected="4", prompt="1+2=", chosen="3").text == "1+2=3\n1+2=4"
+    assert _row("rlvr", answer=" 3", prompt="Q: 1+2?\nA:", extra="z").text == "Q: 1+2?\nA: 3"
+    assert _row("eval", prompt="1+2=", answer="3").text == "1+2=3"
+    assert _row("eval", text="an eval passage").text == "an eval passage"
+    assert _row("sft", prompt="1+2=", completion=" ").is_blank
 
 
 # --- duplicates -----------------------------------------------------------------------------
@@ -136,6 +141,15 @@ def test_a_short_eval_item_matches_when_contained_whole() -> None:
     assert index.matches("1014 503+511=") == set()
     assert index.matches("7+8= 15 and 503+511= 1014") == {0, 1}
     assert index.matches("") == set()
+
+
+def test_spacing_around_punctuation_never_hides_an_eval_item() -> None:
+    # An eval row's text joins its prompt to its answer as they are ("503+511=1014").
+    assert match_tokens("503+511=1014") == ["503", "+", "511", "=", "1014"]
+    index = EvalIndex(["503+511=1014"], 13)
+    for text in ("so 503+511= 1014 .", "503 + 511 = 1014", "503+511=1014!"):
+        assert index.matches(text) == {0}, text
+    assert index.matches("pages 503, 511, 1014") == set()
 
 
 def test_an_index_without_items_matches_nothing() -> None:

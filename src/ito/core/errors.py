@@ -112,6 +112,9 @@ REGISTRY: dict[str, ErrorSpec] = {
     "capacity_insufficient": _s(422, "the booking is too small for this run"),
     "fabric_incompatible": _s(422, "the booking's fabric does not fit this run"),
     "data_policy_violation": _s(422, "the data does not satisfy the data policy"),
+    "data_invalid": _s(
+        422, "a data row does not fit its role (not JSON, a missing field, a wrong type)"
+    ),
     "checkpoint_storage_invalid": _s(422, "the checkpoint storage is not usable"),
     "plan_refused": _s(422, "no acceptable parallelism plan exists for this run"),
     "layout_unsupported": _s(422, "the planned layout has a degree the engine cannot apply"),

@@ -18,6 +18,7 @@ from ito.core.manifest import Manifest
 from ito.core.model_sizes import SIZES
 from ito.core.pricing import CostEstimate, estimate_cost
 from ito.core.run_plan import RunPlan, plan_run_parallelism
+from ito.core.runtime_support import check_runtime_support
 from ito.core.storage import run_checkpoint_uri
 
 __all__ = [
@@ -106,8 +107,9 @@ class ResourceCheck:
 def check_resources(
     manifest: Manifest, booking: BookingView, now: datetime, run_id_hint: str = "{run_id}"
 ) -> ResourceCheck:
-    """Gate 5: fabric, capacity, the parallelism plan, data policy, checkpoint storage, term
-    and budget."""
+    """Gate 5: fabric, capacity, the parallelism plan, what the runtime supports (data URI
+    schemes, measurable evals: :mod:`ito.core.runtime_support`), data policy, checkpoint
+    storage, term and budget."""
     res = manifest.resources
     if booking.gpu not in res.accelerators:
         raise ItoError(
@@ -146,6 +148,7 @@ def check_resources(
         fabric=booking.fabric,
     )
 
+    check_runtime_support(manifest)
     _check_data_policy(manifest)
     uri, checkpoint_bytes = _check_checkpoint_storage(manifest, booking, run_id_hint)
 

@@ -8,12 +8,14 @@ Guarantees:
   rank ``r`` is computed, never iterated to, so the data position of a checkpoint is the step.
 - Raw files are read only from ``file://`` URIs and must match the manifest's sha256; a file
   that data preparation wrote to ``<workdir>/prepared/<id>.jsonl`` is used in its place.
+- A document is :attr:`Row.text <ito.pipeline.rows.Row.text>` of a row read by
+  :func:`ito.pipeline.rows.read_rows`: the same text data preparation deduplicated and
+  decontaminated.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,7 @@ import torch
 from tokenizers import Tokenizer
 
 from ito.core.manifest import DataRef
+from ito.pipeline.rows import read_rows
 
 __all__ = [
     "HELDOUT_EVERY",
@@ -59,15 +62,7 @@ def read_documents(ref: DataRef, workdir: Path, provenance_sha256: str | None = 
         raw = Path(unquote(uri.path)).read_bytes()
         if hashlib.sha256(raw).hexdigest() != ref.sha256:
             raise ValueError(f"data {ref.id!r}: the file's sha256 does not match the manifest")
-    docs = []
-    for number, line in enumerate(raw.decode("utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        if not isinstance(row, dict):
-            raise ValueError(f"data {ref.id!r}: line {number} is not a JSON object")
-        docs.append(_row_text(row))
-    return docs
+    return [row.text for row in read_rows(raw, ref.role, data_id=ref.id)]
 
 
 def check_shard(workdir: Path, data_id: str, raw: bytes, provenance_sha256: str) -> None:
@@ -90,16 +85,6 @@ def check_shard(workdir: Path, data_id: str, raw: bytes, provenance_sha256: str)
             f"the prepared shard of {data_id!r} is not the one the bound report lists",
             data_id=data_id,
         )
-
-
-def _row_text(row: dict[str, object]) -> str:
-    if isinstance(row.get("text"), str):
-        return str(row["text"])
-    prompt = str(row.get("prompt", ""))
-    for key in ("completion", "chosen", "answer"):
-        if isinstance(row.get(key), str):
-            return prompt + str(row[key])
-    return prompt
 
 
 def _digest(text: str) -> int:

@@ -1,22 +1,27 @@
 """Data preparation (DESIGN §7.4): verify, normalise, deduplicate, decontaminate, write.
 
 :func:`prepare_data` runs on rank 0 before training. For every data reference of the manifest it
-reads the bytes, checks them against the manifest's sha256, parses the JSONL rows and normalises
-their text; then it removes exact duplicates in every data set, every training row that overlaps
-an item of the manifest's eval data (:mod:`ito.pipeline.decontam`), and near duplicates in every
-training data set — in that order. It writes one prepared shard per data set and a provenance
-report to ``<workdir>/prepared/``.
+reads the bytes, checks them against the manifest's sha256, reads its rows (JSONL or Parquet, as
+:mod:`ito.pipeline.rows` defines them for the data's role) and normalises their fields; then it
+removes exact duplicates in every data set, every training row that overlaps an item of the
+manifest's eval data (:mod:`ito.pipeline.decontam`), and near duplicates in every training data
+set — in that order. It writes one prepared shard per data set and a provenance report to
+``<workdir>/prepared/``.
 
 Guarantees:
 
-* Every check happens before anything is written: a digest mismatch, an unreadable or malformed
-  file, a licence outside the policy or contamination above ``data_policy.max_contamination``
-  refuses with an :class:`ItoError` and leaves the work directory untouched.
+* Every check happens before anything is written: a digest mismatch, an unreadable file, a row
+  that does not fit its role (``data_invalid``), a licence outside the policy or contamination
+  above ``data_policy.max_contamination`` refuses with an :class:`ItoError` and leaves the work
+  directory untouched.
 * Each file is written to a temporary name and renamed into place. ``provenance.json`` is removed
   first and written last, so its presence means every shard it lists is complete; the output
   digests it records are those of the bytes written.
 * The output depends only on the input bytes and the parameters: rows keep their input order and
-  are serialised as canonical JSON, so two runs give byte-identical shards and reports.
+  are serialised as canonical JSON of their role's fields only, so two runs give byte-identical
+  shards and reports, and a Parquet file gives the same shard as the JSONL file of its rows.
+* Deduplication and decontamination compare :attr:`Row.text <ito.pipeline.rows.Row.text>`, the
+  text training and evaluation read from the shard.
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ import json
 import os
 import stat
 import tempfile
-import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +40,7 @@ from ito.core.errors import ItoError
 from ito.core.provenance import PROVENANCE_SCHEMA
 from ito.pipeline.decontam import DEFAULT_NGRAM, EvalIndex
 from ito.pipeline.dedup import NearDedup, exact_duplicates, near_duplicates
+from ito.pipeline.rows import Row, data_format, normalise_text, read_rows, rows_to_jsonl
 
 if TYPE_CHECKING:
     from ito.core.manifest import DataRef, Manifest
@@ -48,11 +53,9 @@ __all__ = [
     "EvalContamination",
     "NearDedup",
     "PrepReport",
-    "normalise_row",
     "normalise_text",
     "prepare_data",
     "prepared_dir",
-    "row_text",
     "shard_path",
 ]
 
@@ -61,44 +64,8 @@ MAX_DATA_FILE_BYTES = 2 << 30
 """Largest data file one preparation reads (it is held in memory to be hashed and parsed)."""
 PROVENANCE_FILE = "provenance.json"
 
-_FIELD_ORDER = ("prompt", "completion", "chosen", "answer", "rejected")
-"""Order in which the fields of a row without ``text`` are joined into its text, so that a
-prompt is followed by its answer (``"503+511= 1014"``) in training and eval rows alike."""
-
 
 # --- pure helpers -----------------------------------------------------------------------------
-
-
-def normalise_text(text: str) -> str:
-    """Unicode NFKC, every run of whitespace collapsed to one space, stripped."""
-    return " ".join(unicodedata.normalize("NFKC", text).split())
-
-
-def normalise_row(row: dict[str, Any]) -> dict[str, Any]:
-    """The row with ``text`` normalised, or — in rows without ``text`` (SFT, DPO, RLVR, eval) —
-    every top-level string field normalised. Other fields are kept as they are."""
-    if "text" in row:
-        return {**row, "text": normalise_text(row["text"])}
-    return {
-        key: normalise_text(value) if isinstance(value, str) else value
-        for key, value in row.items()
-    }
-
-
-def row_text(row: dict[str, Any]) -> str:
-    """The text a row trains (or evaluates) on: ``text``, else its string and number fields
-    joined in a fixed order (prompt, completion, chosen, answer, rejected, then the rest)."""
-    if "text" in row:
-        return str(row["text"])
-    keys = [k for k in _FIELD_ORDER if k in row] + sorted(k for k in row if k not in _FIELD_ORDER)
-    parts = []
-    for key in keys:
-        value = row[key]
-        if isinstance(value, str):
-            parts.append(value)
-        elif isinstance(value, int | float) and not isinstance(value, bool):
-            parts.append(json.dumps(value))
-    return " ".join(part for part in parts if part)
 
 
 def prepared_dir(workdir: Path) -> Path:
@@ -122,9 +89,11 @@ class DatasetReport:
     uri: str
     input_sha256: str
     """Digest of the input bytes, verified equal to the manifest's."""
+    input_format: str
+    """``jsonl`` or ``parquet`` (told by the bytes, not the name)."""
     input_rows: int
     empty_removed: int
-    """Rows whose text is empty after normalisation."""
+    """Rows one of whose fields is empty after normalisation."""
     exact_dupes_removed: int
     near_dupes_removed: int
     """Always 0 for eval data, which is not near-deduplicated."""
@@ -148,6 +117,7 @@ class DatasetReport:
             "role": self.role,
             "uri": self.uri,
             "input_sha256": self.input_sha256,
+            "input_format": self.input_format,
             "counts": {
                 "input": self.input_rows,
                 "empty_removed": self.empty_removed,
@@ -218,10 +188,12 @@ class PrepReport:
                     "unicode": "NFKC",
                     "whitespace": "collapsed",
                     "strip": True,
-                    "fields": "text, else every top-level string field",
+                    "fields": "the fields of the data's role; a prompt keeps one trailing "
+                    "space, an answer one leading space",
                 },
+                "rows": "ito.pipeline.rows: text = the role's fields joined, other fields dropped",
                 "exact_dedup": {
-                    "key": "sha256 of the normalised row as canonical JSON",
+                    "key": "sha256 of the normalised row's fields as canonical JSON",
                     "scope": "each data set",
                 },
                 "near_dedup": {**self.near_dedup.to_dict(), "scope": "each training data set"},
@@ -229,7 +201,7 @@ class PrepReport:
                     "method": "ngram",
                     "default_n": DEFAULT_NGRAM,
                     "n_override": self.ngram_override,
-                    "tokens": "whitespace-separated, casefolded",
+                    "tokens": "casefolded word runs; each punctuation mark one token",
                     "short_items": "eval items shorter than n tokens are matched whole",
                     "against": "every eval data set of the manifest",
                 },
@@ -247,7 +219,8 @@ class PrepReport:
 @dataclass
 class _Loaded:
     ref: DataRef
-    rows: list[dict[str, Any]]
+    rows: list[Row]
+    input_format: str
     input_rows: int
     empty_removed: int
     exact_dupes_removed: int
@@ -266,8 +239,10 @@ def prepare_data(
 
     ``ngram`` forces one n-gram size on every data set instead of each data's
     ``decontamination.n`` (13 where it has none). Refuses with ``data_policy_violation`` (reason
-    ``license``, ``unreadable``, ``sha256_mismatch``, ``malformed`` or ``contamination``) or
-    ``capability_unavailable`` (a URI scheme other than ``file://``), having written nothing.
+    ``license``, ``unreadable``, ``sha256_mismatch`` or ``contamination``), ``data_invalid`` (a
+    row that does not fit its role) or ``capability_unavailable`` (a URI scheme other than
+    ``file://``; refused at plan already, :mod:`ito.core.runtime_support`), having written
+    nothing.
     """
     if ngram is not None and ngram < 1:
         raise ValueError("ngram must be ≥ 1")
@@ -286,7 +261,7 @@ def prepare_data(
 
     eval_sets = [d for d in loaded if d.ref.role == "eval"]
     eval_ids = tuple(d.ref.id for d in eval_sets)
-    eval_texts = [row_text(row) for d in eval_sets for row in d.rows]
+    eval_texts = [row.text for d in eval_sets for row in d.rows]
     eval_owner = [d.ref.id for d in eval_sets for _ in d.rows]
     indices: dict[int, EvalIndex] = {}
     contaminated_items: set[int] = set()
@@ -295,7 +270,7 @@ def prepare_data(
     for data in loaded:
         if data.ref.role == "eval":
             continue
-        texts = [row_text(row) for row in data.rows]
+        texts = [row.text for row in data.rows]
         deco = data.ref.decontamination
         n = ngram if ngram is not None else (deco.n if deco is not None else DEFAULT_NGRAM)
         ngram_of[data.ref.id] = n
@@ -334,7 +309,7 @@ def prepare_data(
                 max_contamination=policy.max_contamination,
             )
 
-    shards = {d.ref.id: _serialise(d.rows) for d in loaded}
+    shards = {d.ref.id: rows_to_jsonl(d.rows) for d in loaded}
     report = PrepReport(
         manifest_name=manifest.name,
         near_dedup=settings,
@@ -359,6 +334,7 @@ def _dataset_report(
         role=ref.role,
         uri=ref.uri,
         input_sha256=ref.sha256,
+        input_format=data.input_format,
         input_rows=data.input_rows,
         empty_removed=data.empty_removed,
         exact_dupes_removed=data.exact_dupes_removed,
@@ -396,13 +372,14 @@ def _load(ref: DataRef) -> _Loaded:
             expected=ref.sha256,
             actual=digest,
         )
-    rows = _parse(ref, raw)
-    normalised = [normalise_row(row) for row in rows]
-    non_empty = [row for row in normalised if row_text(row)]
-    dupes = set(exact_duplicates(non_empty))
+    rows = read_rows(raw, ref.role, data_id=ref.id)
+    normalised = [row.normalised() for row in rows]
+    non_empty = [row for row in normalised if not row.is_blank]
+    dupes = set(exact_duplicates([row.to_dict() for row in non_empty]))
     return _Loaded(
         ref=ref,
         rows=[r for i, r in enumerate(non_empty) if i not in dupes],
+        input_format=data_format(raw),
         input_rows=len(rows),
         empty_removed=len(normalised) - len(non_empty),
         exact_dupes_removed=len(dupes),
@@ -465,43 +442,6 @@ def _read(ref: DataRef) -> bytes:
             max_bytes=MAX_DATA_FILE_BYTES,
         )
     return raw
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _parse(ref: DataRef, raw: bytes) -> list[dict[str, Any]]:
-    def malformed(line: int, why: str) -> ItoError:
-        return ItoError(
-            "data_policy_violation",
-            f"data {ref.id!r} line {line}: {why}",
-            reason="malformed",
-            data_id=ref.id,
-            line=line,
-        )
-
-    rows = []
-    # Split on b"\n" only: str.splitlines would also split inside JSON strings holding U+2028.
-    for number, line in enumerate(raw.split(b"\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line.decode("utf-8"), parse_constant=_no_constant)
-        except (UnicodeDecodeError, ValueError):
-            raise malformed(number, "not a UTF-8 JSON line") from None
-        if not isinstance(row, dict):
-            raise malformed(number, "not a JSON object")
-        if "text" in row and not isinstance(row["text"], str):
-            raise malformed(number, "'text' is not a string")
-        rows.append(row)
-    return rows
-
-
-def _serialise(rows: list[dict[str, Any]]) -> bytes:
-    return b"".join(
-        json.dumps(row, sort_keys=True, ensure_ascii=False).encode() + b"\n" for row in rows
-    )
 
 
 def _write(workdir: Path, shards: dict[str, bytes], report: PrepReport) -> None:

@@ -1,24 +1,29 @@
 """N-gram decontamination of training text against eval items (DESIGN §7.4).
 
 A training text is contaminated by an eval item when they share a word n-gram (n = 13 by default,
-GPT-3 paper, Brown et al. 2020, appendix C). Tokens are whitespace-separated and casefolded, so
-case alone never hides an overlap. An eval item shorter than n tokens has no n-gram; it is then
-matched whole — its token sequence appearing contiguously in the training text — so that short
-items such as ``"503+511= 1014"`` are still protected.
+GPT-3 paper, Brown et al. 2020, appendix C). Tokens are casefolded runs of word characters, and
+each other non-space character is a token of its own, so neither case nor spacing around
+punctuation hides an overlap: ``"503+511=1014"`` (an eval row's prompt joined to its answer,
+:mod:`ito.pipeline.rows`), ``"503+511= 1014"`` and ``"503 + 511 = 1014"`` are the same five
+tokens. An eval item shorter than n tokens has no n-gram; it is then matched whole — its token
+sequence appearing contiguously in the training text — so that short items are still protected.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 __all__ = ["DEFAULT_NGRAM", "EvalIndex", "match_tokens", "ngrams"]
 
 DEFAULT_NGRAM = 13
+_TOKEN = re.compile(r"\w+|[^\w\s]")
 
 
 def match_tokens(text: str) -> list[str]:
-    """The tokens overlap is measured over: casefolded whitespace-separated words."""
-    return text.casefold().split()
+    """The tokens overlap is measured over: casefolded words, and punctuation marks each on
+    their own."""
+    return _TOKEN.findall(text.casefold())
 
 
 def ngrams(tokens: Sequence[str], n: int) -> set[tuple[str, ...]]:

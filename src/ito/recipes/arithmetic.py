@@ -2,9 +2,9 @@
 held-out evaluation set kept disjoint from all training data.
 
 Generation is pure and seeded; :func:`build_recipe` returns file contents and the manifest
-document, and the caller writes them. The decontamination report is real: it records the 13-gram
-overlap between every training file and the held-out set, which is zero by construction and
-checked here.
+document, and the caller writes them. The decontamination report is real: it records, for every
+training file, the rows that data preparation's own 13-gram decontamination finds overlapping
+the held-out set — zero by construction, and checked here.
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ import random
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
+
+from ito.pipeline.decontam import EvalIndex
+from ito.pipeline.rows import read_rows
 
 __all__ = ["RECIPES", "Recipe", "build_recipe"]
 
@@ -110,11 +113,6 @@ def _jsonl(rows: list[dict[str, Any]]) -> bytes:
     return b"".join(json.dumps(row, sort_keys=True).encode() + b"\n" for row in rows)
 
 
-def _ngrams(text: str, n: int) -> set[tuple[str, ...]]:
-    words = text.split()
-    return {tuple(words[i : i + n]) for i in range(max(0, len(words) - n + 1))}
-
-
 def build_recipe(name: str, out_dir: str) -> Recipe:
     """The recipe ``name`` with data URIs pointing into the absolute directory ``out_dir``."""
     budgets = RECIPES[name]
@@ -151,21 +149,26 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
         "arith-prompts.jsonl": _jsonl(prompts),
         "arith-heldout.jsonl": _jsonl(evals),
     }
-    eval_grams: set[tuple[str, ...]] = set()
-    for row in evals:
-        eval_grams |= _ngrams(f"{row['prompt']} {row['answer']}", NGRAM)
+    # The report is what data preparation itself would find: the same rows (ito.pipeline.rows)
+    # and the same n-gram matching (ito.pipeline.decontam).
+    roles = {
+        "web.jsonl": "pretrain",
+        "arith-sft.jsonl": "sft",
+        "arith-prefs.jsonl": "dpo",
+        "arith-prompts.jsonl": "rlvr",
+    }
+    items = read_rows(files["arith-heldout.jsonl"], "eval", data_id="arith-heldout")
+    index = EvalIndex([row.text for row in items], NGRAM)
     report_rows = []
-    for fname in ("web.jsonl", "arith-sft.jsonl", "arith-prefs.jsonl", "arith-prompts.jsonl"):
-        grams: set[tuple[str, ...]] = set()
-        for line in files[fname].splitlines():
-            grams |= _ngrams(" ".join(str(v) for v in json.loads(line).values()), NGRAM)
-        overlap = len(grams & eval_grams)
-        assert overlap == 0, "generated training data overlaps the held-out set"
+    for fname, role in roles.items():
+        rows = read_rows(files[fname], role, data_id=fname)
+        contaminated = sum(1 for row in rows if index.matches(row.text))
+        assert contaminated == 0, "generated training data overlaps the held-out set"
         report_rows.append(
             {
                 "file": fname,
                 "sha256": hashlib.sha256(files[fname]).hexdigest(),
-                "overlapping_ngrams": overlap,
+                "contaminated_rows": contaminated,
             }
         )
     report = {

@@ -1,0 +1,88 @@
+"""What the runtime can carry out of a valid manifest (``ito.core.runtime_support``): data it
+cannot read and gates it cannot measure are refused with their JSON paths; the shipped recipes
+ask for nothing it lacks."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from ito.core.errors import ItoError
+from ito.core.manifest import parse_manifest
+from ito.core.runtime_support import check_runtime_support, unsupported_parts
+from ito.recipes import RECIPES, build_recipe
+
+
+def _doc(recipe: str = "test") -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(json.dumps(build_recipe(recipe, "/data/arith").manifest))
+    return doc
+
+
+def _paths(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    found = unsupported_parts(parse_manifest(json.dumps(doc).encode()))
+    return [(f["path"], f["capability"]) for f in found]
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_the_shipped_recipes_ask_for_nothing_the_runtime_lacks(recipe: str) -> None:
+    assert _paths(_doc(recipe)) == []
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "s3://bucket/web.jsonl",
+        "https://data.example.com/web.jsonl",
+        "gs://bucket/web.parquet",
+    ],
+)
+def test_data_at_a_scheme_the_runtime_cannot_read_is_refused(uri: str) -> None:
+    doc = _doc()
+    doc["data"][2]["uri"] = uri
+    assert _paths(doc) == [("$.data[2].uri", "data_uri_scheme")]
+
+
+@pytest.mark.parametrize(
+    "uri", ["file://otherhost/data/web.jsonl", "file://localhost/data/web.jsonl"]
+)
+def test_a_file_uri_must_name_a_local_absolute_path(uri: str) -> None:
+    doc = _doc()
+    doc["data"][0]["uri"] = uri
+    expected = [] if "localhost" in uri else [("$.data[0].uri", "data_uri")]
+    assert _paths(doc) == expected
+
+
+def test_a_curriculum_battery_the_engine_cannot_measure_is_refused_once() -> None:
+    doc = _doc()
+    doc["eval_batteries"]["core"].append(
+        {"eval": "exact_match", "data": "arith-heldout", "min": 0.5}
+    )
+    # Both stages use "core": the battery is reported once, at its own path.
+    assert _paths(doc) == [("$.eval_batteries.core[1].eval", "eval")]
+    with pytest.raises(ItoError) as info:
+        check_runtime_support(parse_manifest(json.dumps(doc).encode()))
+    assert info.value.code == "capability_unavailable" and info.value.status == 501
+    assert [u["path"] for u in info.value.details["unsupported"]] == [
+        "$.eval_batteries.core[1].eval"
+    ]
+
+
+def test_every_unsupported_part_is_listed() -> None:
+    doc = _doc()
+    doc["data"][0]["uri"] = "s3://bucket/web.jsonl"
+    doc["data"][4]["uri"] = "https://data.example.com/heldout.jsonl"
+    doc["curriculum"][1]["battery"] = "arith"
+    assert _paths(doc) == [
+        ("$.data[0].uri", "data_uri_scheme"),
+        ("$.data[4].uri", "data_uri_scheme"),
+        ("$.eval_batteries.arith[0].eval", "eval"),
+    ]
+
+
+def test_post_training_batteries_gate_nothing_while_post_training_is_not_run() -> None:
+    doc = _doc()
+    assert doc["post_training"]["sft"]["battery"] == "arith"
+    assert doc["eval_batteries"]["arith"][0]["eval"] == "exact_match"
+    assert _paths(doc) == []
