@@ -198,9 +198,16 @@ def test_planted_eval_items_are_removed_from_training_data_and_counted(
     assert report.dataset("arith-prefs").contaminated_removed == 0
     assert [(e.id, e.items, e.contaminated) for e in report.evals] == [("arith-heldout", 200, 2)]
     assert report.eval_contaminated_fraction == pytest.approx(0.01)
-    assert json.loads((prepared_dir(workdir) / PROVENANCE_FILE).read_bytes())[
-        "eval_contaminated_fraction"
-    ] == pytest.approx(0.01)
+    written = json.loads((prepared_dir(workdir) / PROVENANCE_FILE).read_bytes())
+    assert written["eval_contaminated_fraction"] == pytest.approx(0.01)
+    # The report names the matched eval items and where each was found.
+    matched = written["evals"][0]["matched"]
+    assert [(m["item"], m["found_in"]) for m in matched] == [
+        (7, {"arith-sft": 1}),
+        (42, {"web": 1}),
+    ]
+    assert all(len(m["item_sha256"]) == 64 for m in matched)
+    assert written["evals"][0]["matched_listed_all"] is True
     assert item_a["prompt"].encode() not in shard_path(workdir, "arith-sft").read_bytes()
     assert item_b["prompt"].encode() not in shard_path(workdir, "web").read_bytes()
     # The eval data itself is kept whole.

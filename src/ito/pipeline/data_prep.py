@@ -63,6 +63,8 @@ PREPARED_DIR = "prepared"
 MAX_DATA_FILE_BYTES = 2 << 30
 """Largest data file one preparation reads (it is held in memory to be hashed and parsed)."""
 PROVENANCE_FILE = "provenance.json"
+MAX_MATCHES_LISTED = 1000
+"""Contaminated eval items listed by name in the report, per eval set (all are counted)."""
 
 
 # --- pure helpers -----------------------------------------------------------------------------
@@ -142,6 +144,10 @@ class EvalContamination:
     id: str
     items: int
     contaminated: int
+    matched: tuple[dict[str, Any], ...] = ()
+    """Each contaminated item (at most :data:`MAX_MATCHES_LISTED`): its position in the eval
+    set (0-based, after exact deduplication), the sha256 of its text, and how many rows of
+    each training data set it was found in (those rows were removed)."""
 
     @property
     def fraction(self) -> float:
@@ -153,6 +159,8 @@ class EvalContamination:
             "items": self.items,
             "contaminated": self.contaminated,
             "fraction": self.fraction,
+            "matched": list(self.matched),
+            "matched_listed_all": len(self.matched) == self.contaminated,
         }
 
 
@@ -265,6 +273,8 @@ def prepare_data(
     eval_owner = [d.ref.id for d in eval_sets for _ in d.rows]
     indices: dict[int, EvalIndex] = {}
     contaminated_items: set[int] = set()
+    found_in: dict[int, dict[str, int]] = {}
+    """Eval item (global position) → training data id → rows it was found in."""
     ngram_of: dict[str, int] = {}
 
     for data in loaded:
@@ -283,17 +293,34 @@ def prepare_data(
         hits = [index.matches(text) for text in texts]
         for found in hits:
             contaminated_items |= found
+            for item in found:
+                where = found_in.setdefault(item, {})
+                where[data.ref.id] = where.get(data.ref.id, 0) + 1
         clean = [i for i, found in enumerate(hits) if not found]
         data.contaminated_removed = len(texts) - len(clean)
         near = set(near_duplicates([texts[i] for i in clean], settings))
         data.near_dupes_removed = len(near)
         data.rows = [data.rows[i] for k, i in enumerate(clean) if k not in near]
 
+    first_of = {}
+    position = 0
+    for d in eval_sets:
+        first_of[d.ref.id] = position
+        position += len(d.rows)
     evals = tuple(
         EvalContamination(
             id=d.ref.id,
             items=len(d.rows),
             contaminated=sum(1 for i in contaminated_items if eval_owner[i] == d.ref.id),
+            matched=tuple(
+                {
+                    "item": i - first_of[d.ref.id],
+                    "item_sha256": hashlib.sha256(eval_texts[i].encode()).hexdigest(),
+                    "found_in": dict(sorted(found_in[i].items())),
+                }
+                for i in sorted(contaminated_items)
+                if eval_owner[i] == d.ref.id
+            )[:MAX_MATCHES_LISTED],
         )
         for d in eval_sets
     )

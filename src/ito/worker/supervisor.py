@@ -259,6 +259,7 @@ class Supervisor:
         from ito.pipeline.data_prep import prepare_data
 
         self.api.report(run_id, attempt, [StageEvent(stage="data_prep", status="started")])
+        started = time.monotonic()
         result: dict[str, Any] = {}
 
         def work() -> None:
@@ -298,14 +299,18 @@ class Supervisor:
             return self._finish(
                 run_id, attempt, Outcome("failed", "internal_error", "data preparation crashed")
             )
-        summary = result["report"].to_dict()
+        report = result["report"]
+        kept = ", ".join(f"{d.id} {d.input_rows}→{d.output_rows} rows" for d in report.datasets)
         self.api.report(
             run_id,
             attempt,
             [
                 LogEvent(
                     level="info",
-                    message="data prepared: " + json.dumps(summary.get("counts", {}))[:3000],
+                    message=f"data prepared in {time.monotonic() - started:.1f} s: {kept}; "
+                    f"eval items found in training data {report.eval_contaminated_fraction:.2%}"[
+                        :3000
+                    ],
                 ),
                 StageEvent(stage="data_prep", status="completed"),
             ],
