@@ -252,10 +252,20 @@ def test_pipeline_parallel_where_plain_fsdp_fits_and_is_faster_is_refused() -> N
     assert _refusal(_input(LLAMA3_8B, sequences=16, pp=2, tp=1)) == {"pp_not_needed"}
 
 
-def test_full_checkpointing_where_selective_fits_is_refused() -> None:
+def test_full_checkpointing_where_less_recomputation_fits_is_refused() -> None:
     inp = _input(LLAMA3_8B, sequences=8, dp_shard=8, activation_checkpointing="full")
     assert _refusal(inp) == {"full_checkpointing_not_needed"}
+    # With the chunked loss (one chunk of fp32 logits, not 8192 tokens' worth), 8B at 8192
+    # tokens fits an H100 without recomputation.
     assert plan(replace_pin(inp, activation_checkpointing=None)).activation_checkpointing == (
+        "none"
+    )
+    # At 10240 tokens the activations no longer fit whole; selective checkpointing does.
+    pinned = _input(
+        LLAMA3_8B, sequences=8, seq_len=10240, dp_shard=8, activation_checkpointing="full"
+    )
+    assert _refusal(pinned) == {"full_checkpointing_not_needed"}
+    assert plan(replace_pin(pinned, activation_checkpointing=None)).activation_checkpointing == (
         "selective"
     )
 
@@ -406,6 +416,7 @@ def test_the_plan_dumps_to_json_with_every_part_of_the_contract() -> None:
             "gradients",
             "optimizer_states",
             "activations",
+            "loss",
             "buffers",
             "runtime_reserve",
         )
@@ -459,6 +470,24 @@ def test_activations_follow_korthikanti_with_swiglu_and_no_score_matrix() -> Non
     short = memory_per_gpu(_input(LLAMA3_8B, seq_len=1024), _layout(micro_batch=8))
     long = memory_per_gpu(_input(LLAMA3_8B, seq_len=8192), _layout(micro_batch=1))
     assert short.activations == long.activations
+
+
+def test_the_loss_counts_one_chunk_of_fp32_logits_on_the_last_stage_only() -> None:
+    from ito.core.planner_memory import stage_memory
+
+    v = LLAMA3_8B.vocab
+    # 12 bytes per vocabulary entry (log-softmax, its gradient, the logits' gradient) for a
+    # chunk of 1024 tokens, however long the micro-batch; whole on every tensor-parallel rank.
+    for seq_len, tp in ((8192, 1), (8192, 8), (512, 1)):
+        memory = memory_per_gpu(_input(LLAMA3_8B, seq_len=seq_len), _layout(tp=tp))
+        assert memory.loss == 12 * v * min(1024, seq_len)
+        assert memory.peak_allocated == sum(
+            (memory.parameters, memory.gradients, memory.optimizer_states),
+            memory.activations + memory.loss + memory.buffers,
+        )
+    inp, pipeline = _input(LLAMA3_8B), _layout(dp_shard=4, pp=2, microbatches=4)
+    assert stage_memory(inp, pipeline, "first").loss == 0
+    assert stage_memory(inp, pipeline, "last").loss == 12 * v * 1024
 
 
 def _layout(**changes: Any) -> Layout:

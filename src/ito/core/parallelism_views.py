@@ -39,6 +39,8 @@ class MemoryPerGpu(_View):
     gradients: int
     optimizer_states: int
     activations: int
+    loss: int = 0
+    """One chunk of the loss's fp32 logits and their gradients (the engine's chunked loss)."""
     buffers: int
     runtime_reserve: int
     capacity: int

@@ -26,13 +26,14 @@ Per layer and token, with ``e`` bytes per element (2 in bf16), ``t`` = tp, ``g``
 outputs of the matmuls and of attention and recomputes norms and element-wise ops,
 ``e·(4h + 2gh + 2f)/t + 4a/t``; ``full`` keeps the layer's input only, ``e·h/t``, and
 rematerialises one layer at a time. Every mode also holds one layer's full activations as the
-working set of the backward in progress. The loss keeps an fp32 log-softmax of the logits and,
-at the start of the backward, its gradient and the logits' gradient: 12 bytes per vocabulary
-entry and token, on the last stage only, whole on every tensor-parallel rank (the engine
-gathers the logits; no loss parallel). Known to fall short: ``bench/planner_memory.py`` check
-(b) tracks the 8b layout on 8 ranks at 80.6 GiB against 55.9 GiB planned, mostly fp32 copies of
-the logits in Hugging Face's loss path (38 GiB of temporaries) that these 12 bytes do not cover
-— to be settled against a GPU's ``max_memory_allocated`` before the figure is trusted.
+working set of the backward in progress.
+
+The loss is its own term (``loss``), on the last stage only: the engine computes it a chunk of
+``LOSS_CHUNK_TOKENS`` tokens at a time (:mod:`ito.pipeline.loss`), recomputing a chunk's
+logits in the backward, so one chunk's fp32 log-softmax, its gradient and the fp32 logits'
+gradient are the most that lives at once (12 bytes per vocabulary entry and chunk token; the
+chunk's compute-precision logits and their gradient live only beside two of these, never three),
+whole on every tensor-parallel rank (the engine gathers the logits; no loss parallel).
 Under 1F1B (Narayanan et al. 2021 §2.2) the first stage
 holds ``min(pp, micro-batches)`` micro-batches of activations.
 """
@@ -46,9 +47,11 @@ from ito.core.planner_inputs import ActivationCheckpointing, Layout, ModelShape,
 
 __all__ = [
     "FRAGMENTATION_MARGIN",
+    "LOSS_CHUNK_TOKENS",
     "MemoryBreakdown",
     "activation_bytes_per_token",
     "largest_unit",
+    "loss_bytes",
     "memory_per_gpu",
     "minimum_gpus",
     "stage_memory",
@@ -61,10 +64,13 @@ STATE_BYTES = {"parameters": 4, "gradients": 4, "optimizer_states": 8}
 """fp32 sharded parameters, fp32 sharded gradients, Adam's two fp32 moments (ZeRO §3.1)."""
 REDUCE_BYTES = 4
 """Gradients are reduced in fp32 (``MixedPrecisionPolicy(reduce_dtype=float32)``)."""
+LOSS_CHUNK_TOKENS = 1024
+"""Tokens whose logits the engine's loss holds at once (:data:`ito.pipeline.loss.CHUNK_TOKENS`
+is this value)."""
 LOGIT_BYTES_PER_ENTRY = 12
-"""fp32 log-softmax output, its gradient and the fp32 logits' gradient, live together at the
-start of the backward (cross-entropy on upcast logits, as TorchTitan computes it). An
-undercount for this engine's loss path (see the module docstring)."""
+"""fp32 log-softmax output, its gradient and the fp32 logits' gradient, live together in one
+chunk's backward (cross-entropy on upcast logits, as TorchTitan computes it; the chunk's bf16
+logits are freed once upcast and their gradient is made after the log-softmax's is freed)."""
 LSE_BYTES_PER_HEAD = 4
 """The fp32 log-sum-exp a flash-attention kernel saves per head and token."""
 RUNTIME_RESERVE = 2 << 30
@@ -83,6 +89,8 @@ class MemoryBreakdown:
     gradients: int
     optimizer_states: int
     activations: int
+    loss: int
+    """One chunk of the loss's fp32 logits and their gradients (last stage only)."""
     buffers: int
     """FSDP's all-gathered parameters and unsharded gradients in flight (or, with a pipeline,
     the stage's unsharded parameters and accumulated gradients)."""
@@ -98,6 +106,7 @@ class MemoryBreakdown:
             + self.gradients
             + self.optimizer_states
             + self.activations
+            + self.loss
             + self.buffers
         )
 
@@ -137,6 +146,13 @@ def activation_bytes_per_token(
     if mode == "selective":
         return element * (4 * h + 2 * g * h + 2 * f) / tp + lse
     return element * h / tp
+
+
+def loss_bytes(shape: ModelShape, tokens: int) -> int:
+    """The loss's peak over a micro-batch of ``tokens``: one chunk's fp32 logits, log-softmax
+    and gradients (assumed: the engine's chunked loss, :mod:`ito.pipeline.loss`; whole on every
+    tensor-parallel rank)."""
+    return LOGIT_BYTES_PER_ENTRY * shape.vocab * min(LOSS_CHUNK_TOKENS, tokens)
 
 
 def stage_parameters(shape: ModelShape, layout: Layout, stage: str = "fullest") -> int:
@@ -220,9 +236,7 @@ def stage_memory(
     working = activation_bytes_per_token(shape, t, "none", e)
     in_flight = min(layout.pp, layout.microbatches) if stage == "first" else 1
     activations = kept * layers * tokens * in_flight + working * tokens
-    if stage != "first":
-        # Whole on every tensor-parallel rank: the engine gathers the logits (no loss parallel).
-        activations += LOGIT_BYTES_PER_ENTRY * shape.vocab * tokens
+    loss = 0 if stage == "first" else loss_bytes(shape, tokens)
 
     unit = largest_unit(shape, t)
     upcast = REDUCE_BYTES if e != REDUCE_BYTES else 0
@@ -240,6 +254,7 @@ def stage_memory(
         gradients=states["gradients"],
         optimizer_states=states["optimizer_states"],
         activations=round(activations),
+        loss=loss,
         buffers=round(buffers),
         runtime_reserve=RUNTIME_RESERVE if inp.on_gpu else 0,
         capacity=inp.accelerator.memory_bytes,

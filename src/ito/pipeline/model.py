@@ -16,6 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from ito.core.hardware import ACCELERATORS
 from ito.core.model_sizes import ModelSize
+from ito.pipeline.loss import use_chunked_loss
 from ito.pipeline.parallelize import initialize, parallelize
 from ito.pipeline.pipeline_stages import split_stage
 
@@ -29,6 +30,7 @@ __all__ = [
     "build_model",
     "build_optimizer",
     "build_scheduler",
+    "lay_out_model",
     "llama_config",
     "lr_factor",
     "peak_flops",
@@ -59,20 +61,34 @@ def llama_config(size: ModelSize) -> LlamaConfig:
     )
 
 
+def lay_out_model(size: ModelSize, mesh: DeviceMesh, layout: EngineLayout) -> LlamaForCausalLM:
+    """The model of ``size`` on the ``meta`` device, laid out on ``mesh`` as ``layout`` says
+    (this rank's pipeline stage, tensor parallel, activation checkpointing, FSDP2) and with the
+    chunked loss (:mod:`ito.pipeline.loss`), before any parameter is materialised: what
+    :func:`build_model` initialises, and what ``bench/planner_memory.py`` runs under
+    ``FakeTensorMode``."""
+    with torch.device("meta"):
+        model = LlamaForCausalLM(llama_config(size))
+    if layout.pp > 1:
+        split_stage(model, mesh["pp"].get_local_rank(), layout.pp)
+    else:
+        use_chunked_loss(model)
+    parallelize(model, mesh, layout)
+    return model
+
+
 def build_model(
     size: ModelSize, seed: int, mesh: DeviceMesh, layout: EngineLayout, device: torch.device
 ) -> LlamaForCausalLM:
     """The model of ``size`` laid out on ``mesh`` as ``layout`` says, initialised from ``seed``
     (the same values on any layout); with a pipeline, this rank's stage of it. Leaves the
     global RNG as seeded initialisation leaves it."""
-    with torch.device("meta"):
-        model = LlamaForCausalLM(llama_config(size))
+    model = lay_out_model(size, mesh, layout)
     template = None
     if layout.pp > 1:
+        # The whole model's construction order, to replay the draws of the other stages.
         with torch.device("meta"):
             template = LlamaForCausalLM(llama_config(size))
-        split_stage(model, mesh["pp"].get_local_rank(), layout.pp)
-    parallelize(model, mesh, layout)
     initialize(model, seed, device, template)
     return model
 

@@ -7,9 +7,11 @@ A stage is the Hugging Face model with the other stages' modules removed: the la
 sit in a ``ModuleDict`` under their original indices, so its parameter names are the whole
 model's (a checkpoint saved under one layout loads under another) and FSDP2 / tensor parallel
 apply to it unchanged. Its forward takes token ids (first stage) or hidden states and returns
-hidden states or, on the last stage, logits. The loss is Hugging Face's causal-LM loss (mean
-over every predicted token); the schedule scales the gradients by the micro-batch count, so the
-step equals one over the whole batch.
+hidden states, on the last stage after the final norm. The schedule's loss function applies the
+last stage's output head with the chunked causal-LM loss (:mod:`ito.pipeline.loss`: mean over
+every predicted token, one chunk of logits at a time); it runs outside the stage's forward, while
+FSDP2 keeps the root's parameters (the head's) unsharded until the backward. The schedule scales
+the gradients by the micro-batch count, so the step equals one over the whole batch.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from types import MethodType
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from ito.pipeline.loss import CHUNK_TOKENS, causal_lm_loss
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -27,7 +30,7 @@ if TYPE_CHECKING:
 
     from ito.pipeline.layout import EngineLayout
 
-__all__ = ["PipelineRunner", "causal_lm_loss", "split_stage", "stage_layers"]
+__all__ = ["PipelineRunner", "split_stage", "stage_layers"]
 
 
 def stage_layers(layers: int, stage: int, stages: int) -> range:
@@ -62,17 +65,9 @@ def _stage_forward(self: LlamaForCausalLM, x: torch.Tensor) -> torch.Tensor:
         hidden = layer(
             hidden, attention_mask=None, position_embeddings=rope, position_ids=positions
         )
-    if self.lm_head is not None:
-        return self.lm_head(inner.norm(hidden))  # type: ignore[no-any-return]
+    if inner.norm is not None:
+        return inner.norm(hidden)  # type: ignore[no-any-return]
     return hidden
-
-
-def causal_lm_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """Each position predicts the next token; the mean over every predicted token (what
-    ``LlamaForCausalLM(labels=…)`` computes)."""
-    return F.cross_entropy(
-        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1)
-    )
 
 
 class PipelineRunner:
@@ -84,6 +79,7 @@ class PipelineRunner:
         mesh: DeviceMesh,
         layout: EngineLayout,
         device: torch.device,
+        chunk_tokens: int = CHUNK_TOKENS,
     ) -> None:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
@@ -93,10 +89,16 @@ class PipelineRunner:
         self.first = self.stage_index == 0
         self.last = self.stage_index == layout.pp - 1
         self.device = device
+        self.head = model.lm_head
+        self.chunk_tokens = chunk_tokens
         stage = PipelineStage(model, self.stage_index, layout.pp, device, group=self.group)
         self.schedule = Schedule1F1B(
-            stage, n_microbatches=layout.pp_microbatches, loss_fn=causal_lm_loss
+            stage, n_microbatches=layout.pp_microbatches, loss_fn=self._loss
         )
+
+    def _loss(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        assert self.head is not None, "only the last stage computes the loss"
+        return causal_lm_loss(hidden, self.head, tokens, chunk_tokens=self.chunk_tokens)
 
     def train_step(self, batch: torch.Tensor) -> torch.Tensor:
         """Forward and backward of the batch; the mean loss on the last stage, 0 elsewhere."""
@@ -106,10 +108,16 @@ class PipelineRunner:
             return torch.zeros((), device=self.device)
         return torch.stack([loss.detach().float() for loss in losses]).mean()
 
-    def logits(self, batch: torch.Tensor) -> torch.Tensor | None:
-        """Forward only; the logits on the last stage, ``None`` elsewhere."""
+    def token_losses(self, batch: torch.Tensor) -> torch.Tensor | None:
+        """Forward only; on the last stage each position's loss ``(batch, seq)`` (the last
+        position's 0: it predicts nothing), ``None`` elsewhere."""
         out = self._run(self.schedule.eval, batch, [])
-        return out if self.last else None
+        if not self.last:
+            return None
+        assert self.head is not None
+        return causal_lm_loss(
+            out, self.head, batch, reduction="none", chunk_tokens=self.chunk_tokens
+        )
 
     def _run(self, call: object, batch: torch.Tensor, losses: list[torch.Tensor]) -> torch.Tensor:
         assert callable(call)

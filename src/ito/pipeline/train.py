@@ -17,7 +17,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from ito.core.manifest import CurriculumStage, EvalSpec
@@ -790,19 +789,17 @@ class Trainer:
         self.model.train(False)
         with torch.no_grad():
             for batch, weight in self._eval_batches(sequences):
+                tokens = batch.to(self.device)
                 if self.pipeline is not None:
-                    out = self.pipeline.logits(batch.to(self.device))
-                    if out is None:
+                    per_token = self.pipeline.token_losses(tokens)
+                    if per_token is None:
                         continue  # not the last stage: the loss is counted there
-                    logits = out.float()
                 else:
-                    logits = self.model(input_ids=batch.to(self.device)).logits.float()
-                per_token = F.cross_entropy(
-                    logits[:, :-1].reshape(-1, logits.shape[-1]),
-                    batch[:, 1:].reshape(-1).to(self.device),
-                    reduction="none",
-                )
-                per_seq = per_token.view(len(batch), -1).sum(dim=1).cpu().double()
+                    # The chunked loss (ito.pipeline.loss): one chunk of fp32 logits at a time.
+                    per_token = self.model(
+                        input_ids=tokens, labels=tokens, loss_reduction="none"
+                    ).loss
+                per_seq = per_token.sum(dim=1).cpu().double()
                 sums[0] += (per_seq * weight).sum()
                 sums[1] += weight.sum() * (batch.shape[1] - 1)
         self.model.train()
