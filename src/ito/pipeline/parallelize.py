@@ -27,7 +27,14 @@ if TYPE_CHECKING:
 
     from ito.pipeline.layout import EngineLayout
 
-__all__ = ["TP_PLAN", "clip_grad_norm", "decoder_layers", "initialize", "parallelize"]
+__all__ = [
+    "TP_PLAN",
+    "clip_grad_norm",
+    "decoder_layers",
+    "initialize",
+    "parallelize",
+    "set_requires_all_reduce",
+]
 
 TP_PLAN: dict[str, str] = {
     "self_attn.q_proj": "colwise",
@@ -62,13 +69,19 @@ op-level selective AC keeps the same ops."""
 
 
 def parallelize(model: LlamaForCausalLM, mesh: DeviceMesh, layout: EngineLayout) -> None:
-    """Tensor parallel, activation checkpointing and FSDP2 over the meta-device ``model``."""
+    """Tensor parallel, activation checkpointing and FSDP2 over the meta-device ``model`` (no
+    FSDP2 when the data-parallel mesh is a single rank in full precision)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if layout.tp > 1:
         _tensor_parallel(model, mesh["tp"])
     _activation_checkpointing(model, layout.activation_checkpointing)
     dp_mesh = mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1 else mesh["dp_shard"]
+    if dp_mesh.size() == 1 and not layout.mixed_precision:
+        # Nothing to shard, reduce or cast: FSDP2 would only add its hooks to every forward and
+        # backward. The parameters keep their names (FSDP2 renames nothing), so checkpoints
+        # load across layouts with and without it.
+        return
     policy = MixedPrecisionPolicy(
         param_dtype=layout.param_dtype if layout.mixed_precision else None,
         reduce_dtype=layout.reduce_dtype if layout.mixed_precision else None,
@@ -78,6 +91,15 @@ def parallelize(model: LlamaForCausalLM, mesh: DeviceMesh, layout: EngineLayout)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=dp_mesh, mp_policy=policy)
     fully_shard(model, mesh=dp_mesh, mp_policy=policy)
+
+
+def set_requires_all_reduce(model: nn.Module, flag: bool) -> None:
+    """Whether this backward ends with the data-parallel gradient reduction (FSDP2's
+    ``set_requires_all_reduce``); a model :func:`parallelize` left unsharded has none."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        model.set_requires_all_reduce(flag)
 
 
 def decoder_layers(model: LlamaForCausalLM) -> list[nn.Module]:
