@@ -140,7 +140,7 @@ def worker(job_path: Path, out_path: Path) -> None:
     from ito.core.run_spec import LayoutSpec
     from ito.pipeline.layout import EngineLayout, build_mesh
     from ito.pipeline.model import build_model, build_optimizer
-    from ito.pipeline.parallelize import clip_grad_norm
+    from ito.pipeline.parallelize import clip_grad_norm, set_requires_all_reduce
     from ito.pipeline.pipeline_stages import PipelineRunner
     from ito.pipeline.train import MAX_GRAD_NORM
 
@@ -182,7 +182,7 @@ def worker(job_path: Path, out_path: Path) -> None:
             loss = torch.zeros((), device=device)
             for i, micro in enumerate(torch.split(batch, layout.micro_batch)):
                 if accum > 1:
-                    model.set_requires_all_reduce(i == accum - 1)  # type: ignore[operator]
+                    set_requires_all_reduce(model, i == accum - 1)
                 part = model(input_ids=micro, labels=micro).loss / accum
                 part.backward()
                 loss += part.detach().float()

@@ -71,7 +71,7 @@ def worker(name: str, out_dir: Path) -> None:
     from ito.core.run_spec import LayoutSpec
     from ito.pipeline.layout import EngineLayout, build_mesh
     from ito.pipeline.model import build_model, build_optimizer
-    from ito.pipeline.parallelize import clip_grad_norm
+    from ito.pipeline.parallelize import clip_grad_norm, set_requires_all_reduce
     from ito.pipeline.pipeline_stages import PipelineRunner
     from ito.pipeline.train import MAX_GRAD_NORM
 
@@ -97,7 +97,7 @@ def worker(name: str, out_dir: Path) -> None:
             accum = layout.grad_accum
             for i, micro in enumerate(torch.split(batch, layout.micro_batch)):
                 if accum > 1:
-                    model.set_requires_all_reduce(i == accum - 1)  # type: ignore[operator]
+                    set_requires_all_reduce(model, i == accum - 1)
                 loss = model(input_ids=micro, labels=micro).loss / accum
                 loss.backward()
         clip_grad_norm(
@@ -249,6 +249,7 @@ def check_b() -> dict[str, Any]:
     from ito.core.run_plan import layout_spec
     from ito.pipeline.layout import EngineLayout, build_mesh
     from ito.pipeline.model import build_model, build_optimizer
+    from ito.pipeline.parallelize import set_requires_all_reduce
 
     size = SIZES["8b"]
     inp = PlannerInput(
@@ -280,7 +281,7 @@ def check_b() -> dict[str, Any]:
                         tracker.reset_mod_stats()
                     if layout.grad_accum > 1:
                         sync = i == layout.grad_accum - 1
-                        model.set_requires_all_reduce(sync)  # type: ignore[operator]
+                        set_requires_all_reduce(model, sync)
                     loss = model(input_ids=micro, labels=micro).loss / layout.grad_accum
                     loss.backward()
 

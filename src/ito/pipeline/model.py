@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PEAK_LR",
+    "LocalAdamW",
     "build_model",
     "build_optimizer",
     "build_scheduler",
@@ -93,8 +94,41 @@ def build_model(
     return model
 
 
+class LocalAdamW(torch.optim.AdamW):
+    """AdamW whose update runs on the local shards of DTensor parameters: one ``foreach``
+    kernel per device and dtype over every parameter, plain or DTensor, instead of DTensor's
+    dispatch (a sharding propagation per tensor per op). AdamW is element-wise, so the update
+    of a shard is the shard of the update: the same values as ``torch.optim.AdamW``. The
+    states stay DTensors laid out as their parameters (checkpoints are unchanged)."""
+
+    def _init_group(  # type: ignore[no-untyped-def]
+        self, group, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps
+    ) -> bool:
+        has_complex: bool = super()._init_group(  # type: ignore[no-untyped-call]
+            group, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps
+        )
+        for tensors in (grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs):
+            for i, (param, tensor) in enumerate(zip(params, tensors, strict=False)):
+                tensors[i] = _local_like(tensor, param)
+        params[:] = [_local_like(p, p) for p in params]
+        return has_complex
+
+
+def _local_like(tensor: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """The local shard of ``tensor`` laid out as ``param`` (a gradient in another layout is
+    redistributed first), or ``tensor`` itself when neither is a DTensor."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(tensor, DTensor):
+        return tensor
+    assert isinstance(param, DTensor)
+    if tensor.placements != param.placements:
+        tensor = tensor.redistribute(param.device_mesh, param.placements)
+    return tensor.to_local()
+
+
 def build_optimizer(model: torch.nn.Module, size_name: str) -> torch.optim.AdamW:
-    return torch.optim.AdamW(
+    return LocalAdamW(
         model.parameters(),
         lr=PEAK_LR[size_name],
         betas=BETAS,

@@ -27,7 +27,14 @@ if TYPE_CHECKING:
 
     from ito.pipeline.layout import EngineLayout
 
-__all__ = ["TP_PLAN", "clip_grad_norm", "decoder_layers", "initialize", "parallelize"]
+__all__ = [
+    "TP_PLAN",
+    "clip_grad_norm",
+    "decoder_layers",
+    "initialize",
+    "parallelize",
+    "set_requires_all_reduce",
+]
 
 TP_PLAN: dict[str, str] = {
     "self_attn.q_proj": "colwise",
@@ -62,13 +69,19 @@ op-level selective AC keeps the same ops."""
 
 
 def parallelize(model: LlamaForCausalLM, mesh: DeviceMesh, layout: EngineLayout) -> None:
-    """Tensor parallel, activation checkpointing and FSDP2 over the meta-device ``model``."""
+    """Tensor parallel, activation checkpointing and FSDP2 over the meta-device ``model`` (no
+    FSDP2 when the data-parallel mesh is a single rank in full precision)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if layout.tp > 1:
         _tensor_parallel(model, mesh["tp"])
     _activation_checkpointing(model, layout.activation_checkpointing)
     dp_mesh = mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1 else mesh["dp_shard"]
+    if dp_mesh.size() == 1 and not layout.mixed_precision:
+        # Nothing to shard, reduce or cast: FSDP2 would only add its hooks to every forward and
+        # backward. The parameters keep their names (FSDP2 renames nothing), so checkpoints
+        # load across layouts with and without it.
+        return
     policy = MixedPrecisionPolicy(
         param_dtype=layout.param_dtype if layout.mixed_precision else None,
         reduce_dtype=layout.reduce_dtype if layout.mixed_precision else None,
@@ -78,6 +91,15 @@ def parallelize(model: LlamaForCausalLM, mesh: DeviceMesh, layout: EngineLayout)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=dp_mesh, mp_policy=policy)
     fully_shard(model, mesh=dp_mesh, mp_policy=policy)
+
+
+def set_requires_all_reduce(model: nn.Module, flag: bool) -> None:
+    """Whether this backward ends with the data-parallel gradient reduction (FSDP2's
+    ``set_requires_all_reduce``); a model :func:`parallelize` left unsharded has none."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        model.set_requires_all_reduce(flag)
 
 
 def decoder_layers(model: LlamaForCausalLM) -> list[nn.Module]:
@@ -239,26 +261,40 @@ def clip_grad_norm(
     pp_group: torch.distributed.ProcessGroup | None = None,
 ) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_`` for parameters that live on different meshes (tensor
-    parallel weights on ``dp_shard × tp``, the rest on ``dp_shard``): the norm of each mesh's
-    gradients is computed together and made whole, then the norms are combined — with the other
-    pipeline stages' too (``pp_group``). Returns the total norm as a plain tensor."""
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.experimental import implicit_replication
+    parallel weights on ``dp_shard × tp``, the rest on ``dp_shard``, or plain tensors whole on
+    every rank), computed on the local shards: the squared norm of each kind's shards is summed
+    over the mesh dimensions that shard them — one all-reduce per dimension and kind (FSDP or
+    tensor parallel alone: one in all) — then with the other pipeline stages' (``pp_group``);
+    the gradients are scaled in place with one ``foreach`` kernel. The same norm as DTensor's
+    reductions give, without a DTensor dispatch per gradient. Returns the total norm as a plain
+    tensor."""
+    from torch.distributed.tensor import DTensor, Replicate
 
     grads = [p.grad for p in parameters if p.grad is not None]
-    groups: dict[object, list[torch.Tensor]] = {}
+    shards: dict[tuple[object, tuple[int, ...]], list[torch.Tensor]] = {}
     for grad in grads:
-        key = grad.device_mesh if isinstance(grad, DTensor) else None
-        groups.setdefault(key, []).append(grad)
-    norms = []
-    for group in groups.values():
-        norm = torch.nn.utils.get_total_norm(group)
-        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-    total: torch.Tensor = torch.linalg.vector_norm(torch.stack(norms))
+        key: tuple[object, tuple[int, ...]] = (None, ())
+        shard = grad
+        if isinstance(grad, DTensor):
+            if any(p.is_partial() for p in grad.placements):
+                # Not yet summed: the norm is of the sum (the scaling below stays local).
+                grad = grad.redistribute(
+                    placements=[Replicate() if p.is_partial() else p for p in grad.placements]
+                )
+            dims = tuple(i for i, p in enumerate(grad.placements) if p.is_shard())
+            key, shard = (grad.device_mesh, dims), grad.to_local()
+        shards.setdefault(key, []).append(shard)
+    squares = []
+    for (mesh, dims), group in shards.items():
+        square = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(group))) ** 2
+        for dim in dims:
+            assert mesh is not None
+            torch.distributed.all_reduce(square, group=mesh.get_group(dim))  # type: ignore[attr-defined]
+        squares.append(square)
+    total_square = torch.stack(squares).sum() if squares else torch.zeros(())
     if pp_group is not None:
-        squared = total**2
-        torch.distributed.all_reduce(squared, group=pp_group)
-        total = squared.sqrt()
-    with implicit_replication():
-        torch.nn.utils.clip_grads_with_norm_(grads, max_norm, total)
+        torch.distributed.all_reduce(total_square, group=pp_group)
+    total = total_square.sqrt()
+    local_grads = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+    torch.nn.utils.clip_grads_with_norm_(local_grads, max_norm, total)
     return total

@@ -40,7 +40,7 @@ from ito.pipeline.model import (
     lr_factor,
     peak_flops,
 )
-from ito.pipeline.parallelize import clip_grad_norm
+from ito.pipeline.parallelize import clip_grad_norm, set_requires_all_reduce
 from ito.pipeline.pipeline_stages import PipelineRunner
 from ito.pipeline.replicas import ReplicaSync, local, to_local_tree
 from ito.pipeline.spec import RunSpec
@@ -750,7 +750,7 @@ class Trainer:
                 # Each micro-batch's gradients are reduce-scattered at once, so only sharded
                 # gradients are kept between micro-batches (what the planner counts); only the
                 # replicas' all-reduce (HSDP) waits for the last one.
-                self.model.set_requires_all_reduce(i == accum - 1)  # type: ignore[operator]
+                set_requires_all_reduce(self.model, i == accum - 1)
             loss = self.model(input_ids=micro, labels=micro).loss / accum
             loss.backward()
             total += loss.detach().float()
