@@ -45,7 +45,11 @@ def test_the_test_recipe_parses_into_a_manifest(doc: Doc) -> None:
     manifest = parse_manifest(_raw(doc))
     assert isinstance(manifest, Manifest)
     assert manifest.name == doc["name"]
-    assert [stage.stage for stage in manifest.curriculum] == ["pretrain", "long_context"]
+    assert [stage.stage for stage in manifest.curriculum] == [
+        "pretrain",
+        "midtrain",
+        "long_context",
+    ]
     assert set(manifest.data_by_id()) == {d["id"] for d in doc["data"]}
 
 
@@ -439,3 +443,30 @@ def test_the_published_schema_is_named_and_closed() -> None:
     assert schema["additionalProperties"] is False
     assert "schema" in schema["properties"]
     assert "schema" in schema["required"]
+
+
+# --- the curriculum's stages --------------------------------------------------------------------
+
+
+def test_only_the_long_context_stage_scales_the_rope_base(doc: Doc) -> None:
+    doc["curriculum"][0]["rope_base_scale"] = 2.0
+    with pytest.raises(ItoError) as refused:
+        parse_manifest(_raw(doc))
+    assert refused.value.code == "manifest_invalid"
+    assert _paths(refused.value) == ["$.curriculum[0].rope_base_scale"]
+
+
+def test_a_long_context_stage_no_longer_than_an_earlier_stage_is_refused(doc: Doc) -> None:
+    doc["curriculum"][-1]["seq_len"] = doc["curriculum"][0]["seq_len"]
+    with pytest.raises(ItoError) as refused:
+        parse_manifest(_raw(doc))
+    assert refused.value.code == "manifest_invalid"
+    assert _paths(refused.value) == [f"$.curriculum[{len(doc['curriculum']) - 1}].seq_len"]
+
+
+@pytest.mark.parametrize("scale", [0.5, 0, 1001, "2"])
+def test_a_rope_base_scale_out_of_range_is_refused(doc: Doc, scale: object) -> None:
+    doc["curriculum"][-1]["rope_base_scale"] = scale
+    with pytest.raises(ItoError) as refused:
+        parse_manifest(_raw(doc))
+    assert refused.value.code == "manifest_invalid"

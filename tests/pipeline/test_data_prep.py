@@ -305,7 +305,7 @@ def test_contamination_at_the_policy_limit_is_accepted(recipe: Recipe, tmp_path:
 
 
 def test_a_non_file_uri_is_refused_as_unavailable(recipe: Recipe, tmp_path: Path) -> None:
-    recipe.doc["data"][1]["uri"] = "s3://bucket/arith-sft.jsonl"
+    recipe.doc["data"][2]["uri"] = "s3://bucket/arith-sft.jsonl"
     exc = _refusal(recipe.manifest(), tmp_path / "work")
     assert exc.code == "capability_unavailable"
     assert exc.details["data_id"] == "arith-sft"
@@ -324,7 +324,7 @@ def test_a_device_or_fifo_is_refused_without_being_read(recipe: Recipe, tmp_path
     fifo = tmp_path / "pipe.jsonl"
     os.mkfifo(fifo)  # opening it for reading would block forever without O_NONBLOCK
     for uri in ("file:///dev/zero", f"file://{fifo}"):
-        recipe.doc["data"][1]["uri"] = uri
+        recipe.doc["data"][2]["uri"] = uri
         exc = _refusal(recipe.manifest(), tmp_path / "work")
         assert exc.code == "data_policy_violation"
         assert (exc.details["reason"], exc.details["data_id"]) == ("not_regular_file", "arith-sft")
@@ -333,7 +333,7 @@ def test_a_device_or_fifo_is_refused_without_being_read(recipe: Recipe, tmp_path
 def test_a_symlinked_data_file_is_refused(recipe: Recipe, tmp_path: Path) -> None:
     link = tmp_path / "link.jsonl"
     link.symlink_to(recipe.path("arith-sft"))
-    recipe.doc["data"][1]["uri"] = f"file://{link}"
+    recipe.doc["data"][2]["uri"] = f"file://{link}"
     exc = _refusal(recipe.manifest(), tmp_path / "work")
     assert (exc.code, exc.details["reason"]) == ("data_policy_violation", "unreadable")
 

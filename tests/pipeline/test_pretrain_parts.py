@@ -18,7 +18,15 @@ from ito.pipeline.accelerator import accelerator_problem
 from ito.pipeline.checkpoint import COMMIT, committed_checkpoints, remove_uncommitted
 from ito.pipeline.data import PackedData, pack, read_documents, split_heldout
 from ito.pipeline.events import EventWriter
-from ito.pipeline.model import MIN_LR_RATIO, lr_factor
+from ito.pipeline.model import (
+    MIN_LR_RATIO,
+    anneal_factor,
+    build_scheduler,
+    llama_config,
+    lr_factor,
+    rope_base,
+    set_rope_base,
+)
 from ito.pipeline.spec import load_spec
 from ito.pipeline.tokenizer import build_tokenizer, load_tokenizer
 from ito.recipes import build_recipe
@@ -71,8 +79,12 @@ def test_spec_reads_the_contract_and_refuses_unknown_stages_and_relative_paths(
         )
     )
     assert held.fail_at is not None and held.fail_at.rejoin_after_steps == 6
+    without = {
+        **manifest,
+        "curriculum": [s for s in manifest["curriculum"] if s["stage"] != "midtrain"],
+    }
     with pytest.raises(ValueError, match=r"spec\.stages\[0\]"):
-        load_spec(write_spec(tmp_path, manifest, stages=["midtrain"]))
+        load_spec(write_spec(tmp_path, without, stages=["midtrain"]))
     with pytest.raises(ValueError, match=r"spec\.workdir"):
         load_spec(write_spec(tmp_path, manifest, workdir="relative"))
 
@@ -166,6 +178,48 @@ def test_schedule_warms_up_linearly_then_decays_to_a_tenth() -> None:
     assert lr_factor(100, 100) == pytest.approx(MIN_LR_RATIO)
     values = [lr_factor(s, 100) for s in range(10, 101)]
     assert all(x >= y for x, y in itertools.pairwise(values))
+
+
+def test_midtrain_anneals_linearly_to_zero_from_where_it_starts() -> None:
+    values = [anneal_factor(s, 50, MIN_LR_RATIO) for s in range(51)]
+    assert values[0] == pytest.approx(MIN_LR_RATIO) and values[-1] == 0.0
+    steps = [x - y for x, y in itertools.pairwise(values)]
+    assert all(d == pytest.approx(MIN_LR_RATIO / 50) for d in steps)
+    # The scheduler the engine builds for it follows the same line, from the peak's fraction.
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([param], lr=2.0)
+    scheduler = build_scheduler(optimizer, 10, anneal_from=0.5)
+    rates = []
+    for _ in range(10):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert rates == pytest.approx([1.0 * (1 - k / 10) for k in range(10)])
+
+
+def test_a_scaled_rope_base_is_the_model_built_with_that_base() -> None:
+    from ito.core.model_sizes import SIZES
+
+    size = SIZES["tiny"]
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(llama_config(size))
+    base = rope_base(llama_config(size))
+    tokens = torch.randint(0, size.vocab, (2, 64))
+    before = model(tokens).logits
+    assert set_rope_base(model, base * 4) >= 1
+    scaled = model(tokens).logits
+    assert not torch.allclose(before, scaled)  # positions are encoded differently
+    # A model configured with θ × 4 and the same weights answers the same.
+    config = llama_config(size)
+    config.rope_parameters = {**dict(config.rope_parameters or {}), "rope_theta": base * 4}
+    reference = LlamaForCausalLM(config)
+    reference.load_state_dict(model.state_dict())
+    torch.testing.assert_close(reference(tokens).logits, scaled)
+    # And back.
+    set_rope_base(model, base)
+    torch.testing.assert_close(model(tokens).logits, before)
 
 
 def test_events_are_whole_json_lines_and_non_finite_numbers_become_null(tmp_path: Path) -> None:

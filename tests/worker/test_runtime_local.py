@@ -146,10 +146,10 @@ def test_a_confirmed_run_trains_to_succeeded_through_the_in_process_worker(
     assert final["state"] == "succeeded", final
 
     kinds = [(e["kind"], e["data"].get("stage"), e["data"].get("status")) for e in final["events"]]
-    for stage in ("data_prep", "pretrain", "long_context"):
+    for stage in ("data_prep", "pretrain", "midtrain", "long_context"):
         assert ("stage", stage, "completed") in kinds, kinds
     gates = [e for e in final["events"] if e["kind"] == "gate"]
-    assert [g["data"]["passed"] for g in gates] == [True, True]
+    assert [g["data"]["passed"] for g in gates] == [True, True, True]
     # The layout the engine built is on the run's record, once per training stage.
     meshes = [e["data"] for e in final["events"] if e["kind"] == "mesh"]
     assert meshes and all(m["device"] == "cpu" and m["planned"] is False for m in meshes)
@@ -487,7 +487,11 @@ def test_a_two_node_run_trains_through_ito_worker_with_the_slurm_executor(
     assert final["state"] == "succeeded", final
     job_logs = list((tmp_path / "worker-home").rglob("slurm-*.out"))
     assert job_logs, "the run did not go through sbatch"
-    assert [g["data"]["passed"] for g in final["events"] if g["kind"] == "gate"] == [True, True]
+    assert [g["data"]["passed"] for g in final["events"] if g["kind"] == "gate"] == [
+        True,
+        True,
+        True,
+    ]
 
 
 def test_a_two_node_run_with_a_replica_group_per_node_trains_on_slurm(

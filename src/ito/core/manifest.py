@@ -177,6 +177,10 @@ class CurriculumStage(_Strict):
     seq_len: Annotated[int, Field(ge=8, le=1 << 20)]
     battery: Ident
     """The fixed eval battery that gates the stage."""
+    rope_base_scale: Annotated[float, Field(ge=1, le=1000, allow_inf_nan=False)] = 1.0
+    """``long_context`` only: the RoPE base (θ) is multiplied by this for the stage and its
+    gate — adjusted base frequency (Xiong et al. 2023, "Effective Long-Context Scaling of
+    Foundation Models"; Llama 3 trains with θ = 500,000). 1: the model's own base."""
 
 
 class SftRecipe(_Strict):
@@ -494,6 +498,19 @@ def _cross_field_problems(m: Manifest) -> list[tuple[str, str]]:
                 )
             )
         problems += _check_battery(m, stage.battery, f"{path}.battery")
+        if stage.rope_base_scale != 1.0 and stage.stage != "long_context":
+            problems.append(
+                (f"{path}.rope_base_scale", "only the long_context stage scales the RoPE base")
+            )
+        earlier = [s.seq_len for s in m.curriculum[:i]]
+        if stage.stage == "long_context" and earlier and stage.seq_len <= max(earlier):
+            problems.append(
+                (
+                    f"{path}.seq_len",
+                    "the long_context stage must train on longer sequences than every stage "
+                    "before it",
+                )
+            )
 
     post = m.post_training
     for name, recipe, role in (

@@ -8,11 +8,12 @@ and sharded before any parameter is materialised (:mod:`ito.pipeline.parallelize
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from ito.core.hardware import ACCELERATORS
 from ito.core.model_sizes import ModelSize
@@ -137,6 +138,14 @@ def build_optimizer(model: torch.nn.Module, size_name: str) -> torch.optim.AdamW
     )
 
 
+def anneal_factor(step: int, total_steps: int, start: float) -> float:
+    """Linear decay from ``start`` (of the peak) to zero over the stage, no warmup: the
+    ``midtrain`` stage's annealing (Llama 3 §3.4.3 anneals the learning rate linearly to 0 on
+    its high-quality mix; OLMo 2 mid-trains from where pre-training left the rate).
+    ``step`` is the number of optimizer steps already taken in the stage."""
+    return start * max(0.0, 1.0 - step / max(1, total_steps))
+
+
 def lr_factor(step: int, total_steps: int) -> float:
     """Linear warmup then cosine decay to ``MIN_LR_RATIO``; ``step`` is the number of optimizer
     steps already taken in the stage (LambdaLR's convention)."""
@@ -147,12 +156,44 @@ def lr_factor(step: int, total_steps: int) -> float:
     return MIN_LR_RATIO + (1 - MIN_LR_RATIO) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int) -> LambdaLR:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, total_steps: int, anneal_from: float | None = None
+) -> LambdaLR:
+    """The stage's schedule: warmup then cosine (each stage restarts its own warmup from the
+    peak rate, not from where the last stage decayed to); with ``anneal_from``, a linear
+    anneal from that fraction of the peak to zero (:func:`anneal_factor`)."""
     for group in optimizer.param_groups:
-        # Each stage restarts its own warmup from the peak rate, not from where the last stage
-        # decayed to.
         group["lr"] = group.setdefault("initial_lr", group["lr"])
+    if anneal_from is not None:
+        start = anneal_from
+        return LambdaLR(optimizer, lambda step: anneal_factor(step, total_steps, start))
     return LambdaLR(optimizer, lambda step: lr_factor(step, total_steps))
+
+
+def set_rope_base(model: torch.nn.Module, base: float) -> int:
+    """Give every rotary embedding of ``model`` the base ``base`` (its inverse frequencies
+    recomputed on their own device, as :class:`LlamaRotaryEmbedding` computes them at init);
+    returns how many it changed. The frequencies are not persistent buffers: each stage sets
+    them when it starts, a resumed one included."""
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, LlamaRotaryEmbedding):
+            inv = module.inv_freq
+            dim = inv.numel() * 2
+            fresh = 1.0 / (
+                base ** (torch.arange(0, dim, 2, dtype=torch.float, device=inv.device) / dim)
+            )
+            with torch.no_grad():
+                inv.copy_(fresh)
+                module.original_inv_freq.copy_(fresh)
+            changed += 1
+    return changed
+
+
+def rope_base(config: LlamaConfig) -> float:
+    """The model's own RoPE base (θ)."""
+    params: dict[str, Any] = dict(config.rope_parameters or {})
+    return float(params["rope_theta"])
 
 
 def peak_flops() -> float | None:

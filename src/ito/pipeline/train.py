@@ -34,11 +34,14 @@ from ito.pipeline.data import PackedData, pack, read_documents, seed_from, split
 from ito.pipeline.events import EventWriter
 from ito.pipeline.layout import DEFAULT_MICRO_BATCH, EngineLayout, build_mesh, mesh_dims
 from ito.pipeline.model import (
+    MIN_LR_RATIO,
     build_model,
     build_optimizer,
     build_scheduler,
-    lr_factor,
+    llama_config,
     peak_flops,
+    rope_base,
+    set_rope_base,
 )
 from ito.pipeline.parallelize import clip_grad_norm, set_requires_all_reduce
 from ito.pipeline.pipeline_stages import PipelineRunner
@@ -455,11 +458,20 @@ class Trainer:
         config = plan.config
         name = config.stage
         data = PackedData(self._packed(config.data, config.seq_len), self.seed, plan.index)
-        scheduler = build_scheduler(self.optimizer, plan.steps)
+        # Midtrain anneals linearly to zero from where the stage before it left the rate.
+        anneal_from = None
+        if name == "midtrain":
+            anneal_from = MIN_LR_RATIO if plan.index > 0 else 1.0
+        scheduler = build_scheduler(self.optimizer, plan.steps, anneal_from)
+        base = rope_base(llama_config(self.size)) * config.rope_base_scale
+        set_rope_base(self.model, base)
+        if config.rope_base_scale != 1.0 and resume is None:
+            self.events.log("info", f"{name}: RoPE base {base:g} ({config.rope_base_scale:g}×)")
         if resume is not None:
             scheduler.load_state_dict(resume["scheduler"])  # type: ignore[arg-type]
-            for group, base in zip(self.optimizer.param_groups, scheduler.base_lrs, strict=True):
-                group["lr"] = base * lr_factor(scheduler.last_epoch, plan.steps)
+            factor = scheduler.lr_lambdas[0](scheduler.last_epoch)
+            for group, peak in zip(self.optimizer.param_groups, scheduler.base_lrs, strict=True):
+                group["lr"] = peak * factor
         if not self.in_quorum:  # a healed rank re-enters a stage its leader already began
             self.events.emit("stage", stage=name, status="started")
         self.detector.reset()

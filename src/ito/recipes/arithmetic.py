@@ -27,6 +27,7 @@ NGRAM = 13
 @dataclass(frozen=True)
 class Budgets:
     pretrain_tokens: int
+    midtrain_tokens: int
     long_context_tokens: int
     sft_tokens: int
     dpo_tokens: int
@@ -38,6 +39,7 @@ class Budgets:
 RECIPES: dict[str, Budgets] = {
     "demo": Budgets(
         pretrain_tokens=400_000,
+        midtrain_tokens=60_000,
         long_context_tokens=60_000,
         sft_tokens=60_000,
         dpo_tokens=40_000,
@@ -47,6 +49,7 @@ RECIPES: dict[str, Budgets] = {
     ),
     "test": Budgets(
         pretrain_tokens=20_000,
+        midtrain_tokens=4_000,
         long_context_tokens=4_000,
         sft_tokens=4_000,
         dpo_tokens=4_000,
@@ -127,6 +130,15 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
         {"text": " ".join(_sentence(rng) for _ in range(rng.randint(4, 12)))}
         for _ in range(budgets.web_docs)
     ]
+    # Midtrain's own mix: sums written out as text, the skill the held-out set measures (its
+    # operands are below 500, the held-out set's at or above: disjoint by construction).
+    mid = []
+    for _ in range(400):
+        equations = []
+        for _ in range(rng.randint(4, 10)):
+            a, b = train_pair()
+            equations.append(f"{a}+{b}={a + b}")
+        mid.append({"text": " ; ".join(equations)})
     sft = []
     for _ in range(400):
         a, b = train_pair()
@@ -144,6 +156,7 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
 
     files = {
         "web.jsonl": _jsonl(web),
+        "arith-mid.jsonl": _jsonl(mid),
         "arith-sft.jsonl": _jsonl(sft),
         "arith-prefs.jsonl": _jsonl(prefs),
         "arith-prompts.jsonl": _jsonl(prompts),
@@ -153,6 +166,7 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
     # and the same n-gram matching (ito.pipeline.decontam).
     roles = {
         "web.jsonl": "pretrain",
+        "arith-mid.jsonl": "midtrain",
         "arith-sft.jsonl": "sft",
         "arith-prefs.jsonl": "dpo",
         "arith-prompts.jsonl": "rlvr",
@@ -214,6 +228,7 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
         },
         "data": [
             ref("web", "web.jsonl", "pretrain", "cc-by-4.0", True),
+            ref("arith-mid", "arith-mid.jsonl", "midtrain", "mit", True),
             ref("arith-sft", "arith-sft.jsonl", "sft", "mit", True),
             ref("arith-prefs", "arith-prefs.jsonl", "dpo", "mit", True),
             ref("arith-prompts", "arith-prompts.jsonl", "rlvr", "mit", True),
@@ -228,10 +243,18 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
                 "battery": "core",
             },
             {
+                "stage": "midtrain",
+                "data": ["web", "arith-mid"],
+                "tokens": budgets.midtrain_tokens,
+                "seq_len": 128,
+                "battery": "core",
+            },
+            {
                 "stage": "long_context",
                 "data": ["web"],
                 "tokens": budgets.long_context_tokens,
                 "seq_len": 256,
+                "rope_base_scale": 4.0,
                 "battery": "core",
             },
         ],
