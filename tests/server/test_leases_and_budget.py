@@ -47,7 +47,7 @@ def _run_with_worker(tenant: Tenant, rate: float):  # type: ignore[no-untyped-de
 def test_cost_accrues_while_held_and_the_worker_is_stopped_before_the_ceiling(
     tenant: Tenant,
 ) -> None:
-    db, worker, run_id = _run_with_worker(tenant, rate=9.0)
+    db, worker, run_id = _run_with_worker(tenant, rate=8.0)
     now = utcnow()
     with db.write() as session:
         leased = lease_next(session, worker, SETTINGS, now)
@@ -65,8 +65,8 @@ def test_cost_accrues_while_held_and_the_worker_is_stopped_before_the_ceiling(
     assert stops[-1] == "budget" and set(stops[:-1]) == {None}
     ceiling = 5.0
     assert costs[-1] <= ceiling  # stopped before crossing, not after
-    # 2 accelerators × $9/h for 30 s per beat.
-    assert costs[0] == pytest.approx(30 / 3600 * 2 * 9.0, rel=1e-6)
+    # 2 accelerators × $8/h for 30 s per beat.
+    assert costs[0] == pytest.approx(30 / 3600 * 2 * 8.0, abs=1e-6)
     db.dispose()
 
 
