@@ -13,16 +13,23 @@ Three checks, each printed as a table:
   the local shards it holds: parameters, gradients and optimizer states (Adam's moments and its
   ``step`` counters). The planner's ``stage_memory`` for the same layout (fp32 on the CPU
   stand-in) gives the same three figures for that rank's pipeline stage. Goal: equal to the byte.
-- **(b) peak on a simulated large world**: the planner's ``8b`` layout on 8 H100, the engine's
-  model and steps simulated on one CPU process (fake process group + ``FakeTensorMode``,
-  ``MemTracker``), the tracked peak of the forwards and backwards against the planner's
-  ``peak_allocated``. Goal: within 10 %. (8b on 128 ranks and 70b on 256: not built yet.)
+- **(b) peak on a simulated large world**: rows ``8b_8`` (8b, 1×8 H100, the planner's layout),
+  ``8b_128`` (16×8, the planner's layout), ``8b_128_fsdp`` (16×8, pure FSDP pinned, as
+  TorchTitan published it) and ``70b_256`` (Llama 3 70B's shape, 32×8, FSDP 32 × TP 8
+  pinned), selectable with ``--b-rows``. Each runs the engine's model and step (``lay_out_model``,
+  AdamW, the chunked loss) as rank 0 of a fake process group of the row's world size under
+  ``FakeTensorMode``, tracked by ``MemTracker``, at 2 and 4 decoder layers (``--b-layers``;
+  ``full`` for every layer) in a process each; the tracked peak at full depth is the straight
+  line through the two (measured exact for 8b at 2, 4, 8 and 32 layers: 12.76, 17.39, 26.65,
+  82.25 GB). Against the planner's ``peak_allocated``; goal: within 10 %. Details in
+  :func:`check_b`.
 - **(c) peak on a GPU**: needs CUDA; without it the script says so and skips it.
 
 It prints the tables and, last, one JSON line; it exits 1 only if a check that ran missed its
 goal. Every torchrun it starts is waited for with a deadline and killed in ``finally``.
 
-Usage: ``.venv/bin/python bench/planner_memory.py [--layouts one_process,tp_2]``.
+Usage: ``.venv/bin/python bench/planner_memory.py [--layouts one_process,tp_2] [--skip-a]
+[--b-rows 8b_8,70b_256] [--b-layers 2,4|full]``.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ if TYPE_CHECKING:
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the equivalence tests' layouts
 
+from ito.core.model_sizes import ModelSize
 from tests.pipeline.equivalence_layouts import LAYOUTS
 
 SIZE = "tiny"
@@ -222,129 +230,256 @@ def check_a(names: list[str]) -> tuple[list[list[Any]], list[dict[str, Any]]]:
 # Check (b)
 
 B_SEQ_LEN = 8192
-B_SEQUENCES = 32
-B_WORLD = 8
 B_GOAL = 0.10
+B_DEADLINE_S = 1800.0
+B_SIM_LAYERS = (2, 4)
+"""Decoder layers simulated per row (two depths; the tracked peak at full depth is the straight
+line through them — see :func:`check_b`)."""
+
+LLAMA3_70B = ModelSize(
+    "70b", layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=128256, max_seq_len=8192
+)
+"""Llama 3 70B's shape (Grattafiori et al. 2024, Table 3); not a size the engine trains."""
+
+B_ROWS: dict[str, dict[str, Any]] = {
+    # name: the model, the booking (nodes × 8 H100 over InfiniBand), the global batch in
+    # sequences of B_SEQ_LEN tokens, and degrees pinned as TorchTitan published them (none: the
+    # planner chooses).
+    "8b_8": {"size": "8b", "nodes": 1, "sequences": 32, "pinned": {}},
+    "8b_128": {"size": "8b", "nodes": 16, "sequences": 128, "pinned": {}},
+    "8b_128_fsdp": {"size": "8b", "nodes": 16, "sequences": 128, "pinned": {"dp_shard": 128}},
+    "70b_256": {"size": "70b", "nodes": 32, "sequences": 256, "pinned": {"dp_shard": 32, "tp": 8}},
+}
 
 
-def check_b() -> dict[str, Any]:
-    """The engine's train step for the planner's ``8b`` layout on 8 H100 (1 node, 32 sequences
-    of 8192 tokens), simulated on one CPU process: a fake process group of 8 ranks, the model
-    built by ``build_model`` under ``FakeTensorMode``, one untracked step (AdamW's states exist
-    from then on), then the second step's micro-batches and optimizer step under ``MemTracker``
-    (``FSDPMemTracker`` refuses a second forward of the root, which gradient accumulation
-    needs). The planner's ``peak_allocated`` is compared
-    with the tracked peak of the forwards and backwards; the peak with the optimizer step
-    (foreach AdamW's temporaries, which the planner does not model) is printed beside it."""
+def _b_size(name: str) -> ModelSize:
+    from ito.core.model_sizes import SIZES
+
+    return LLAMA3_70B if name == "70b" else SIZES[name]
+
+
+def b_plan(row: str) -> Any:
+    """The planner's answer for ``row`` (full depth)."""
+    from ito.core.hardware import ACCELERATORS, FABRIC_LINKS
+    from ito.core.planner import plan
+    from ito.core.planner_inputs import ModelShape, Parallelism, PlannerInput
+
+    spec = B_ROWS[row]
+    return plan(
+        PlannerInput(
+            model=ModelShape.from_size(_b_size(spec["size"])),
+            seq_len=B_SEQ_LEN,
+            accelerator=ACCELERATORS["h100"],
+            nodes=spec["nodes"],
+            gpus_per_node=8,
+            fabric=FABRIC_LINKS["infiniband"],
+            global_batch_tokens=spec["sequences"] * B_SEQ_LEN,
+            compile=False,
+            pinned=Parallelism(**spec["pinned"]),
+        )
+    )
+
+
+def b_worker(row: str, layers: int, out: Path) -> None:
+    """One simulated train step of ``row``'s planned layout with ``layers`` decoder layers, as
+    rank 0 of a fake process group of the row's world size; writes the tracked peaks."""
+    import time
+    from dataclasses import replace
+
     import torch
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from ito.core.hardware import ACCELERATORS, FABRIC_LINKS
-    from ito.core.model_sizes import SIZES
-    from ito.core.planner import plan
-    from ito.core.planner_inputs import ModelShape, PlannerInput
     from ito.core.run_plan import layout_spec
     from ito.pipeline.layout import EngineLayout, build_mesh
-    from ito.pipeline.model import build_model, build_optimizer
+    from ito.pipeline.model import build_optimizer, lay_out_model
     from ito.pipeline.parallelize import set_requires_all_reduce
 
-    size = SIZES["8b"]
-    inp = PlannerInput(
-        model=ModelShape.from_size(size),
-        seq_len=B_SEQ_LEN,
-        accelerator=ACCELERATORS["h100"],
-        nodes=1,
-        gpus_per_node=B_WORLD,
-        fabric=FABRIC_LINKS["infiniband"],
-        global_batch_tokens=B_SEQUENCES * B_SEQ_LEN,
-        compile=False,
-    )
-    result = plan(inp)
-    spec = layout_spec(result)
-    dist.init_process_group("fake", rank=0, world_size=B_WORLD, store=FakeStore())
+    started = time.monotonic()
+    result = b_plan(row)
+    world = B_ROWS[row]["nodes"] * 8
+    size = replace(_b_size(B_ROWS[row]["size"]), layers=layers)
+    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
     try:
-        layout = EngineLayout.from_spec(spec, B_WORLD)
+        layout = EngineLayout.from_spec(layout_spec(result), world)
         if layout.pp > 1:
             raise RuntimeError("check (b) runs layouts without a pipeline only")
         mesh = build_mesh("cpu", layout)
-        with FakeTensorMode():
-            model = build_model(size, SEED, mesh, layout, torch.device("cpu"))
+        # The engine's layout (tensor parallel, activation checkpointing, FSDP2, chunked loss)
+        # on the meta device, as the engine builds it; then materialised as fake tensors: no
+        # initialisation, no memory. Real tensors are allowed into the fake mode for the device
+        # mesh's rank table (DTensor reads it); every tensor the step makes is fake.
+        model = lay_out_model(size, mesh, layout)
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            model.to_empty(device=torch.device("cpu"))
             optimizer = build_optimizer(model, "8b")
             batch = torch.randint(0, size.vocab, (layout.sequences_per_rank, B_SEQ_LEN))
+            micros = list(torch.split(batch, layout.micro_batch))
 
-            def micro_batches(tracker: MemTracker | None) -> None:
-                for i, micro in enumerate(torch.split(batch, layout.micro_batch)):
+            def step(tracker: MemTracker | None, count: int) -> None:
+                # The engine's step (Trainer._accumulate): each micro-batch's gradients
+                # reduce-scattered at once, the replicas' all-reduce on the last only.
+                for i, micro in enumerate(micros[-count:]):
                     if i and tracker is not None:
                         tracker.reset_mod_stats()
                     if layout.grad_accum > 1:
-                        sync = i == layout.grad_accum - 1
-                        set_requires_all_reduce(model, sync)
+                        set_requires_all_reduce(model, i == count - 1)
                     loss = model(input_ids=micro, labels=micro).loss / layout.grad_accum
                     loss.backward()
 
-            # A first step untracked, so the tracked one runs with the optimizer's states as
-            # every later step does (AdamW creates them lazily, at its first step).
-            micro_batches(None)
+            # One micro-batch and an optimizer step untracked, so the tracked step runs with
+            # AdamW's states (created lazily at its first step) as every later step does.
+            step(None, 1)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             tracker = MemTracker()
             tracker.track_external(model, optimizer, batch)
             with tracker:
-                micro_batches(tracker)
+                # Two micro-batches stand for the step's grad_accum: from the second on, each
+                # finds the same thing held (the sharded gradients accumulated so far).
+                step(tracker, min(2, layout.grad_accum))
                 train = _snapshot(tracker)
-                optimizer.step()
-            with_step = _snapshot(tracker)
     finally:
         dist.destroy_process_group()
-    predicted = result.memory.peak_allocated
-    ratio = predicted / train["Total"]
-    return {
-        "layout": f"8b {layout.describe()} micro_batch={layout.micro_batch} "
-        f"grad_accum={layout.grad_accum} ac={layout.activation_checkpointing}",
-        "predicted": predicted,
-        "predicted_breakdown": result.memory.to_dict(),
-        "tracked_fw_bw": train,
-        "tracked_with_step": with_step,
-        "ratio": ratio,
-        "met": abs(ratio - 1) <= B_GOAL,
-    }
+    out.write_text(
+        json.dumps(
+            {
+                "row": row,
+                "layers": layers,
+                "layout": f"{layout.describe()} micro_batch={layout.micro_batch} "
+                f"grad_accum={layout.grad_accum} ac={layout.activation_checkpointing}",
+                "tracked": train,
+                "seconds": time.monotonic() - started,
+            }
+        )
+    )
 
 
-def print_b(b: dict[str, Any]) -> None:
+def _run_b_worker(row: str, layers: int, root: Path) -> dict[str, Any]:
+    out = root / f"b_{row}_{layers}.json"
+    argv = [sys.executable, __file__, "--role", "b-worker", "--b-rows", row]
+    argv += ["--b-layers", str(layers), "--out", str(out)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        log, _ = proc.communicate(timeout=B_DEADLINE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        log, _ = proc.communicate()
+        raise RuntimeError(f"(b) {row} at {layers} layers passed {B_DEADLINE_S:.0f}s") from None
+    if proc.returncode != 0:
+        raise RuntimeError(f"(b) {row} at {layers} layers ended {proc.returncode}:\n{log[-3000:]}")
+    return json.loads(out.read_text())  # type: ignore[no-any-return]
+
+
+def check_b(rows: list[str], depths: tuple[int, ...] | None) -> list[dict[str, Any]]:
+    """Each row: the planner's layout for the model on its booking, the engine's train step
+    simulated on one CPU process as rank 0 of a fake process group of the row's world size
+    (``FakeTensorMode``: tensors without storage, collectives that move nothing; rank 0 holds
+    what every rank holds, the layouts being uniform), tracked by ``MemTracker``: the model
+    laid out by ``lay_out_model`` (tensor parallel, activation checkpointing, FSDP2, the
+    chunked loss) and materialised fake, AdamW, one untracked micro-batch and optimizer step
+    (AdamW's states exist from then on), then two micro-batches of the layout's micro-batch
+    size tracked (one when the layout accumulates none; from the second on, a micro-batch
+    finds what every later one finds: the sharded gradients accumulated). The optimizer step is
+    not tracked (foreach AdamW's temporaries, which the planner does not model).
+
+    Depth: ``depths=None`` simulates every decoder layer. Otherwise the model is simulated at
+    each of ``depths`` layers and the tracked peak at full depth is the straight line through
+    the first and last: every term of the peak (the states and, in the backward's first
+    layer, the activations each layer keeps) grows by the same amount per layer, the rest (the
+    root's embedding and head, the loss, one layer's working set, FSDP's buffers) does not.
+    ``bench/planner_memory.py --b-depths full`` checks the line against the full depth.
+    The planner's ``peak_allocated`` for the full model is compared with it."""
+    import tempfile
+
+    results = []
+    with tempfile.TemporaryDirectory(prefix="ito-planner-memory-b-") as tmp:
+        for row in rows:
+            full = B_ROWS[row]["size"]
+            layers_full = _b_size(full).layers
+            sims = [layers_full] if depths is None else list(depths)
+            runs = [_run_b_worker(row, layers, Path(tmp)) for layers in sims]
+            totals = [run["tracked"]["Total"] for run in runs]
+            if depths is None:
+                tracked = totals[0]
+                per_layer = None
+            else:
+                per_layer = (totals[-1] - totals[0]) / (sims[-1] - sims[0])
+                tracked = round(totals[0] + per_layer * (layers_full - sims[0]))
+            result = b_plan(row)
+            predicted = result.memory.peak_allocated
+            results.append(
+                {
+                    "row": row,
+                    "layout": runs[0]["layout"],
+                    "simulated_layers": sims,
+                    "tracked_at_depth": totals,
+                    "tracked_by_kind": runs[-1]["tracked"],
+                    "tracked_per_layer": per_layer,
+                    "tracked": tracked,
+                    "predicted": predicted,
+                    "predicted_breakdown": result.memory.to_dict(),
+                    "ratio": predicted / tracked,
+                    "met": abs(predicted / tracked - 1) <= B_GOAL,
+                    "seconds": sum(run["seconds"] for run in runs),
+                }
+            )
+    return results
+
+
+def print_b(results: list[dict[str, Any]]) -> None:
     from _common import table
 
     gib = 1 << 30
     print(
         table(
             "(b) peak on a simulated world: planner vs MemTracker (fake process group, "
-            "FakeTensorMode, one CPU process)",
-            ["layout", "planned GiB", "tracked fw/bw GiB", "ratio", "with step GiB", "within 10%"],
+            "FakeTensorMode, one CPU process per depth)",
+            [
+                "row",
+                "layout",
+                "layers simulated",
+                "planned GiB",
+                "tracked GiB",
+                "ratio",
+                "within 10%",
+            ],
             [
                 [
+                    b["row"],
                     b["layout"],
+                    ",".join(map(str, b["simulated_layers"])),
                     b["predicted"] / gib,
-                    b["tracked_fw_bw"]["Total"] / gib,
+                    b["tracked"] / gib,
                     b["ratio"],
-                    b["tracked_with_step"]["Total"] / gib,
                     b["met"],
                 ]
+                for b in results
             ],
         )
     )
-    print(
-        "    tracked fw/bw by kind (GiB): "
-        + ", ".join(f"{k} {v / gib:.2f}" for k, v in b["tracked_fw_bw"].items())
-    )
-    print(
-        "    planned by kind (GiB): "
-        + ", ".join(
-            f"{k} {b['predicted_breakdown'][k] / gib:.2f}"
-            for k in ("parameters", "gradients", "optimizer_states", "activations", "buffers")
+    for b in results:
+        depth = b["simulated_layers"][-1]
+        print(
+            f"    {b['row']}: tracked at {depth} layers by kind (GiB): "
+            + ", ".join(f"{k} {v / gib:.2f}" for k, v in b["tracked_by_kind"].items())
         )
-    )
+        print(
+            f"    {b['row']}: planned by kind (GiB): "
+            + ", ".join(
+                f"{k} {b['predicted_breakdown'][k] / gib:.2f}"
+                for k in (
+                    "parameters",
+                    "gradients",
+                    "optimizer_states",
+                    "activations",
+                    "loss",
+                    "buffers",
+                )
+            )
+        )
 
 
 def _snapshot(tracker: Any) -> dict[str, int]:
@@ -358,14 +493,24 @@ def _snapshot(tracker: Any) -> dict[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--role", choices=["main", "worker"], default="main")
+    parser.add_argument("--role", choices=["main", "worker", "b-worker"], default="main")
     parser.add_argument("--layout", default=None)
     parser.add_argument("--layouts", default=",".join(LAYOUTS))
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--skip-b", action="store_true", help="skip check (b) (about 2 min)")
+    parser.add_argument("--skip-a", action="store_true", help="skip check (a)")
+    parser.add_argument("--skip-b", action="store_true", help="skip check (b) (minutes per row)")
+    parser.add_argument("--b-rows", default=",".join(B_ROWS), help="rows of check (b)")
+    parser.add_argument(
+        "--b-layers",
+        default=",".join(map(str, B_SIM_LAYERS)),
+        help="decoder layers simulated per row (comma-separated), or 'full'",
+    )
     args = parser.parse_args(argv)
     if args.role == "worker":
         worker(args.layout, args.out)
+        return 0
+    if args.role == "b-worker":
+        b_worker(args.b_rows, int(args.b_layers), args.out)
         return 0
 
     from _common import table
@@ -374,24 +519,33 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(names) - set(LAYOUTS))
     if unknown:
         parser.error(f"unknown layouts {unknown}; known: {sorted(LAYOUTS)}")
-    rows, results = check_a(names)
-    print(
-        table(
-            "(a) model states per rank after the first optimizer step: planner vs engine "
-            "(fp32, gloo, CPU)",
-            ["layout", "rank", "state", "planned B", "held B", "ratio", "equal"],
-            rows,
+    b_rows = [r for r in args.b_rows.split(",") if r]
+    unknown = sorted(set(b_rows) - set(B_ROWS))
+    if unknown:
+        parser.error(f"unknown rows of (b) {unknown}; known: {sorted(B_ROWS)}")
+    depths = None if args.b_layers == "full" else tuple(int(n) for n in args.b_layers.split(","))
+    results: list[dict[str, Any]] = []
+    if args.skip_a:
+        print("(a) skipped (--skip-a)")
+    else:
+        rows, results = check_a(names)
+        print(
+            table(
+                "(a) model states per rank after the first optimizer step: planner vs engine "
+                "(fp32, gloo, CPU)",
+                ["layout", "rank", "state", "planned B", "held B", "ratio", "equal"],
+                rows,
+            )
         )
-    )
     a_ok = all(r["equal"] for r in results)
     print()
     b: dict[str, Any] = {"ran": False, "met": True}
     if args.skip_b:
         print("(b) skipped (--skip-b)")
     else:
-        b = {"ran": True, **check_b()}
-        print_b(b)
-    print("    (b) for 8b on 128 ranks and the 70b shape on 256 ranks: not built yet")
+        b_results = check_b(b_rows, depths)
+        b = {"ran": True, "met": all(r["met"] for r in b_results), "rows": b_results}
+        print_b(b_results)
     import torch
 
     gpu = torch.cuda.is_available()

@@ -222,7 +222,7 @@ def test_a_pipeline_bubble_above_a_quarter_is_refused() -> None:
 
 
 def test_context_parallel_is_refused_where_the_sequence_does_not_need_it() -> None:
-    codes = _refusal(_input(LLAMA3_8B, sequences=8, cp=2, micro_batch=1))
+    codes = _refusal(_input(LLAMA3_8B, sequences=8, cp=2, dp_shard=4, micro_batch=1))
     assert {"cp_not_needed", "cp_unsupported"} <= codes
     assert "cp_not_dividing_sequence" in _refusal(
         _input(LLAMA3_8B, sequences=8, seq_len=8196, cp=4)
@@ -255,10 +255,8 @@ def test_pipeline_parallel_where_plain_fsdp_fits_and_is_faster_is_refused() -> N
 def test_full_checkpointing_where_less_recomputation_fits_is_refused() -> None:
     inp = _input(LLAMA3_8B, sequences=8, dp_shard=8, activation_checkpointing="full")
     assert _refusal(inp) == {"full_checkpointing_not_needed"}
-    # With the chunked loss (one chunk of fp32 logits, not 8192 tokens' worth), 8B at 8192
-    # tokens fits an H100 without recomputation.
     assert plan(replace_pin(inp, activation_checkpointing=None)).activation_checkpointing == (
-        "none"
+        "selective"
     )
     # At 10240 tokens the activations no longer fit whole; selective checkpointing does.
     pinned = _input(
@@ -455,16 +453,20 @@ def test_model_shapes_count_llama_parameters() -> None:
 
 def test_activations_follow_korthikanti_with_swiglu_and_no_score_matrix() -> None:
     h, f, a, g = 4096, 14336, 32, 8 / 32
-    # bf16, no tensor parallel: 12h + 4gh + 8f bytes per token and layer, plus the fp32 LSE.
-    assert activation_bytes_per_token(LLAMA3_8B, 1, "none", 2) == 12 * h + 4 * g * h + 8 * f + 4 * a
+    # bf16, no tensor parallel: 8h + 4gh + 8f bytes of projections, attention and MLP, the two
+    # RMSNorms' fp32 input and bf16 normalised tensor (2 × 6h), plus the fp32 LSE.
+    assert activation_bytes_per_token(LLAMA3_8B, 1, "none", 2) == (
+        8 * h + 4 * g * h + 8 * f + 12 * h + 4 * a
+    )
     assert (
         activation_bytes_per_token(LLAMA3_8B, 1, "selective", 2)
         == 8 * h + 4 * g * h + 4 * f + 4 * a
     )
     assert activation_bytes_per_token(LLAMA3_8B, 1, "full", 2) == 2 * h
-    # Sequence parallel divides everything but the two all-gathered projection inputs.
+    # Sequence parallel divides everything but the two all-gathered projection inputs and the
+    # norms' fp32 copies.
     assert activation_bytes_per_token(LLAMA3_8B, 8, "none", 2) == (
-        (8 * h + 4 * g * h + 8 * f + 4 * a) / 8 + 4 * h
+        (8 * h + 4 * g * h + 8 * f + 4 * a) / 8 + 4 * h + 8 * h
     )
     # No s² term: the per-token figure does not depend on the sequence length.
     short = memory_per_gpu(_input(LLAMA3_8B, seq_len=1024), _layout(micro_batch=8))

@@ -19,11 +19,18 @@ Transformer Models", §4, eq. 2 and 4), rewritten for Llama's layer:
   product) where GPT's GeLU MLP keeps two ``4h``-wide ones;
 * tensor parallelism with sequence parallelism divides what is stored by ``tp`` (their eq. 4),
   except the inputs of the column-parallel projections, which PyTorch's DTensor sequence
-  parallel keeps all-gathered (two ``h``-wide tensors per layer).
+  parallel keeps all-gathered (two ``h``-wide tensors per layer). The engine applies no
+  sequence parallelism (:mod:`ito.pipeline.parallelize`): its norms, column-parallel inputs
+  and row-parallel outputs are whole on every rank, more than this counts under ``tp > 1``
+  (see ``bench/planner_memory.py`` check (b), row ``70b_256``);
+* Hugging Face's ``LlamaRMSNorm`` upcasts its input and keeps that fp32 copy (for ``pow`` and
+  the normalising product) beside the normalised tensor in compute precision (counted as
+  Korthikanti's norm input): 4 more bytes per element, two norms per layer, whole on every
+  tensor-parallel rank (found by check (b) and a census of one layer's saved tensors).
 
 Per layer and token, with ``e`` bytes per element (2 in bf16), ``t`` = tp, ``g`` = kv/heads,
-``a`` = heads: ``none`` keeps ``e·(4h + 2gh + 4f)/t + 2e·h + 4a/t``; ``selective`` keeps the
-outputs of the matmuls and of attention and recomputes norms and element-wise ops,
+``a`` = heads: ``none`` keeps ``e·(4h + 2gh + 4f)/t + 2e·h + 2·4·h + 4a/t``; ``selective``
+keeps the outputs of the matmuls and of attention and recomputes norms and element-wise ops,
 ``e·(4h + 2gh + 2f)/t + 4a/t``; ``full`` keeps the layer's input only, ``e·h/t``, and
 rematerialises one layer at a time. Every mode also holds one layer's full activations as the
 working set of the backward in progress.
@@ -71,6 +78,8 @@ LOGIT_BYTES_PER_ENTRY = 12
 """fp32 log-softmax output, its gradient and the fp32 logits' gradient, live together in one
 chunk's backward (cross-entropy on upcast logits, as TorchTitan computes it; the chunk's bf16
 logits are freed once upcast and their gradient is made after the log-softmax's is freed)."""
+NORM_FP32_BYTES = 4
+"""The fp32 copy of its input an RMSNorm keeps per element (it upcasts before normalising)."""
 LSE_BYTES_PER_HEAD = 4
 """The fp32 log-sum-exp a flash-attention kernel saves per head and token."""
 RUNTIME_RESERVE = 2 << 30
@@ -142,7 +151,8 @@ def activation_bytes_per_token(
     h, f, g = shape.hidden, shape.ffn, shape.kv_fraction
     lse = LSE_BYTES_PER_HEAD * shape.heads / tp
     if mode == "none":
-        return element * (4 * h + 2 * g * h + 4 * f) / tp + 2 * element * h + lse
+        norms = 2 * (element + NORM_FP32_BYTES) * h
+        return element * (4 * h + 2 * g * h + 4 * f) / tp + norms + lse
     if mode == "selective":
         return element * (4 * h + 2 * g * h + 2 * f) / tp + lse
     return element * h / tp

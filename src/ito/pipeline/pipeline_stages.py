@@ -89,6 +89,7 @@ class PipelineRunner:
         self.first = self.stage_index == 0
         self.last = self.stage_index == layout.pp - 1
         self.device = device
+        self.model = model
         self.head = model.lm_head
         self.chunk_tokens = chunk_tokens
         stage = PipelineStage(model, self.stage_index, layout.pp, device, group=self.group)
@@ -115,9 +116,21 @@ class PipelineRunner:
         if not self.last:
             return None
         assert self.head is not None
-        return causal_lm_loss(
-            out, self.head, batch, reduction="none", chunk_tokens=self.chunk_tokens
-        )
+        from torch.distributed.fsdp import FSDPModule
+
+        # The schedule's evaluation leaves the stage resharded; the head, applied outside the
+        # stage's forward, needs its parameters gathered (the stage's data-parallel peers all
+        # run this, as they ran the forward).
+        root = self.model if isinstance(self.model, FSDPModule) else None
+        if root is not None:
+            root.unshard()
+        try:
+            return causal_lm_loss(
+                out, self.head, batch, reduction="none", chunk_tokens=self.chunk_tokens
+            )
+        finally:
+            if root is not None:
+                root.reshard()
 
     def _run(self, call: object, batch: torch.Tensor, losses: list[torch.Tensor]) -> torch.Tensor:
         assert callable(call)
