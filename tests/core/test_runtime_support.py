@@ -54,15 +54,21 @@ def test_a_file_uri_must_name_a_local_absolute_path(uri: str) -> None:
     assert _paths(doc) == expected
 
 
-def test_a_curriculum_battery_the_engine_cannot_measure_is_refused_once() -> None:
+def _paths_on(doc: dict[str, Any], pipeline_stages: int) -> list[tuple[str, str]]:
+    found = unsupported_parts(parse_manifest(json.dumps(doc).encode()), pipeline_stages)
+    return [(f["path"], f["capability"]) for f in found]
+
+
+def test_item_evals_are_measured_on_fsdp_and_refused_once_under_pipeline_parallelism() -> None:
     doc = _doc()
     doc["eval_batteries"]["core"].append(
         {"eval": "exact_match", "data": "arith-heldout", "min": 0.5}
     )
+    assert _paths(doc) == []
     # Both stages use "core": the battery is reported once, at its own path.
-    assert _paths(doc) == [("$.eval_batteries.core[1].eval", "eval")]
+    assert _paths_on(doc, 2) == [("$.eval_batteries.core[1].eval", "eval_layout")]
     with pytest.raises(ItoError) as info:
-        check_runtime_support(parse_manifest(json.dumps(doc).encode()))
+        check_runtime_support(parse_manifest(json.dumps(doc).encode()), pipeline_stages=2)
     assert info.value.code == "capability_unavailable" and info.value.status == 501
     assert [u["path"] for u in info.value.details["unsupported"]] == [
         "$.eval_batteries.core[1].eval"
@@ -74,10 +80,10 @@ def test_every_unsupported_part_is_listed() -> None:
     doc["data"][0]["uri"] = "s3://bucket/web.jsonl"
     doc["data"][4]["uri"] = "https://data.example.com/heldout.jsonl"
     doc["curriculum"][1]["battery"] = "arith"
-    assert _paths(doc) == [
+    assert _paths_on(doc, 4) == [
         ("$.data[0].uri", "data_uri_scheme"),
         ("$.data[4].uri", "data_uri_scheme"),
-        ("$.eval_batteries.arith[0].eval", "eval"),
+        ("$.eval_batteries.arith[0].eval", "eval_layout"),
     ]
 
 

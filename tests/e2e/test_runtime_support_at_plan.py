@@ -103,15 +103,16 @@ def test_data_at_an_unreadable_uri_scheme_is_refused_at_plan_confirm_and_create(
     assert tenant.counts() == before
 
 
-def test_a_gate_the_engine_cannot_measure_is_refused_at_plan_confirm_and_create(
+def test_a_gate_the_planned_layout_cannot_measure_is_refused_at_plan_confirm_and_create(
     tenant: Tenant,
 ) -> None:
     spare_ref = tenant.approved_confirmation(tenant.manifest("good"))
     before = tenant.counts()
 
     def edit(doc: dict[str, Any]) -> None:
-        # exact_match on the held-out arithmetic: not measurable by this runtime (yet).
+        # exact_match (greedy generation) under a two-stage pipeline: no rank holds the model.
         doc["curriculum"][0]["battery"] = "arith"
+        doc["resources"]["parallelism"] = {"pp": 2, "dp_shard": 1}
 
     manifest = _edited(tenant, "exact", edit)
     _assert_unsupported_everywhere(

@@ -87,7 +87,12 @@ def events(root: Path) -> list[dict[str, Any]]:
 
 
 def losses(evs: list[dict[str, Any]]) -> list[tuple[int, float]]:
-    return [(e["step"], e["values"]["loss"]) for e in evs if e["type"] == "metric"]
+    """Training steps' losses (not the evals' metrics)."""
+    return [
+        (e["step"], e["values"]["loss"])
+        for e in evs
+        if e["type"] == "metric" and "loss" in e["values"]
+    ]
 
 
 def assert_same_losses(run: list[tuple[int, float]], reference: dict[int, float]) -> None:
@@ -129,7 +134,18 @@ def test_uninterrupted_run_lowers_the_loss_and_writes_well_formed_events(referen
     ]
     assert evs[-1]["status"] == "succeeded"
 
-    metrics = [e for e in evs if e["type"] == "metric"]
+    # The evals' values: the untrained model's at step 0, then at each stage's gate.
+    evals = [
+        (e["stage"], e["step"], set(e["values"]))
+        for e in evs
+        if "loss" not in e.get("values", {"loss": 0})
+    ]
+    assert evals == [
+        ("pretrain", 0, {"eval/heldout_loss/web"}),
+        ("pretrain", MAX_STEPS, {"eval/heldout_loss/web"}),
+        ("long_context", MAX_STEPS + 1, {"eval/heldout_loss/web"}),
+    ]
+    metrics = [e for e in evs if e["type"] == "metric" and "loss" in e["values"]]
     assert [m["step"] for m in metrics] == list(range(1, MAX_STEPS + 2))
     assert [m["stage"] for m in metrics] == ["pretrain"] * MAX_STEPS + ["long_context"]
     for m in metrics:
@@ -199,6 +215,16 @@ def test_killed_rank_resumes_from_the_last_commit_with_the_same_losses(
     assert steps.count(resumed_step + 1) == 2, "the steps after the commit ran twice"
     assert steps[-1] == MAX_STEPS + 1
     assert_same_losses(losses(evs), dict(losses(events(reference))))
+    # The step-0 value was measured once, before step 1, and the resumed attempt read it
+    # from the checkpoint's trainer state: the gates compare with the same one.
+    metric_steps = [e["step"] for e in evs if e["type"] == "metric"]
+    assert metric_steps.count(0) == 1 and metric_steps[0] == 0
+    gates = [e for e in evs if e["type"] == "gate"]
+    (initial,) = [e["values"]["eval/heldout_loss/web"] for e in evs if e.get("step") == 0]
+    # (long_context's is of its own sequence length, measured at step 0 too.)
+    assert [g["stage"] for g in gates] == ["pretrain", "long_context"]
+    assert gates[0]["results"][0]["initial"] == initial
+    assert gates[1]["results"][0]["initial"] > 0
 
 
 def test_half_written_checkpoint_is_ignored_on_resume(reference: Path, tmp_path: Path) -> None:
@@ -271,3 +297,28 @@ def test_a_stop_request_commits_a_checkpoint_and_a_later_attempt_resumes_it_exac
     assert evs[-1]["type"] == "done" and evs[-1]["status"] == "succeeded"
     assert [s for s, _ in losses(evs)] == list(range(1, MAX_STEPS + 2))
     assert_same_losses(losses(evs), dict(losses(events(reference))))
+
+
+@pytest.mark.parametrize(
+    ("steps", "ratio", "status"), [(1, 0.6, "gate_failed"), (8, 0.95, "succeeded")]
+)
+def test_a_gate_relative_to_step_0_fails_a_budget_too_small_to_learn_and_passes_one_that_learns(
+    tmp_path: Path, steps: int, ratio: float, status: str
+) -> None:
+    spec = make_spec(tmp_path, stages=["pretrain"], max_steps_per_stage=steps)
+    doc = json.loads(spec.read_text())
+    doc["manifest"]["eval_batteries"]["core"] = [
+        {"eval": "heldout_loss", "data": "web", "max_ratio": ratio}
+    ]
+    spec.write_text(json.dumps(doc))
+
+    result = torchrun(spec)
+    assert result.returncode == 0, result.stdout[-4000:]
+    evs = events(tmp_path)
+    step0 = [e for e in evs if e["type"] == "metric" and e["step"] == 0]
+    (initial,) = [e["values"]["eval/heldout_loss/web"] for e in step0]
+    (gate,) = [e for e in evs if e["type"] == "gate"]
+    (res,) = gate["results"]
+    assert res["initial"] == initial and math.isclose(res["threshold"], ratio * initial)
+    assert res["rule"] == f"heldout_loss(web) ≤ {ratio:g} × step 0"
+    assert res["passed"] is (status == "succeeded") and evs[-1]["status"] == status

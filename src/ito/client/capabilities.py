@@ -39,6 +39,7 @@ _COMMANDS: list[tuple[str, bool, str, str, str, str]] = [
     ("runs logs", True, "required", "ito_api", "none", "none"),
     ("runs metrics", True, "required", "ito_api", "none", "none"),
     ("runs checkpoints", True, "required", "ito_api", "none", "none"),
+    ("runs gates", True, "required", "ito_api", "none", "none"),
     ("runs provenance", True, "required", "ito_api", "none", "none"),
     ("runs restart", True, "required", "ito_api", "workload_restart", "entitled_workload"),
     ("runs watch", True, "required", "ito_api", "none", "none"),

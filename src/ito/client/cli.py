@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -438,6 +438,32 @@ def runs_metrics(
 def runs_checkpoints(run: str) -> None:
     """Committed checkpoints of a run."""
     Output.finish(_ops().checkpoints(run))
+
+
+@runs_app.command("gates")
+def runs_gates(run: str) -> None:
+    """The eval gates a run's stages were measured against: each eval's value, the untrained
+    model's value at step 0, the threshold and whether it passed."""
+    Output.finish(_ops().gates(run), render=_render_gates)
+
+
+def _render_gates(envelope: dict[str, Any]) -> None:
+    from rich.console import Console
+
+    console = Console()
+    data = envelope["data"]
+    console.print(f"run {data['run_id']} ({data['state']}): {envelope['notice']}", markup=False)
+
+    def fmt(value: object) -> str:
+        return "—" if value is None else f"{value:.4g}"
+
+    for g in data["gates"]:
+        mark = "[green]pass[/green]" if g["passed"] else "[red]FAIL[/red]"
+        console.print(
+            f"{mark}  {g['stage']} ({g['battery']}): {g['rule'] or g['eval']} — value "
+            f"{fmt(g['value'])}, step 0 {fmt(g['initial'])}, threshold {fmt(g['threshold'])}",
+            highlight=False,
+        )
 
 
 @runs_app.command("provenance")

@@ -352,6 +352,12 @@ class Operations:
         return self._call("GET", _path("runs", _id(run, "run"), "checkpoints"))
 
     @_operation
+    def gates(self, run: str) -> Envelope:
+        """A run's eval gate records: stage, battery, eval, data, value, the step-0 value,
+        threshold, passed."""
+        return self._call("GET", _path("runs", _id(run, "run"), "gates"))
+
+    @_operation
     def provenance(self, run: str) -> Envelope:
         """The data-preparation report bound to a run: inputs, counts kept and removed per
         reason, eval items matched by decontamination, output shard digests."""

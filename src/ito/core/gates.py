@@ -148,7 +148,7 @@ def check_resources(
         fabric=booking.fabric,
     )
 
-    check_runtime_support(manifest)
+    check_runtime_support(manifest, run_plan.layout.pp if run_plan.layout is not None else 1)
     _check_data_policy(manifest)
     uri, checkpoint_bytes = _check_checkpoint_storage(manifest, booking, run_id_hint)
 

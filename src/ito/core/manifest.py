@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -24,6 +25,8 @@ from ito.core.secret_scan import scan_document
 from ito.core.text import json_text_may_be_unsafe, unsafe_json_paths
 
 __all__ = [
+    "ACCURACY_EVALS",
+    "LOSS_EVALS",
     "MANIFEST_MAX_BYTES",
     "MAX_BATTERIES",
     "MAX_DATA_REFS",
@@ -32,8 +35,10 @@ __all__ = [
     "MAX_LICENSES",
     "MAX_SUITES",
     "SCHEMA_ID",
+    "EvalSpec",
     "Manifest",
     "ParallelismPins",
+    "battery_gates",
     "manifest_digest",
     "manifest_json_schema",
     "manifest_summary",
@@ -230,11 +235,65 @@ class PostTraining(_Strict):
     rlvr: RlvrRecipe | None = None
 
 
+EvalName = Literal["heldout_loss", "perplexity", "exact_match", "multiple_choice"]
+LOSS_EVALS = frozenset({"heldout_loss", "perplexity"})
+"""Evals where lower is better: gated by an upper bound (``max`` or ``max_ratio``)."""
+ACCURACY_EVALS = frozenset({"exact_match", "multiple_choice"})
+"""Evals where higher is better, in [0, 1]: gated by a lower bound (``min`` or ``min_ratio``)."""
+Ratio = Annotated[float, Field(gt=0, le=1000)]
+
+
 class EvalSpec(_Strict):
-    eval: Literal["heldout_loss", "perplexity", "exact_match"]
+    """One eval of a battery and its gate: exactly one bound, absolute or relative to the
+    untrained model's value of the same eval measured at step 0 (DESIGN §7.5)."""
+
+    eval: EvalName
     data: Ident
+    """The data it is measured on (held-out documents, or the eval items of an ``eval`` set)."""
     min: float | None = None
+    """Accuracies: passes iff value ≥ min."""
     max: float | None = None
+    """Losses: passes iff value ≤ max."""
+    min_ratio: Ratio | None = None
+    """Accuracies: passes iff value ≥ min_ratio × the step-0 value (not for ``exact_match``,
+    whose step-0 value is about 0)."""
+    max_ratio: Ratio | None = None
+    """Losses: passes iff value ≤ max_ratio × the step-0 value (0.6: the loss fell by 40 %)."""
+
+    @property
+    def relative(self) -> bool:
+        """Whether its bound is relative to the step-0 value."""
+        return self.min_ratio is not None or self.max_ratio is not None
+
+    def threshold(self, initial: float | None) -> float | None:
+        """The bound the value is compared with: absolute, or the ratio times ``initial``
+        (``None`` when that is not known)."""
+        if self.max is not None:
+            return self.max
+        if self.min is not None:
+            return self.min
+        ratio = self.max_ratio if self.max_ratio is not None else self.min_ratio
+        if ratio is None or initial is None:
+            return None
+        return ratio * initial
+
+    def passes(self, value: float | None, initial: float | None) -> bool:
+        """Fail closed: a value or a relative bound that is not known (or not finite) fails."""
+        bound = self.threshold(initial)
+        if value is None or bound is None or not math.isfinite(value):
+            return False
+        return value <= bound if self.eval in LOSS_EVALS else value >= bound
+
+    def describe(self) -> str:
+        """The gate as a human reads it: ``heldout_loss(web) ≤ 0.6 × step 0``."""
+        head = f"{self.eval}({self.data})"
+        if self.max is not None:
+            return f"{head} ≤ {self.max:g}"
+        if self.min is not None:
+            return f"{head} ≥ {self.min:g}"
+        if self.max_ratio is not None:
+            return f"{head} ≤ {self.max_ratio:g} × step 0"
+        return f"{head} ≥ {self.min_ratio:g} × step 0"
 
 
 class Ladder(_Strict):
@@ -538,15 +597,9 @@ def _cross_field_problems(m: Manifest) -> list[tuple[str, str]]:
     for name, battery in m.eval_batteries.items():
         for i, spec in enumerate(battery):
             path = f"$.eval_batteries.{name}[{i}]"
-            allowed = {"eval"} if spec.eval == "exact_match" else {"pretrain", "midtrain", "eval"}
+            allowed = {"eval"} if spec.eval in ACCURACY_EVALS else {"pretrain", "midtrain", "eval"}
             problems += _check_data(by_id, [spec.data], allowed, f"{path}.data")
-            if spec.eval == "exact_match":
-                if spec.min is None or spec.max is not None:
-                    problems.append((path, "exact_match gates take a 'min' threshold only"))
-                elif not 0 <= spec.min <= 1:
-                    problems.append((f"{path}.min", "must be within [0, 1]"))
-            elif spec.max is None or spec.min is not None:
-                problems.append((path, f"{spec.eval} gates take a 'max' threshold only"))
+            problems += _threshold_problems(spec, path)
 
     if any(ref.custom for ref in m.data) and not m.ladder.enabled:
         problems.append(("$.ladder.enabled", "custom data requires the ladder decision job"))
@@ -627,6 +680,29 @@ def _check_data(
     return problems
 
 
+def _threshold_problems(spec: EvalSpec, path: str) -> list[tuple[str, str]]:
+    """Exactly one bound per gate, on the side its eval improves towards: losses an upper one
+    (``max`` or ``max_ratio``), accuracies a lower one (``min`` or ``min_ratio``)."""
+    loss = spec.eval in LOSS_EVALS
+    given = [
+        name for name in ("min", "max", "min_ratio", "max_ratio") if getattr(spec, name) is not None
+    ]
+    allowed = ["max", "max_ratio"] if loss else ["min", "min_ratio"]
+    if spec.eval == "exact_match":
+        allowed = ["min"]  # an untrained model's exact match is about 0: a ratio says nothing
+    if len(given) != 1 or given[0] not in allowed:
+        return [
+            (
+                path,
+                f"{spec.eval} gates take exactly one threshold, one of "
+                + " or ".join(repr(a) for a in allowed),
+            )
+        ]
+    if spec.min is not None and not 0 <= spec.min <= 1:
+        return [(f"{path}.min", "must be within [0, 1]")]
+    return []
+
+
 def _check_battery(m: Manifest, battery: str, path: str) -> list[tuple[str, str]]:
     if battery not in m.eval_batteries:
         return [(path, f"no eval battery named {battery!r}")]
@@ -652,4 +728,28 @@ def manifest_summary(m: Manifest) -> dict[str, Any]:
         ],
         "budget": m.budget.model_dump(),
         "checkpoint": m.checkpoint.model_dump(),
+        "gates": battery_gates(m),
     }
+
+
+def battery_gates(m: Manifest) -> list[dict[str, Any]]:
+    """Every gate of every stage of the manifest, as the approval page and ``ito plan`` show
+    them: stage, battery, eval, data, the bound (absolute or relative to step 0) and its
+    reading (``heldout_loss(web) ≤ 0.6 × step 0``)."""
+    stages: list[tuple[str, str]] = [(s.stage, s.battery) for s in m.curriculum]
+    for name in ("sft", "dpo", "rlvr"):
+        recipe = getattr(m.post_training, name)
+        if recipe is not None:
+            stages.append((name, recipe.battery))
+    return [
+        {
+            "stage": stage,
+            "battery": battery,
+            "eval": spec.eval,
+            "data": spec.data,
+            **spec.model_dump(include={"min", "max", "min_ratio", "max_ratio"}, exclude_none=True),
+            "gate": spec.describe(),
+        }
+        for stage, battery in stages
+        for spec in m.eval_batteries.get(battery, [])
+    ]

@@ -19,6 +19,7 @@ from ito.core.responses import ErrorBody
 __all__ = [
     "ChecksPassed",
     "ChecksRefused",
+    "GateSpecView",
     "Ineligible",
     "ManifestStored",
     "ManifestSummary",
@@ -54,6 +55,22 @@ class SourceSummary(_View):
     custom: bool
 
 
+class GateSpecView(_View):
+    """One gate a stage must pass: exactly one of ``min``, ``max`` (absolute) or ``min_ratio``,
+    ``max_ratio`` (times the untrained model's value at step 0) is set."""
+
+    stage: str
+    battery: str
+    eval: str
+    data: str
+    min: float | None = None
+    max: float | None = None
+    min_ratio: float | None = None
+    max_ratio: float | None = None
+    gate: str
+    """How a human reads it: ``heldout_loss(web) ≤ 0.6 × step 0``."""
+
+
 class ManifestSummary(_View):
     """What a human approving this manifest needs to see at a glance."""
 
@@ -66,6 +83,8 @@ class ManifestSummary(_View):
     data: list[SourceSummary]
     budget: dict[str, Any]
     checkpoint: dict[str, Any]
+    gates: list[GateSpecView] = []
+    """Every stage's eval gates and their bounds, frozen with the manifest's digest."""
 
 
 class ManifestView(_View):

@@ -60,7 +60,7 @@ FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 Step = Annotated[int, Field(ge=0, le=_STEP_MAX)]
 StageLabel = Annotated[str, Field(min_length=1, max_length=30)]
 """A curriculum stage, or ``data_prep``."""
-MetricName = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_.]{0,63}$")]
+MetricName = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_./-]{0,63}$")]
 Timestamp = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
@@ -88,8 +88,9 @@ class MetricEvent(_Event):
     step: Step
     values: Annotated[dict[MetricName, FiniteFloat | None], Field(max_length=64)]
     """``loss``, ``lr``, ``grad_norm``, ``tokens_per_s``, ``mfu``, ``step_seconds`` (and
-    ``replicas`` with several replica groups); ``None`` for a figure that is not finite or not
-    known (MFU without a known peak)."""
+    ``replicas`` with several replica groups); ``eval/<eval>/<data>`` at a gate (and at step 0,
+    the untrained model's); ``None`` for a figure that is not finite or not known (MFU without
+    a known peak)."""
 
 
 class CheckpointEvent(_Event):
@@ -112,7 +113,12 @@ class GateResult(BaseModel):
     data: Annotated[str, Field(min_length=1, max_length=128)]
     value: FiniteFloat | None
     threshold: FiniteFloat | None
+    """The bound compared with: absolute, or the ratio times ``initial``."""
     passed: bool
+    initial: FiniteFloat | None = None
+    """The untrained model's value of the same eval, measured at step 0."""
+    rule: Annotated[str, Field(max_length=300)] | None = None
+    """The gate as the manifest states it (``heldout_loss(web) ≤ 0.6 × step 0``)."""
 
 
 class GateEvent(_Event):

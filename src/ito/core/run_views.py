@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict
 __all__ = [
     "CheckpointList",
     "CheckpointView",
+    "GateList",
+    "GateRecord",
     "LogLine",
     "LogPage",
     "MetricPage",
@@ -149,6 +151,30 @@ class CheckpointView(_View):
 
 class CheckpointList(_View):
     checkpoints: list[CheckpointView]
+
+
+class GateRecord(_View):
+    """One eval of a stage's battery as the engine measured it at the stage's end."""
+
+    stage: str
+    battery: str
+    eval: str
+    data: str
+    value: float | None
+    initial: float | None
+    """The untrained model's value of the same eval at step 0."""
+    threshold: float | None
+    """The bound compared with (a relative one: its ratio times ``initial``)."""
+    rule: str | None
+    """The gate as the manifest states it."""
+    passed: bool
+    at: str
+
+
+class GateList(_View):
+    run_id: str
+    state: str
+    gates: list[GateRecord]
 
 
 class ProvenanceView(_View):

@@ -1,11 +1,19 @@
 """What this runtime can do of what a valid manifest asks (DESIGN §5.8 gate 5, §7.4, §7.5).
 
 The manifest schema (v1) is designed for the stages to come, so it accepts more than the runtime
-does today: data at ``s3://``, ``gs://`` or ``https://`` URIs, and evals such as ``exact_match``.
-A run asking for either would be created, charged for, and fail after its confirmation is spent
-— so :func:`check_runtime_support` refuses it at plan, confirm and create alike
-(``capability_unavailable``, with the JSON path of every unsupported part), before anything is
-created or consumed.
+does today: data at ``s3://``, ``gs://`` or ``https://`` URIs, and evals on data or layouts it
+cannot measure them with. A run asking for either would be created, charged for, and fail after
+its confirmation is spent — so :func:`check_runtime_support` refuses it at plan, confirm and
+create alike (``capability_unavailable``, with the JSON path of every unsupported part), before
+anything is created or consumed.
+
+What is checked of an eval here is what the manifest says: that the engine has the battery
+(:mod:`ito.pipeline.batteries`) and that the planned layout can run it. Generation
+(``exact_match``) and per-option scoring (``multiple_choice``) need the whole model in each
+forward, which a pipeline-parallel layout (``pp`` > 1) does not have. Validation already
+requires their data to be ``eval`` data (the role whose rows may hold ``prompt``, ``answer``,
+``options``); whether its rows really are items of that shape is read by the engine before its
+first training step (``data_invalid``): the server never holds the data.
 
 Pure: the manifest in, a refusal out; no I/O.
 """
@@ -19,6 +27,7 @@ from ito.core.errors import ItoError
 from ito.core.manifest import Manifest
 
 __all__ = [
+    "ITEM_EVALS",
     "MEASURABLE_EVALS",
     "READABLE_SCHEMES",
     "check_runtime_support",
@@ -27,13 +36,18 @@ __all__ = [
 
 READABLE_SCHEMES = frozenset({"file"})
 """URI schemes data preparation reads (``file://`` naming an absolute local path)."""
-MEASURABLE_EVALS = frozenset({"heldout_loss", "perplexity"})
-"""Evals the engine measures at a curriculum stage's gate (held-out loss on the named data)."""
+MEASURABLE_EVALS = frozenset({"heldout_loss", "perplexity", "exact_match", "multiple_choice"})
+"""Evals the engine measures at a curriculum stage's gate (the batteries of
+:mod:`ito.pipeline.batteries`)."""
+ITEM_EVALS = frozenset({"exact_match", "multiple_choice"})
+"""Evals over eval items (greedy generation, per-option log-likelihood): ``eval`` data only,
+and not under pipeline parallelism."""
 
 
-def unsupported_parts(manifest: Manifest) -> list[dict[str, str]]:
-    """Every part of ``manifest`` this runtime cannot carry out: ``path`` (JSON path),
-    ``capability`` (``data_uri_scheme``, ``data_uri`` or ``eval``) and ``reason``."""
+def unsupported_parts(manifest: Manifest, pipeline_stages: int = 1) -> list[dict[str, str]]:
+    """Every part of ``manifest`` this runtime cannot carry out on a layout with
+    ``pipeline_stages`` pipeline stages: ``path`` (JSON path), ``capability``
+    (``data_uri_scheme``, ``data_uri``, ``eval`` or ``eval_layout``) and ``reason``."""
     found: list[dict[str, str]] = []
     # Data preparation reads every data reference of the manifest, whatever uses it.
     for i, ref in enumerate(manifest.data):
@@ -74,12 +88,21 @@ def unsupported_parts(manifest: Manifest) -> list[dict[str, str]]:
                         f"{', '.join(sorted(MEASURABLE_EVALS))}); the gate would always fail",
                     }
                 )
+            elif spec.eval in ITEM_EVALS and pipeline_stages > 1:
+                found.append(
+                    {
+                        "path": f"$.eval_batteries.{stage.battery}[{j}].eval",
+                        "capability": "eval_layout",
+                        "reason": f"{spec.eval!r} needs the whole model in each forward; the "
+                        f"planned layout splits it into {pipeline_stages} pipeline stages",
+                    }
+                )
     return found
 
 
-def check_runtime_support(manifest: Manifest) -> None:
+def check_runtime_support(manifest: Manifest, pipeline_stages: int = 1) -> None:
     """Refuse with ``capability_unavailable`` listing :func:`unsupported_parts`, if any."""
-    found = unsupported_parts(manifest)
+    found = unsupported_parts(manifest, pipeline_stages)
     if found:
         raise ItoError(
             "capability_unavailable",

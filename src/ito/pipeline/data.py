@@ -25,12 +25,13 @@ import torch
 from tokenizers import Tokenizer
 
 from ito.core.manifest import DataRef
-from ito.pipeline.rows import read_rows
+from ito.pipeline.rows import Row, read_rows
 
 __all__ = [
     "HELDOUT_EVERY",
     "PackedData",
     "check_shard",
+    "read_data_rows",
     "read_documents",
     "seed_from",
     "split_heldout",
@@ -45,7 +46,12 @@ def seed_from(run_id: str) -> int:
 
 
 def read_documents(ref: DataRef, workdir: Path, provenance_sha256: str | None = None) -> list[str]:
-    """The documents of ``ref``: its prepared shard when data preparation wrote one — checked
+    """The documents of ``ref`` (:attr:`Row.text` of :func:`read_data_rows`)."""
+    return [row.text for row in read_data_rows(ref, workdir, provenance_sha256)]
+
+
+def read_data_rows(ref: DataRef, workdir: Path, provenance_sha256: str | None = None) -> list[Row]:
+    """The rows of ``ref``: its prepared shard when data preparation wrote one — checked
     against the provenance report bound to the run when ``provenance_sha256`` is given — else
     the raw file (checked against the manifest's digest)."""
     prepared = workdir / "prepared" / f"{ref.id}.jsonl"
@@ -62,7 +68,7 @@ def read_documents(ref: DataRef, workdir: Path, provenance_sha256: str | None = 
         raw = Path(unquote(uri.path)).read_bytes()
         if hashlib.sha256(raw).hexdigest() != ref.sha256:
             raise ValueError(f"data {ref.id!r}: the file's sha256 does not match the manifest")
-    return [row.text for row in read_rows(raw, ref.role, data_id=ref.id)]
+    return read_rows(raw, ref.role, data_id=ref.id)
 
 
 def check_shard(workdir: Path, data_id: str, raw: bytes, provenance_sha256: str) -> None:

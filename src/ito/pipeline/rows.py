@@ -17,9 +17,15 @@ sft        ``prompt``, ``completion``         ``prompt + completion``
 dpo        ``prompt``, ``chosen``,            ``prompt + chosen``, newline,
            ``rejected``                       ``prompt + rejected``
 rlvr       ``prompt``, ``answer``             ``prompt + answer``
-eval       ``prompt``, ``answer`` — or        ``prompt + answer`` — or ``text``
-           ``text``
+eval       ``prompt``, ``options``,           ``prompt + answer``
+           ``answer`` — or ``prompt``,
+           ``answer`` — or ``text``           — or ``text``
 ========== ================================== =============================================
+
+``options`` (multiple-choice eval items) is the one field that is not a string: a list of 2 to
+``MAX_OPTIONS`` strings, each an answer as it would follow the prompt, ``answer`` being exactly
+one of them (after normalisation). Its text is the prompt and the right answer, so
+decontamination looks for the item as a model would have seen it solved.
 
 A prompt is joined to its answer as it is: the separator, if any, is the data's (``"Q: …\\nA:"``
 then ``" 4"``). JSONL is split on ``\\n`` only — never ``str.splitlines``, which also splits on
@@ -39,6 +45,7 @@ from typing import Any, Literal
 from ito.core.errors import ItoError
 
 __all__ = [
+    "MAX_OPTIONS",
     "ROLE_SHAPES",
     "Row",
     "data_format",
@@ -54,10 +61,13 @@ ROLE_SHAPES: dict[str, tuple[tuple[str, ...], ...]] = {
     "sft": (("prompt", "completion"),),
     "dpo": (("prompt", "chosen", "rejected"),),
     "rlvr": (("prompt", "answer"),),
-    "eval": (("prompt", "answer"), ("text",)),
+    "eval": (("prompt", "answer", "options"), ("prompt", "answer"), ("text",)),
 }
-"""The field sets a row of each role may have. A row takes the first shape whose first field it
-holds (an eval row with a ``prompt`` is a prompt/answer item), else the first shape."""
+"""The field sets a row of each role may have. A row takes the first shape all of whose fields
+it holds; else the first whose first field it holds (an eval row with a ``prompt`` is an item,
+multiple-choice with ``options``), else the first shape."""
+MAX_OPTIONS = 26
+"""Options a multiple-choice item may have at most."""
 
 _PROMPTS = frozenset({"prompt"})
 _RESPONSES = frozenset({"completion", "chosen", "rejected", "answer"})
@@ -87,7 +97,9 @@ class Row:
 
     role: str
     fields: tuple[tuple[str, str], ...]
-    """(field, value) in the order of :data:`ROLE_SHAPES`."""
+    """(field, value) of its string fields, in the order of :data:`ROLE_SHAPES`."""
+    options: tuple[str, ...] = ()
+    """A multiple-choice eval item's options (one of them its ``answer``); else empty."""
 
     def get(self, name: str) -> str:
         for key, value in self.fields:
@@ -114,7 +126,9 @@ class Row:
     def is_blank(self) -> bool:
         """Whether any of its fields is empty or only whitespace (it contributes nothing
         whole: an SFT row with no completion trains no answer)."""
-        return any(not value.strip() for _, value in self.fields)
+        return any(not value.strip() for _, value in self.fields) or any(
+            not option.strip() for option in self.options
+        )
 
     def normalised(self) -> Row:
         """Each field normalised (:func:`normalise_text`): a prompt keeps one space at its end,
@@ -128,10 +142,14 @@ class Row:
                 )
                 for key, value in self.fields
             ),
+            tuple(normalise_text(option, keep_start=True) for option in self.options),
         )
 
-    def to_dict(self) -> dict[str, str]:
-        return dict(self.fields)
+    def to_dict(self) -> dict[str, str | list[str]]:
+        found: dict[str, str | list[str]] = dict(self.fields)
+        if self.options:
+            found["options"] = list(self.options)
+        return found
 
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, no ASCII escaping, one line."""
@@ -156,8 +174,12 @@ def row_from_mapping(value: object, role: str, *, data_id: str, where: dict[str,
     if not isinstance(value, Mapping):
         raise _invalid(data_id, where, "not_object", "not a JSON object")
     shapes = ROLE_SHAPES[role]
-    shape = next((s for s in shapes if value.get(s[0]) is not None), shapes[0])
+    shape = next(
+        (s for s in shapes if all(value.get(f) is not None for f in s)),
+        next((s for s in shapes if value.get(s[0]) is not None), shapes[0]),
+    )
     fields = []
+    options: tuple[str, ...] = ()
     for name in shape:
         field_value = value.get(name)
         if field_value is None:
@@ -169,10 +191,40 @@ def row_from_mapping(value: object, role: str, *, data_id: str, where: dict[str,
                 f"no {name!r} field (a {role} row holds {expected})",
                 field=name,
             )
+        if name == "options":
+            options = _options(field_value, data_id, where)
+            continue
         if not isinstance(field_value, str):
             raise _invalid(data_id, where, "wrong_type", f"{name!r} is not a string", field=name)
         fields.append((name, field_value))
-    return Row(role, tuple(fields))
+    row = Row(role, tuple(fields), options)
+    if options:
+        answer = normalise_text(row.get("answer"), keep_start=True)
+        if answer not in {normalise_text(o, keep_start=True) for o in options}:
+            raise _invalid(
+                data_id,
+                where,
+                "answer_not_an_option",
+                "'answer' is none of 'options'",
+                field="answer",
+            )
+    return row
+
+
+def _options(value: object, data_id: str, where: dict[str, int]) -> tuple[str, ...]:
+    if (
+        not isinstance(value, list | tuple)
+        or not 2 <= len(value) <= MAX_OPTIONS
+        or not all(isinstance(o, str) for o in value)
+    ):
+        raise _invalid(
+            data_id,
+            where,
+            "wrong_type",
+            f"'options' is not a list of 2 to {MAX_OPTIONS} strings",
+            field="options",
+        )
+    return tuple(value)
 
 
 def data_format(raw: bytes) -> DataFormat:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,9 +19,11 @@ import torch
 import torch.distributed as dist
 from tokenizers import Tokenizer
 
+from ito.core.errors import ItoError
 from ito.core.manifest import CurriculumStage, EvalSpec
 from ito.core.model_sizes import SIZES, ModelSize
 from ito.core.spikes import SpikeDetector
+from ito.pipeline.batteries import BATTERIES, EvalContext
 from ito.pipeline.checkpoint import (
     Checkpointer,
     checkpoint_location,
@@ -30,7 +32,7 @@ from ito.pipeline.checkpoint import (
     remove_uncommitted,
     restore_rng,
 )
-from ito.pipeline.data import PackedData, pack, read_documents, seed_from, split_heldout
+from ito.pipeline.data import PackedData, pack, read_data_rows, seed_from, split_heldout
 from ito.pipeline.events import EventWriter
 from ito.pipeline.layout import DEFAULT_MICRO_BATCH, EngineLayout, build_mesh, mesh_dims
 from ito.pipeline.model import (
@@ -46,6 +48,7 @@ from ito.pipeline.model import (
 from ito.pipeline.parallelize import clip_grad_norm, set_requires_all_reduce
 from ito.pipeline.pipeline_stages import PipelineRunner
 from ito.pipeline.replicas import ReplicaSync, local, to_local_tree
+from ito.pipeline.rows import Row
 from ito.pipeline.spec import RunSpec
 from ito.pipeline.storage_fs import proven_dir
 from ito.pipeline.tokenizer import TOKENIZER_FILE, build_tokenizer, load_tokenizer
@@ -59,8 +62,6 @@ PAUSE_S = 300.0
 """How long ``pause_at_step`` hangs the ranks (the drill kills them well before)."""
 REJOIN_HOLD_S = 300.0
 """Bound on a restarted replica group's wait under ``fail_at.rejoin_after_steps``."""
-MAX_EVAL_SEQUENCES = 64
-"""Held-out sequences an eval reads at most (the first ones, in file order)."""
 
 
 class LossSpike(Exception):
@@ -157,6 +158,11 @@ class Trainer:
         self.seed = seed_from(spec.run_id)
         self.refs = spec.manifest.data_by_id()
         self._splits: dict[str, tuple[list[str], list[str]]] = {}
+        self._rows: dict[str, list[Row]] = {}
+        self.initial: dict[str, float | None] = {}
+        """The untrained model's value of each eval of the run's batteries (keyed by
+        :func:`_initial_key`), measured before the first step and carried by every
+        checkpoint's trainer state: never measured again on a trained model."""
         self.tokenizer = self._tokenizer()
         self.plans = self._plans()
         self._report_mesh()
@@ -227,11 +233,18 @@ class Trainer:
         with proven_dir(storage) as root:
             return load_tokenizer(root.handle)
 
+    def _data_rows(self, data_id: str) -> list[Row]:
+        if data_id not in self._rows:
+            ref = self.refs[data_id]
+            self._rows[data_id] = read_data_rows(
+                ref, self.spec.workdir, self.spec.provenance_sha256
+            )
+        return self._rows[data_id]
+
     def _split(self, data_id: str) -> tuple[list[str], list[str]]:
         if data_id not in self._splits:
-            ref = self.refs[data_id]
-            docs = read_documents(ref, self.spec.workdir, self.spec.provenance_sha256)
-            self._splits[data_id] = split_heldout(docs, ref.role)
+            docs = [row.text for row in self._data_rows(data_id)]
+            self._splits[data_id] = split_heldout(docs, self.refs[data_id].role)
         return self._splits[data_id]
 
     def _plans(self) -> list[StagePlan]:
@@ -311,6 +324,8 @@ class Trainer:
                     f"approved restart: skipping "
                     f"{self.spec.restart_from.skip_steps} batch(es) of data",
                 )
+        else:
+            self._measure_initial()
         self.fault_armed = self._fault_armed(resumed_step)
         self.pause_armed = (
             self.spec.pause_at_step is not None
@@ -397,6 +412,8 @@ class Trainer:
         healing peer's); sets the data offset it carries."""
         stages: list[str] = [p.config.stage for p in self.plans]
         self.data_offset = int(str(state.get("data_offset", 0)))
+        initial = state.get("initial")
+        self.initial = dict(initial) if isinstance(initial, dict) else {}
         return (
             stages.index(str(state["stage"])),
             int(str(state["stage_step"])),
@@ -572,6 +589,12 @@ class Trainer:
             for spec in self.spec.manifest.eval_batteries[config.battery]
         ]
         self.checkpointer.finish()
+        self.events.emit(
+            "metric",
+            stage=name,
+            step=plan.first_step + plan.steps,
+            values={_metric_name(r["eval"], r["data"]): r["value"] for r in results},
+        )
         passed = all(bool(r["passed"]) for r in results)
         self.events.emit("gate", stage=name, battery=config.battery, results=results, passed=passed)
         if passed:
@@ -593,6 +616,7 @@ class Trainer:
             "tokens_seen": tokens_seen,
             "scheduler": scheduler.state_dict(),
             "data_offset": self.data_offset,
+            "initial": dict(self.initial),
         }
         if self.replica is not None:
             state["spike_window"] = self.detector.history()
@@ -770,65 +794,88 @@ class Trainer:
 
     # ---- evals --------------------------------------------------------------------------------
 
+    def _eval_context(self) -> EvalContext:
+        return EvalContext(
+            model=self.model,
+            tokenizer=self.tokenizer,
+            device=self.device,
+            dp_rank=self.group_dp_rank,
+            dp_world=self.layout.dp,
+            # A pipeline's schedule splits each batch into its micro-batches.
+            micro_batch=(
+                self.layout.sequences_per_rank if self.pipeline else self.layout.micro_batch
+            ),
+            heldout=lambda data_id: self._split(data_id)[1],
+            rows=self._data_rows,
+            pipeline=self.pipeline,
+        )
+
+    def _measure_initial(self) -> None:
+        """Every eval of the run's stages on the untrained model, before the first step (a
+        battery the layout cannot run, or eval data without items, is refused here, before
+        any training)."""
+        specs = [
+            (plan.config.seq_len, spec)
+            for plan in self.plans
+            for spec in self.spec.manifest.eval_batteries[plan.config.battery]
+        ]
+        if self.pipeline is not None:
+            items = sorted({s.eval for _, s in specs if BATTERIES[s.eval].items})
+            if items:
+                raise ItoError(
+                    "capability_unavailable",
+                    f"{', '.join(items)} cannot be measured under pipeline parallelism",
+                )
+        ctx = self._eval_context()
+        values: dict[str, float | None] = {}
+        for seq_len, spec in specs:
+            key = _initial_key(spec, seq_len)
+            if key not in self.initial:
+                value = BATTERIES[spec.eval].measure(ctx, spec.data, seq_len)
+                self.initial[key] = value if math.isfinite(value) else None
+                values.setdefault(_metric_name(spec.eval, spec.data), self.initial[key])
+        if not values:
+            return
+        first = self.plans[0]
+        self.events.emit("metric", stage=first.config.stage, step=first.first_step, values=values)
+        shown = [f"{k.removeprefix('eval/')} {v:.4g}" for k, v in values.items() if v is not None]
+        self.events.log("info", "untrained model at step 0: " + ", ".join(shown))
+
     def _evaluate(self, spec: EvalSpec, seq_len: int) -> dict[str, object]:
-        threshold = spec.max if spec.max is not None else spec.min
+        battery = BATTERIES.get(spec.eval)
+        initial = self.initial.get(_initial_key(spec, seq_len))
         result: dict[str, object] = {
             "eval": spec.eval,
             "data": spec.data,
             "value": None,
-            "threshold": threshold,
+            "initial": initial,
+            "threshold": spec.threshold(initial),
+            "rule": spec.describe(),
             "passed": False,
         }
-        if spec.eval not in ("heldout_loss", "perplexity"):
+        if battery is None or (battery.items and self.pipeline is not None):
             # Fail closed: a gate the engine cannot measure does not pass.
             self.events.log(
-                "error",
-                f"eval {spec.eval!r} is not available in the pretrain engine; the gate fails",
+                "error", f"eval {spec.eval!r} cannot be measured on this layout; the gate fails"
             )
             return result
-        loss = self._heldout_loss(spec.data, seq_len)
-        value = loss if spec.eval == "heldout_loss" else math.exp(min(loss, 700.0))
-        result["value"] = value
-        result["passed"] = math.isfinite(value) and spec.max is not None and value <= spec.max
+        if spec.relative and initial is None:
+            self.events.log(
+                "error",
+                f"no step-0 value of {spec.eval}({spec.data}) in the trainer state; the gate "
+                "relative to it fails",
+            )
+        value = battery.measure(self._eval_context(), spec.data, seq_len)
+        result["value"] = value if math.isfinite(value) else None
+        result["passed"] = spec.passes(value, initial)
         return result
 
-    def _heldout_loss(self, data_id: str, seq_len: int) -> float:
-        docs = self._split(data_id)[1]
-        total_tokens = sum(len(e.ids) + 1 for e in self.tokenizer.encode_batch(docs))
-        sequences = pack(self.tokenizer, docs, min(seq_len, total_tokens))
-        sequences = sequences[:MAX_EVAL_SEQUENCES]
-        sums = torch.zeros(2, dtype=torch.float64)
-        self.model.train(False)
-        with torch.no_grad():
-            for batch, weight in self._eval_batches(sequences):
-                tokens = batch.to(self.device)
-                if self.pipeline is not None:
-                    per_token = self.pipeline.token_losses(tokens)
-                    if per_token is None:
-                        continue  # not the last stage: the loss is counted there
-                else:
-                    # The chunked loss (ito.pipeline.loss): one chunk of fp32 logits at a time.
-                    per_token = self.model(
-                        input_ids=tokens, labels=tokens, loss_reduction="none"
-                    ).loss
-                per_seq = per_token.sum(dim=1).cpu().double()
-                sums[0] += (per_seq * weight).sum()
-                sums[1] += weight.sum() * (batch.shape[1] - 1)
-        self.model.train()
-        sums = sums.to(self.device)
-        dist.all_reduce(sums)
-        return float(sums[0] / sums[1])
 
-    def _eval_batches(self, sequences: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Data-parallel rank ``r`` of ``dp`` reads sequences ``r, r+dp, …`` (its
-        tensor-parallel peers read the same); every rank runs the same number of forwards
-        (FSDP2 gathers in each), padding with weight-zero repeats."""
-        n = len(sequences)
-        rank, world = self.group_dp_rank, self.layout.dp
-        # A pipeline's schedule splits each batch into its micro-batches.
-        size = self.layout.sequences_per_rank if self.pipeline else self.layout.micro_batch
-        per_rank = -(-n // world)
-        for b in range(-(-per_rank // size)):
-            index = [rank + world * (b * size + j) for j in range(size)]
-            weight = torch.tensor([1.0 if i < n else 0.0 for i in index], dtype=torch.float64)
-            yield sequences[[i if i < n else 0 for i in index]], weight
+def _initial_key(spec: EvalSpec, seq_len: int) -> str:
+    """Loss evals depend on the sequence length they pack into; item evals do not."""
+    return f"{spec.eval}:{spec.data}" + ("" if BATTERIES[spec.eval].items else f":{seq_len}")
+
+
+def _metric_name(eval_name: object, data_id: object) -> str:
+    """``eval/<eval>/<data>`` (cut to the 64 characters a metric name may have)."""
+    return f"eval/{eval_name}/{data_id}"[:64]

@@ -12,6 +12,7 @@ from ito.core.manifest import MANIFEST_MAX_BYTES
 from ito.core.responses import Envelope
 from ito.core.run_views import (
     CheckpointList,
+    GateList,
     LogPage,
     MetricPage,
     ProvenanceView,
@@ -23,6 +24,7 @@ from ito.core.run_views import (
 )
 from ito.server.routers.deps import Requester, State, decode_manifest_b64
 from ito.server.routers.route import OneHopRoute
+from ito.server.services.gates import gates_of
 from ito.server.services.lifecycle import (
     apply_run_action,
     checkpoint_dict,
@@ -210,6 +212,14 @@ def runs_provenance(run_id: str, caller: Requester, state: State) -> dict[str, A
     with state.db.read() as session:
         data = provenance_of(session, caller.account_id, run_id)
     return ok_envelope(data, f"data-preparation report {data['sha256']}")
+
+
+@router.get("/{run_id}/gates", response_model=Envelope[GateList])
+def runs_gates(run_id: str, caller: Requester, state: State) -> dict[str, Any]:
+    with state.db.read() as session:
+        data = gates_of(session, caller.account_id, run_id)
+    failed = sum(not g["passed"] for g in data["gates"])
+    return ok_envelope(data, f"{len(data['gates'])} gate record(s), {failed} failed")
 
 
 @router.get("/{run_id}/checkpoints", response_model=Envelope[CheckpointList])
