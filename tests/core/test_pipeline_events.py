@@ -72,6 +72,8 @@ WRITTEN: list[tuple[str, dict[str, Any], type]] = [
                     "value": 3.1,
                     "threshold": 3.0,
                     "passed": False,
+                    "initial": 6.0,
+                    "rule": "heldout_loss(web) ≤ 0.5 × step 0",
                 },
                 {
                     "eval": "exact_match",
@@ -79,6 +81,8 @@ WRITTEN: list[tuple[str, dict[str, Any], type]] = [
                     "value": None,
                     "threshold": 0.5,
                     "passed": False,
+                    "initial": None,
+                    "rule": "exact_match(arith) ≥ 0.5",
                 },
             ],
         },

@@ -92,3 +92,10 @@ def test_post_training_batteries_gate_nothing_while_post_training_is_not_run() -
     assert doc["post_training"]["sft"]["battery"] == "arith"
     assert doc["eval_batteries"]["arith"][0]["eval"] == "exact_match"
     assert _paths(doc) == []
+
+
+def test_custom_data_and_its_ladder_are_refused_until_the_ladder_job_is_built() -> None:
+    doc = _doc()
+    doc["data"][0]["custom"] = True
+    doc["ladder"]["enabled"] = True
+    assert _paths(doc) == [("$.ladder.enabled", "ladder")]

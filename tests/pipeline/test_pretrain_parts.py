@@ -180,21 +180,22 @@ def test_schedule_warms_up_linearly_then_decays_to_a_tenth() -> None:
     assert all(x >= y for x, y in itertools.pairwise(values))
 
 
-def test_midtrain_anneals_linearly_to_zero_from_where_it_starts() -> None:
-    values = [anneal_factor(s, 50, MIN_LR_RATIO) for s in range(51)]
-    assert values[0] == pytest.approx(MIN_LR_RATIO) and values[-1] == 0.0
-    steps = [x - y for x, y in itertools.pairwise(values)]
-    assert all(d == pytest.approx(MIN_LR_RATIO / 50) for d in steps)
-    # The scheduler the engine builds for it follows the same line, from the peak's fraction.
+def test_midtrain_warms_up_then_anneals_linearly_to_zero() -> None:
+    values = [anneal_factor(s, 100) for s in range(101)]
+    assert values[0] == pytest.approx(0.1) and values[9] == pytest.approx(1.0)
+    assert values[10] == pytest.approx(1.0) and values[100] == 0.0
+    steps = [x - y for x, y in itertools.pairwise(values[10:])]
+    assert all(d == pytest.approx(1 / 90) for d in steps)
+    # The scheduler the engine builds for the stage follows the same line.
     param = torch.nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.SGD([param], lr=2.0)
-    scheduler = build_scheduler(optimizer, 10, anneal_from=0.5)
+    scheduler = build_scheduler(optimizer, 20, anneal=True)
     rates = []
-    for _ in range(10):
+    for _ in range(20):
         rates.append(optimizer.param_groups[0]["lr"])
         optimizer.step()
         scheduler.step()
-    assert rates == pytest.approx([1.0 * (1 - k / 10) for k in range(10)])
+    assert rates == pytest.approx([2.0 * anneal_factor(k, 20) for k in range(20)])
 
 
 def test_a_scaled_rope_base_is_the_model_built_with_that_base() -> None:

@@ -1,11 +1,12 @@
 """What this runtime can do of what a valid manifest asks (DESIGN §5.8 gate 5, §7.4, §7.5).
 
 The manifest schema (v1) is designed for the stages to come, so it accepts more than the runtime
-does today: data at ``s3://``, ``gs://`` or ``https://`` URIs, and evals on data or layouts it
-cannot measure them with. A run asking for either would be created, charged for, and fail after
-its confirmation is spent — so :func:`check_runtime_support` refuses it at plan, confirm and
-create alike (``capability_unavailable``, with the JSON path of every unsupported part), before
-anything is created or consumed.
+does today: data at ``s3://``, ``gs://`` or ``https://`` URIs, evals on data or layouts it
+cannot measure them with, and the ladder decision job (so custom data, which needs it). A run
+asking for any of them would be created, charged for, and fail after its confirmation is spent
+— so :func:`check_runtime_support` refuses it at plan, confirm and create alike
+(``capability_unavailable``, with the JSON path of every unsupported part), before anything is
+created or consumed.
 
 What is checked of an eval here is what the manifest says: that the engine has the battery
 (:mod:`ito.pipeline.batteries`) and that the planned layout can run it. Generation
@@ -47,8 +48,20 @@ and not under pipeline parallelism."""
 def unsupported_parts(manifest: Manifest, pipeline_stages: int = 1) -> list[dict[str, str]]:
     """Every part of ``manifest`` this runtime cannot carry out on a layout with
     ``pipeline_stages`` pipeline stages: ``path`` (JSON path), ``capability``
-    (``data_uri_scheme``, ``data_uri``, ``eval`` or ``eval_layout``) and ``reason``."""
+    (``data_uri_scheme``, ``data_uri``, ``eval``, ``eval_layout`` or ``ladder``) and
+    ``reason``."""
     found: list[dict[str, str]] = []
+    # The ladder decision job (DESIGN §7.4) is not built yet: a run asking for it would be
+    # charged for a stage that never runs, and its custom data would train unchecked.
+    if manifest.ladder.enabled:
+        found.append(
+            {
+                "path": "$.ladder.enabled",
+                "capability": "ladder",
+                "reason": "the ladder decision job that checks custom data is not built in "
+                "this runtime version",
+            }
+        )
     # Data preparation reads every data reference of the manifest, whatever uses it.
     for i, ref in enumerate(manifest.data):
         parts = urlsplit(ref.uri)

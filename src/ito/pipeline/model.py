@@ -138,12 +138,16 @@ def build_optimizer(model: torch.nn.Module, size_name: str) -> torch.optim.AdamW
     )
 
 
-def anneal_factor(step: int, total_steps: int, start: float) -> float:
-    """Linear decay from ``start`` (of the peak) to zero over the stage, no warmup: the
-    ``midtrain`` stage's annealing (Llama 3 §3.4.3 anneals the learning rate linearly to 0 on
-    its high-quality mix; OLMo 2 mid-trains from where pre-training left the rate).
-    ``step`` is the number of optimizer steps already taken in the stage."""
-    return start * max(0.0, 1.0 - step / max(1, total_steps))
+def anneal_factor(step: int, total_steps: int) -> float:
+    """The ``midtrain`` stage's schedule: the same linear warmup to the peak, then a linear
+    anneal to zero over the rest of the stage — the decay phase of a warmup-stable-decay
+    schedule (Hu et al. 2024, MiniCPM) on the stage's own mix, annealed to zero as Llama 3
+    anneals its final high-quality data (§3.4.3). ``step`` is the number of optimizer steps
+    already taken in the stage (LambdaLR's convention)."""
+    warmup = max(1, int(total_steps * WARMUP_FRACTION))
+    if step < warmup:
+        return (step + 1) / warmup
+    return max(0.0, 1.0 - (step - warmup) / max(1, total_steps - warmup))
 
 
 def lr_factor(step: int, total_steps: int) -> float:
@@ -157,17 +161,15 @@ def lr_factor(step: int, total_steps: int) -> float:
 
 
 def build_scheduler(
-    optimizer: torch.optim.Optimizer, total_steps: int, anneal_from: float | None = None
+    optimizer: torch.optim.Optimizer, total_steps: int, *, anneal: bool = False
 ) -> LambdaLR:
     """The stage's schedule: warmup then cosine (each stage restarts its own warmup from the
-    peak rate, not from where the last stage decayed to); with ``anneal_from``, a linear
-    anneal from that fraction of the peak to zero (:func:`anneal_factor`)."""
+    peak rate, not from where the last stage decayed to); with ``anneal``, warmup then a
+    linear anneal to zero (:func:`anneal_factor`)."""
     for group in optimizer.param_groups:
         group["lr"] = group.setdefault("initial_lr", group["lr"])
-    if anneal_from is not None:
-        start = anneal_from
-        return LambdaLR(optimizer, lambda step: anneal_factor(step, total_steps, start))
-    return LambdaLR(optimizer, lambda step: lr_factor(step, total_steps))
+    factor = anneal_factor if anneal else lr_factor
+    return LambdaLR(optimizer, lambda step: factor(step, total_steps))
 
 
 def set_rope_base(model: torch.nn.Module, base: float) -> int:

@@ -36,7 +36,6 @@ from ito.pipeline.data import PackedData, pack, read_data_rows, seed_from, split
 from ito.pipeline.events import EventWriter
 from ito.pipeline.layout import DEFAULT_MICRO_BATCH, EngineLayout, build_mesh, mesh_dims
 from ito.pipeline.model import (
-    MIN_LR_RATIO,
     build_model,
     build_optimizer,
     build_scheduler,
@@ -475,11 +474,8 @@ class Trainer:
         config = plan.config
         name = config.stage
         data = PackedData(self._packed(config.data, config.seq_len), self.seed, plan.index)
-        # Midtrain anneals linearly to zero from where the stage before it left the rate.
-        anneal_from = None
-        if name == "midtrain":
-            anneal_from = MIN_LR_RATIO if plan.index > 0 else 1.0
-        scheduler = build_scheduler(self.optimizer, plan.steps, anneal_from)
+        # Midtrain anneals its own mix linearly to zero (after the warmup every stage has).
+        scheduler = build_scheduler(self.optimizer, plan.steps, anneal=name == "midtrain")
         base = rope_base(llama_config(self.size)) * config.rope_base_scale
         set_rope_base(self.model, base)
         if config.rope_base_scale != 1.0 and resume is None:

@@ -34,6 +34,9 @@ class Budgets:
     rlvr_tokens: int
     web_docs: int
     every_steps: int
+    gate_ratio: float
+    """Each curriculum stage's gate: its held-out loss at most this × the untrained model's
+    (measured at step 0), so an untrained or broken model fails it."""
 
 
 RECIPES: dict[str, Budgets] = {
@@ -46,6 +49,7 @@ RECIPES: dict[str, Budgets] = {
         rlvr_tokens=40_000,
         web_docs=3000,
         every_steps=50,
+        gate_ratio=0.5,
     ),
     "test": Budgets(
         pretrain_tokens=20_000,
@@ -56,6 +60,7 @@ RECIPES: dict[str, Budgets] = {
         rlvr_tokens=4_000,
         web_docs=300,
         every_steps=10,
+        gate_ratio=0.95,
     ),
 }
 
@@ -247,7 +252,7 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
                 "data": ["web", "arith-mid"],
                 "tokens": budgets.midtrain_tokens,
                 "seq_len": 128,
-                "battery": "core",
+                "battery": "mid",
             },
             {
                 "stage": "long_context",
@@ -289,7 +294,11 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
             },
         },
         "eval_batteries": {
-            "core": [{"eval": "heldout_loss", "data": "web", "max": 8.0}],
+            "core": [{"eval": "heldout_loss", "data": "web", "max_ratio": budgets.gate_ratio}],
+            "mid": [
+                {"eval": "heldout_loss", "data": "web", "max_ratio": budgets.gate_ratio},
+                {"eval": "heldout_loss", "data": "arith-mid", "max_ratio": budgets.gate_ratio},
+            ],
             "arith": [{"eval": "exact_match", "data": "arith-heldout", "min": 0.0}],
         },
         "ladder": {"enabled": False, "proxy_size": "tiny", "tokens": 10_000, "margin": 0.01},
