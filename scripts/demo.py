@@ -203,7 +203,10 @@ def main() -> None:
         )
         assert replay["run_id"] == created["run_id"]
 
-        step("6. The in-process worker trains it: data prep, pretrain, long context, gates")
+        step(
+            "6. The in-process worker trains it: data prep, pretrain, midtrain, long context, "
+            "each behind its gate"
+        )
         print(f"$ ito runs watch {created['run_id']}", flush=True)
         subprocess.run(
             [str(BIN / "ito"), "runs", "watch", created["run_id"], "--interval", "1"],
@@ -214,6 +217,14 @@ def main() -> None:
         for event in status["events"]:
             if event["kind"] in ("state", "stage", "gate"):
                 print(f"    {event['at'][11:19]} {event['kind']:<6} {event['message']}")
+        gates = run(["ito", "runs", "gates", created["run_id"]], agent, show=False)["gates"]
+        for g in gates:
+            initial = f" (step 0: {g['initial']:.3f})" if g.get("initial") is not None else ""
+            value = "—" if g["value"] is None else f"{g['value']:.3f}"
+            verdict = "passed" if g["passed"] else "FAILED"
+            print(f"    gate {g['stage']:<12} {g['rule']}: {value}{initial} {verdict}")
+        provenance = run(["ito", "runs", "provenance", created["run_id"]], agent, show=False)
+        print(f"    data-preparation report bound: {provenance['sha256']}")
         losses = run(
             ["ito", "runs", "metrics", created["run_id"], "--name", "loss"], agent, show=False
         )["points"]

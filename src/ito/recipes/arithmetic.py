@@ -249,7 +249,7 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
             },
             {
                 "stage": "midtrain",
-                "data": ["web", "arith-mid"],
+                "data": ["arith-mid"],
                 "tokens": budgets.midtrain_tokens,
                 "seq_len": 128,
                 "battery": "mid",
