@@ -60,10 +60,11 @@ def _read(path: str) -> SecureRead:
 
 @app.command()
 def capabilities() -> None:
-    """The static capability contract (no credentials, no network)."""
+    """The capability contract, derived from the commands this client registers (no
+    credentials, no network)."""
     Output.finish(
         ok_envelope(
-            capability_contract(),
+            capability_contract(app),
             "capabilities of this client; nothing was sent",
             live_api_contacted=False,
         )
