@@ -2,9 +2,11 @@
 MFU, per run and per booking — computed from what runs reported, never estimated.
 
 * goodput = productive training seconds that survived into the final state ÷ wall seconds the
-  run held the booking, outages included (from a dead attempt's last heartbeat to the next
-  lease). A step counts once, with the duration of its latest attempt: steps
-  recomputed after a failure (work lost since the last commit) are not productive.
+  run held the booking, from each lease to its attempt's finish, outages included (from a dead
+  attempt's last heartbeat to the next lease). Never clamped: productive time is measured inside
+  the time held, so a figure above 1 is an accounting bug to fix, not to hide. A step counts
+  once, with the duration of its latest attempt: steps recomputed after a failure (work lost
+  since the last commit) are not productive.
 * interruption rate = interruptions (expired leases) ÷ node-hours held.
 * checkpoint bandwidth = bytes committed ÷ seconds spent writing them.
 """
@@ -83,7 +85,7 @@ def _ratios(raw: _Raw) -> dict[str, Any]:
     return {
         "wall_seconds_held": round(raw.busy, 3),
         "productive_seconds": round(raw.productive, 3),
-        "goodput": round(min(raw.productive / raw.busy, 1.0), 4) if raw.busy > 0 else None,
+        "goodput": round(raw.productive / raw.busy, 4) if raw.busy > 0 else None,
         "interruptions": raw.interruptions,
         "interruption_rate_per_node_hour": round(raw.interruptions / raw.node_hours, 4)
         if raw.node_hours > 0
