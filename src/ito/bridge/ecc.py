@@ -44,7 +44,7 @@ from ito.bridge.environment import child_environment, probe_environment
 from ito.bridge.executable import resolve_client
 from ito.bridge.process import Outcome, run_bounded
 from ito.core.envelope import error_envelope
-from ito.core.errors import ItoError
+from ito.core.errors import ErrorCode, ItoError
 from ito.core.secret_scan import scan_text
 
 __all__ = ["TRAINING_VERBS", "VERBS", "Verb", "main", "run"]
@@ -287,6 +287,7 @@ def _forward(client: str, environ: Mapping[str, str], request: Request, timeout:
 
 def _stopped(outcome: Outcome, request: Request, timeout: float) -> int:
     """The client timed out, overflowed or died: nothing of its output is trusted."""
+    code: ErrorCode
     if outcome.timed_out:
         code, what = "transport_timeout", f"did not finish within {timeout:g} s and was stopped"
     elif outcome.overflowed:
