@@ -108,7 +108,9 @@ Usage:
   ecc ito runs list | show R | logs R | metrics R | checkpoints R | provenance R | watch R
       | cancel R | cleanup R
   ecc ito telemetry --booking B | --run R
-  ecc ito find | evals              ito-compute verbs; this runtime answers capability_unavailable
+  ecc ito find [--gpu G --count N …]   RFQ search and node qualification belong to
+  ecc ito evals [--cluster C …]        ito-compute: their options are accepted, and this
+                                       runtime answers capability_unavailable, contacting nothing
   ecc ito <verb> ... --json         the JSON envelope (--json at most once)
 
 The bridge invokes the separately installed canonical Itô client and returns its real stdout,
