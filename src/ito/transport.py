@@ -41,7 +41,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ito import __version__
-from ito.core.errors import REGISTRY, ItoError
+from ito.core.errors import REGISTRY, ErrorCode, ItoError
 
 if TYPE_CHECKING:
     import httpx
@@ -72,7 +72,9 @@ class TransportFailure(ItoError):
     """No usable answer came back. ``live_api_contacted`` says whether a byte may have reached
     the API (true after any ambiguous failure)."""
 
-    def __init__(self, code: str, message: str | None = None, *, live_api_contacted: bool) -> None:
+    def __init__(
+        self, code: ErrorCode, message: str | None = None, *, live_api_contacted: bool
+    ) -> None:
         super().__init__(code, message)
         self.live_api_contacted = live_api_contacted
 
@@ -293,12 +295,12 @@ class _Call:
 
     def no_answer(self, message: str) -> TransportFailure:
         """The request may have left and no answer came back."""
-        code = "transport_ambiguous" if self.mutation else "transport_timeout"
+        code: ErrorCode = "transport_ambiguous" if self.mutation else "transport_timeout"
         return TransportFailure(code, None if self.mutation else message, live_api_contacted=True)
 
     def bad_answer(self, message: str) -> TransportFailure:
         """Something answered, but not with an envelope this side can read."""
-        code = "transport_ambiguous" if self.mutation else "transport_bad_response"
+        code: ErrorCode = "transport_ambiguous" if self.mutation else "transport_bad_response"
         return TransportFailure(code, message, live_api_contacted=True)
 
 

@@ -307,7 +307,8 @@ def test_help_anywhere_prints_help_and_spawns_nothing(tmp_path: Path, args: list
         "train",
         "runs",
         "telemetry",
-        "find | evals",
+        "find [--gpu G --count N …]",
+        "evals [--cluster C …]",
     ]:
         assert f"ecc ito {verb}" in result.stdout
     assert "ecc ito approve" not in result.stdout and "ecc ito reject" not in result.stdout

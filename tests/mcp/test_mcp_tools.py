@@ -21,6 +21,8 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from ito.client.operations import Operations
+from ito.core.api_requests import ConfirmationRequest, RunActionBody, RunCreateBody
+from ito.mcp.server import TOOLS, run_tool
 from tests.support import BIN, Tenant
 
 ITO_MCP = str(BIN / "ito-mcp")
@@ -36,13 +38,9 @@ EXPECTED_TOOLS = {
     "ito_checkpoints",
     "ito_cancel",
     "ito_cleanup",
-}
-LIFECYCLE = {
-    "ito_logs": "logs",
-    "ito_metrics": "metrics",
-    "ito_checkpoints": "checkpoints",
-    "ito_cancel": "cancel",
-    "ito_cleanup": "cleanup",
+    "ito_restart",
+    "ito_telemetry",
+    "ito_bookings",
 }
 _T = TypeVar("_T")
 
@@ -169,32 +167,50 @@ def test_tool_list_is_exactly_the_design_set_and_offers_no_approval(silent_api: 
     assert not contacted()
 
 
-def test_lifecycle_tools_without_a_client_operation_are_capability_unavailable_and_send_nothing(
-    silent_api: SilentApi,
+def test_a_tool_whose_operation_the_client_lacks_is_capability_unavailable(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    env, contacted = silent_api
-    arguments = {
-        "ito_logs": {"run": "run_x"},
-        "ito_metrics": {"run": "run_x"},
-        "ito_checkpoints": {"run": "run_x"},
-        "ito_cancel": {"run": "run_x", "confirmation_ref": "c", "idempotency_key": "k"},
-        "ito_cleanup": {"run": "run_x", "confirmation_ref": "c", "idempotency_key": "k"},
+    monkeypatch.delattr(Operations, "restart")
+    envelope = asyncio.run(
+        run_tool(
+            "ito_restart",
+            {"run": "run_" + "a" * 24, "confirmation_ref": "cfr_1", "idempotency_key": "k"},
+        )
+    )
+    assert envelope["ok"] is False and envelope["error"]["code"] == "capability_unavailable"
+    assert envelope["live_api_contacted"] is False
+
+
+def test_every_tool_calls_an_operation_the_client_has() -> None:
+    assert all(callable(getattr(Operations, spec.operation, None)) for spec in TOOLS)
+
+
+def test_input_schemas_take_their_bounds_from_the_api_request_models() -> None:
+    schemas = {spec.name: spec.input_schema() for spec in TOOLS}
+    api = {
+        model.__name__: model.model_json_schema()["properties"]
+        for model in (ConfirmationRequest, RunActionBody, RunCreateBody)
     }
 
-    async def script(mcp: Mcp) -> dict[str, Call]:
-        return {name: await mcp.call(name, **args) for name, args in arguments.items()}
+    def bounds(prop: dict[str, Any]) -> dict[str, Any]:
+        variants = [v for v in prop.get("anyOf", [prop]) if v != {"type": "null"}]
+        (only,) = variants
+        return {k: v for k, v in only.items() if k not in ("title", "description", "default")}
 
-    results = with_mcp(env, script)
-    missing = {tool for tool, op in LIFECYCLE.items() if not hasattr(Operations, op)}
-    for tool, result in results.items():
-        if tool in missing:
-            assert result.code == "capability_unavailable", result.envelope
-            assert result.envelope["live_api_contacted"] is False
-        else:
-            # The runtime added the operation: the tool is live now and no longer refuses.
-            assert result.code != "capability_unavailable"
-    if missing == set(LIFECYCLE):
-        assert not contacted()
+    def own(prop: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in prop.items() if k != "description"}
+
+    for tool in ("ito_cancel", "ito_cleanup", "ito_restart"):
+        for field in ("confirmation_ref", "idempotency_key"):
+            got = own(schemas[tool]["properties"][field])
+            assert got == bounds(api["RunActionBody"][field]), (tool, field)
+    train = schemas["ito_train"]["properties"]
+    assert own(train["booking"]) == bounds(api["RunCreateBody"]["booking_id"])
+    assert own(train["confirmation_ref"]) == bounds(api["RunCreateBody"]["confirmation_ref"])
+    confirm = schemas["ito_confirm"]["properties"]
+    api_confirm = api["ConfirmationRequest"]
+    assert own(confirm["checkpoint"]) == bounds(api_confirm["checkpoint_step"])
+    assert own(confirm["ttl_seconds"]) == bounds(api_confirm["ttl_seconds"])
 
 
 def test_arguments_outside_the_schema_are_refused_before_anything_is_sent(
@@ -211,6 +227,10 @@ def test_arguments_outside_the_schema_are_refused_before_anything_is_sent(
             await mcp.call("ito_plan", booking="b"),
             await mcp.call("ito_confirm", action="approve", run="run_x"),
             await mcp.call("ito_approve", ref="c"),
+            await mcp.call("ito_bookings", eligibility="yes"),
+            await mcp.call("ito_logs", run="run_x", since="3"),
+            await mcp.call("ito_restart", run="run_x", confirmation_ref="", idempotency_key="k"),
+            await mcp.call("ito_confirm", action="restart", run="run_x", checkpoint=-1),
         ]
 
     for result in with_mcp(env, script):
@@ -263,6 +283,38 @@ def test_auth_and_status_with_the_environment_key(tenant: Tenant) -> None:
     assert auth.envelope["ok"] and auth.envelope["live_api_contacted"] is True
     assert auth.data["account_id"] == tenant.account_id
     assert status.envelope["ok"]
+
+
+@pytest.mark.slow
+def test_bookings_telemetry_and_restart_tools_reach_the_api(tenant: Tenant) -> None:
+    run_id = tenant.train(tenant.manifest(), "mcp-restart-k")
+
+    async def script(mcp: Mcp) -> dict[str, Call]:
+        return {
+            "bookings": await mcp.call("ito_bookings"),
+            "one": await mcp.call("ito_bookings", booking=tenant.booking_id),
+            "eligibility": await mcp.call(
+                "ito_bookings", booking=tenant.booking_id, eligibility=True
+            ),
+            "telemetry": await mcp.call("ito_telemetry", run=run_id),
+            "booking_telemetry": await mcp.call("ito_telemetry", booking=tenant.booking_id),
+            "restart": await mcp.call(
+                "ito_restart",
+                run=run_id,
+                confirmation_ref="cfr_" + "a" * 24,
+                idempotency_key="mcp-restart-1",
+            ),
+        }
+
+    out = with_mcp(tenant_env(tenant, tenant.requester_key), script)
+    assert [b["booking_id"] for b in out["bookings"].data["bookings"]] == [tenant.booking_id]
+    assert out["one"].data["booking_id"] == tenant.booking_id
+    assert out["eligibility"].data["booking_id"] == tenant.booking_id
+    assert out["telemetry"].data["run_id"] == run_id
+    assert out["booking_telemetry"].data["booking_id"] == tenant.booking_id
+    # A restart without an approved restart confirmation is the server's refusal, not the tool's.
+    assert out["restart"].envelope["live_api_contacted"] is True
+    assert out["restart"].code == "confirmation_not_found"
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from ito.core.errors import REGISTRY
+from ito.core.errors import REGISTRY, ErrorCode
 from tests.support import ITO_SERVER, Server, Tenant, run_cli
 
 pytestmark = pytest.mark.slow
@@ -44,7 +44,7 @@ def _send(
     return httpx.request(method, tenant.server.url + path, headers=headers, timeout=30, **kwargs)
 
 
-def _refused(response: httpx.Response, code: str = "invalid_arguments") -> None:
+def _refused(response: httpx.Response, code: ErrorCode = "invalid_arguments") -> None:
     assert response.status_code == REGISTRY[code].status, (
         response.request.url,
         response.text[:300],

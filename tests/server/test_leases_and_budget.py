@@ -1,6 +1,8 @@
 """Leases and the running budget at the service level, on the real store of both backends, with
-an explicit clock: time held accrues cost; before the next interval would cross the ceiling the
-worker is told to stop; an expired lease becomes ``recovering`` and the next lease resumes."""
+an explicit clock: time held accrues cost, through the attempt's finish (not only to its last
+heartbeat); before the next interval would cross the ceiling the worker is told to stop; an
+expired lease becomes ``recovering`` and the next lease resumes; goodput is productive time ÷
+the whole time held, never clamped."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from datetime import timedelta
 import pytest
 
 from ito.core.errors import ItoError
-from ito.core.pipeline_events import MetricEvent
+from ito.core.pipeline_events import MetricEvent, SpikeEvent
 from ito.server.services.bookings import set_booking_state
 from ito.server.services.credentials import AuthContext, authenticate
 from ito.server.services.leases import (
@@ -148,6 +150,7 @@ def test_booking_telemetry_sums_unrounded_run_figures_and_counts_a_recomputed_st
                         for step, a, seconds in steps
                         if a == attempt
                     ],
+                    now=start + timedelta(seconds=32 if attempt > 1 else 0),
                 )
         with db.write() as session:
             last = max(a for _, a, _ in steps)
@@ -157,7 +160,16 @@ def test_booking_telemetry_sums_unrounded_run_figures_and_counts_a_recomputed_st
             lease.last_heartbeat_at = beat_from
             heartbeat(session, worker, SETTINGS, run_id, last, beat_from + timedelta(seconds=held))
         with db.write() as session:
-            finish_run(session, worker, run_id, last, "succeeded", None, "done")
+            finish_run(
+                session,
+                worker,
+                run_id,
+                last,
+                "succeeded",
+                None,
+                "done",
+                now=beat_from + timedelta(seconds=held),
+            )
 
     with db.read() as session:
         runs = [run_telemetry(session, tenant.account_id, r) for r in run_ids]
@@ -189,6 +201,7 @@ def test_a_single_run_booking_reports_exactly_the_run_figures(tenant: Tenant) ->
                 MetricEvent(stage="pretrain", step=s, values={"step_seconds": 0.0003})
                 for s in range(1, 6)
             ],
+            now=now,
         )
     with db.write() as session:
         heartbeat(session, worker, SETTINGS, run_id, 1, now + timedelta(seconds=1))
@@ -268,4 +281,98 @@ def test_a_run_is_stopped_a_lease_ttl_before_the_term_ends(tenant: Tenant) -> No
     with db.write() as session:  # 20 s left: the next beat could come after the end
         beat = heartbeat(session, worker, SETTINGS, run_id, 1, term_end - timedelta(seconds=20))
     assert beat["stop"] == "booking" and beat["stop_code"] == "booking_expired"
+    db.dispose()
+
+
+def _steps(seconds: list[float]) -> list[MetricEvent]:
+    return [
+        MetricEvent(stage="pretrain", step=step, values={"step_seconds": value})
+        for step, value in enumerate(seconds, start=1)
+    ]
+
+
+def test_goodput_time_held_and_cost_count_through_the_attempts_finish(tenant: Tenant) -> None:
+    db, worker, run_id = _run_with_worker(tenant, rate=9.0)
+    now = utcnow()
+    with db.write() as session:
+        assert lease_next(session, worker, SETTINGS, now) is not None
+    with db.write() as session:
+        report(session, worker, run_id, 1, _steps([10.0, 10.0, 10.0, 10.0]), now=now)
+    with db.write() as session:
+        heartbeat(session, worker, SETTINGS, run_id, 1, now + timedelta(seconds=30))
+    # The last 20 s — final steps, the final checkpoint, the exit — come after the last beat.
+    with db.write() as session:
+        finish_run(
+            session,
+            worker,
+            run_id,
+            1,
+            "succeeded",
+            None,
+            "done",
+            now=now + timedelta(seconds=50),
+        )
+    with db.read() as session:
+        figures = run_telemetry(session, tenant.account_id, run_id)
+        lease = session.get(RunLease, run_id)
+        assert lease is not None
+        productive, held = 40.0, lease.busy_seconds
+    assert held == pytest.approx(50.0)
+    assert figures["wall_seconds_held"] == 50.0 and figures["productive_seconds"] == 40.0
+    assert figures["goodput"] == pytest.approx(productive / held, abs=5e-5)
+    # 2 accelerators × $9/h for every second held, the tail included.
+    assert figures["cost_usd"] == pytest.approx(50 / 3600 * 2 * 9.0, rel=1e-6)
+    db.dispose()
+
+
+def test_a_heartbeat_that_came_late_counts_all_the_time_held(tenant: Tenant) -> None:
+    db, worker, run_id = _run_with_worker(tenant, rate=9.0)
+    now = utcnow()
+    with db.write() as session:
+        assert lease_next(session, worker, SETTINGS, now) is not None
+    # 45 s after the lease (TTL 30 s) but before any expiry was run: the lease is still held.
+    with db.write() as session:
+        answer = heartbeat(session, worker, SETTINGS, run_id, 1, now + timedelta(seconds=45))
+    assert answer["cost_usd"] == pytest.approx(45 / 3600 * 2 * 9.0, rel=1e-6)
+    with db.read() as session:
+        lease = session.get(RunLease, run_id)
+        assert lease is not None and lease.busy_seconds == pytest.approx(45.0)
+    db.dispose()
+
+
+def test_a_loss_spike_ends_the_attempt_with_its_tail_accounted(tenant: Tenant) -> None:
+    db, worker, run_id = _run_with_worker(tenant, rate=9.0)
+    now = utcnow()
+    with db.write() as session:
+        assert lease_next(session, worker, SETTINGS, now) is not None
+    with db.write() as session:
+        heartbeat(session, worker, SETTINGS, run_id, 1, now + timedelta(seconds=10))
+    spike = SpikeEvent(stage="pretrain", step=7, loss=9.0, z=8.0, checkpoint_step=5, skip_steps=2)
+    with db.write() as session:
+        report(session, worker, run_id, 1, [spike], now=now + timedelta(seconds=25))
+    with db.read() as session:
+        run = session.get(Run, run_id)
+        lease = session.get(RunLease, run_id)
+        assert run is not None and run.state == "awaiting_approval"
+        assert lease is not None and lease.busy_seconds == pytest.approx(25.0)
+        assert lease.cost_usd == pytest.approx(25 / 3600 * 2 * 9.0, rel=1e-6)
+    db.dispose()
+
+
+def test_goodput_is_never_clamped_so_an_inconsistency_shows(tenant: Tenant) -> None:
+    """Steps that claim more time than the run held are an accounting bug: the figure says
+    so (above 1) instead of being cut to 1."""
+    db, worker, run_id = _run_with_worker(tenant, rate=1.0)
+    now = utcnow()
+    with db.write() as session:
+        assert lease_next(session, worker, SETTINGS, now) is not None
+    with db.write() as session:
+        report(session, worker, run_id, 1, _steps([15.0, 15.0]), now=now)
+    with db.write() as session:
+        finish_run(
+            session, worker, run_id, 1, "succeeded", None, "done", now=now + timedelta(seconds=20)
+        )
+    with db.read() as session:
+        figures = run_telemetry(session, tenant.account_id, run_id)
+    assert figures["goodput"] == 1.5
     db.dispose()

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +174,13 @@ def test_a_confirmed_run_trains_to_succeeded_through_the_in_process_worker(
 
     telemetry = t.ito("telemetry", "--run", run_id).data
     assert 0 < telemetry["goodput"] <= 1
+    # Goodput is productive time ÷ the whole time held, lease to finish (not to the last beat).
+    held, productive = telemetry["wall_seconds_held"], telemetry["productive_seconds"]
+    assert telemetry["goodput"] == pytest.approx(productive / held, abs=1e-3)
+    leased = next(e["at"] for e in final["events"] if e["to_state"] == "running")
+    finished = next(e["at"] for e in final["events"] if e["to_state"] == "succeeded")
+    span = (datetime.fromisoformat(finished) - datetime.fromisoformat(leased)).total_seconds()
+    assert held == pytest.approx(span, abs=0.5)
     assert telemetry["checkpoint_bandwidth_bytes_per_s"] > 0
     assert telemetry["tokens_per_s"] > 0
     assert telemetry["interruptions"] == 0

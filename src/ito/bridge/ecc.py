@@ -44,7 +44,7 @@ from ito.bridge.environment import child_environment, probe_environment
 from ito.bridge.executable import resolve_client
 from ito.bridge.process import Outcome, run_bounded
 from ito.core.envelope import error_envelope
-from ito.core.errors import ItoError
+from ito.core.errors import ErrorCode, ItoError
 from ito.core.secret_scan import scan_text
 
 __all__ = ["TRAINING_VERBS", "VERBS", "Verb", "main", "run"]
@@ -108,7 +108,9 @@ Usage:
   ecc ito runs list | show R | logs R | metrics R | checkpoints R | provenance R | watch R
       | cancel R | cleanup R
   ecc ito telemetry --booking B | --run R
-  ecc ito find | evals              ito-compute verbs; this runtime answers capability_unavailable
+  ecc ito find [--gpu G --count N …]   RFQ search and node qualification belong to
+  ecc ito evals [--cluster C …]        ito-compute: their options are accepted, and this
+                                       runtime answers capability_unavailable, contacting nothing
   ecc ito <verb> ... --json         the JSON envelope (--json at most once)
 
 The bridge invokes the separately installed canonical Itô client and returns its real stdout,
@@ -287,6 +289,7 @@ def _forward(client: str, environ: Mapping[str, str], request: Request, timeout:
 
 def _stopped(outcome: Outcome, request: Request, timeout: float) -> int:
     """The client timed out, overflowed or died: nothing of its output is trusted."""
+    code: ErrorCode
     if outcome.timed_out:
         code, what = "transport_timeout", f"did not finish within {timeout:g} s and was stopped"
     elif outcome.overflowed:

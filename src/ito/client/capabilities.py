@@ -1,73 +1,158 @@
-"""The static capability contract ``ito capabilities --json`` prints (DESIGN §6.3).
+"""The capability contract ``ito capabilities --json`` prints (DESIGN §6.3), derived from what
+this installed client really implements.
 
-It reads no credential and sends nothing. A command is ``supported`` only when this client
-really implements it; ``find`` (RFQ) and ``evals`` (node qualification) belong to the
-ito-compute service and are always ``unsupported``.
+It reads no credential and sends nothing. The command list is not written by hand: it is the
+commands registered on the ``ito`` Typer application, walked at the moment of the call. Each one
+carries its reviewed labels from :data:`LABELS` (auth, network, side effect, authority), and is
+``supported`` only when
+
+* it is registered on the application (a removed command disappears from the contract),
+* the :class:`~ito.client.operations.Operations` method it calls, if any, exists (a removed
+  operation turns its command ``unsupported``), and
+* it is not a compute-side verb: ``find`` (RFQ) and ``evals`` (node qualification) belong to the
+  ito-compute service and are always ``unsupported``.
+
+A registered command without reviewed labels is listed ``unsupported`` with no labels, so a new
+command is never advertised before someone decides what it does (a test keeps :data:`LABELS`
+and the application in step). The ECC bridge's probe (:mod:`ito.bridge.capabilities`) refuses
+every training verb unless each gate and lifecycle operation is ``supported``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ito import __version__
 
-__all__ = ["CONTRACT_VERSION", "capabilities", "is_supported"]
+if TYPE_CHECKING:
+    import typer
+
+__all__ = ["CONTRACT_VERSION", "LABELS", "Label", "capabilities", "is_supported", "registered"]
 
 CONTRACT_VERSION = "ito.cli.capabilities.v1"
 
-# name, supported, auth, network, side_effect, authority
-_COMMANDS: list[tuple[str, bool, str, str, str, str]] = [
-    ("capabilities", True, "none", "none", "none", "none"),
-    ("config", True, "none", "none", "none", "none"),
-    ("manifest init", True, "none", "none", "none", "none"),
-    ("manifest validate", True, "none", "none", "none", "none"),
-    ("planner", True, "none", "none", "none", "none"),
-    ("auth", True, "required", "ito_api", "none", "none"),
-    ("login", True, "device_bootstrap", "ito_api", "credential_write", "device_owner"),
-    ("logout", True, "required", "ito_api", "credential_revoke", "device_owner"),
-    ("status", True, "required", "ito_api", "none", "none"),
-    ("bookings list", True, "required", "ito_api", "none", "none"),
-    ("bookings show", True, "required", "ito_api", "none", "none"),
-    ("bookings eligibility", True, "required", "ito_api", "none", "none"),
-    ("plan", True, "required", "ito_api", "none", "none"),
-    ("confirm", True, "required", "ito_api", "confirmation_request", "none"),
-    ("approve", True, "required", "ito_api", "confirmation_decision", "approver"),
-    ("reject", True, "required", "ito_api", "confirmation_decision", "approver"),
-    ("train", True, "required", "ito_api", "workload_start", "entitled_workload"),
-    ("runs list", True, "required", "ito_api", "none", "none"),
-    ("runs show", True, "required", "ito_api", "none", "none"),
-    ("runs logs", True, "required", "ito_api", "none", "none"),
-    ("runs metrics", True, "required", "ito_api", "none", "none"),
-    ("runs checkpoints", True, "required", "ito_api", "none", "none"),
-    ("runs gates", True, "required", "ito_api", "none", "none"),
-    ("runs provenance", True, "required", "ito_api", "none", "none"),
-    ("runs restart", True, "required", "ito_api", "workload_restart", "entitled_workload"),
-    ("runs watch", True, "required", "ito_api", "none", "none"),
-    ("runs cancel", True, "required", "ito_api", "workload_cancel", "entitled_workload"),
-    ("runs cleanup", True, "required", "ito_api", "workload_cleanup", "entitled_workload"),
-    ("telemetry", True, "required", "ito_api", "none", "none"),
-    ("find", False, "required", "none", "none", "none"),
-    ("evals", False, "required", "none", "none", "none"),
-]
+
+@dataclass(frozen=True)
+class Label:
+    """What a command does, as reviewed; the contract prints these fields."""
+
+    auth: str = "none"
+    """``none``, ``required`` or ``device_bootstrap``."""
+    network: str = "none"
+    """``none`` or ``ito_api``."""
+    side_effect: str = "none"
+    """``none`` or what it changes (``workload_start``, ``confirmation_request``, …)."""
+    authority: str = "none"
+    """``none``, ``device_owner``, ``entitled_workload`` or ``approver``."""
+    operation: str | None = None
+    """The :class:`~ito.client.operations.Operations` method behind it, when it has one."""
+    compute_side: bool = False
+    """Belongs to ito-compute: registered only to answer ``capability_unavailable``."""
 
 
-def capabilities() -> dict[str, Any]:
+def _read(operation: str) -> Label:
+    """An authenticated read of the API through ``operation``."""
+    return Label("required", "ito_api", operation=operation)
+
+
+def _effect(side_effect: str, operation: str, authority: str = "entitled_workload") -> Label:
+    """An authenticated change through ``operation``."""
+    return Label("required", "ito_api", side_effect, authority, operation)
+
+
+LABELS: dict[str, Label] = {
+    "capabilities": Label(),
+    "config": Label(),
+    "manifest init": Label(),
+    "manifest validate": Label(),
+    "planner": Label(),
+    "auth": _read("auth"),
+    "login": Label("device_bootstrap", "ito_api", "credential_write", "device_owner"),
+    "logout": Label("required", "ito_api", "credential_revoke", "device_owner"),
+    "status": _read("status"),
+    "bookings list": _read("bookings"),
+    "bookings show": _read("bookings"),
+    "bookings eligibility": _read("bookings"),
+    "plan": _read("plan"),
+    "confirm": _effect("confirmation_request", "confirm", authority="none"),
+    "approve": _effect("confirmation_decision", "decide", authority="approver"),
+    "reject": _effect("confirmation_decision", "decide", authority="approver"),
+    "train": _effect("workload_start", "train"),
+    "runs list": _read("runs"),
+    "runs show": _read("runs"),
+    "runs logs": _read("logs"),
+    "runs metrics": _read("metrics"),
+    "runs checkpoints": _read("checkpoints"),
+    "runs gates": _read("gates"),
+    "runs provenance": _read("provenance"),
+    "runs restart": _effect("workload_restart", "restart"),
+    "runs watch": _read("runs"),
+    "runs cancel": _effect("workload_cancel", "cancel"),
+    "runs cleanup": _effect("workload_cleanup", "cleanup"),
+    "telemetry": _read("telemetry"),
+    "find": Label(auth="required", compute_side=True),
+    "evals": Label(auth="required", compute_side=True),
+}
+"""The reviewed labels of every command this client may register, by contract name."""
+
+
+def registered(app: typer.Typer) -> list[str]:
+    """The contract names of the commands registered on ``app`` (``runs logs`` for a command
+    of a sub-application), in registration order."""
+    names = [_command_name(info) for info in app.registered_commands]
+    for group in app.registered_groups:
+        sub = group.typer_instance
+        if group.name is None or sub is None:
+            continue
+        names.extend(f"{group.name} {name}" for name in registered(sub))
+    return names
+
+
+def _command_name(info: Any) -> str:
+    # Typer's own rule (typer.main.get_command_name) for an unnamed command.
+    name: str = info.name or info.callback.__name__
+    return name.lower().replace("_", "-")
+
+
+def _supported(name: str) -> bool:
+    from ito.client.operations import Operations
+
+    label = LABELS.get(name)
+    if label is None or label.compute_side:
+        return False
+    return label.operation is None or callable(getattr(Operations, label.operation, None))
+
+
+def capabilities(app: typer.Typer | None = None) -> dict[str, Any]:
+    """The contract of ``app`` (default: the installed ``ito`` application)."""
+    if app is None:
+        from ito.client.cli import app as installed
+
+        app = installed
+    commands = []
+    for name in dict.fromkeys(registered(app)):
+        label = LABELS.get(name, Label())
+        commands.append(
+            {
+                "name": name,
+                "availability": "supported" if _supported(name) else "unsupported",
+                "auth": label.auth,
+                "network": label.network,
+                "side_effect": label.side_effect,
+                "authority": label.authority,
+            }
+        )
     return {
         "contract_version": CONTRACT_VERSION,
         "cli": {"name": "ito", "version": __version__},
-        "commands": [
-            {
-                "name": name,
-                "availability": "supported" if ok else "unsupported",
-                "auth": auth,
-                "network": network,
-                "side_effect": effect,
-                "authority": authority,
-            }
-            for name, ok, auth, network, effect, authority in _COMMANDS
-        ],
+        "commands": commands,
     }
 
 
-def is_supported(name: str) -> bool:
-    return any(n == name and ok for n, ok, *_ in _COMMANDS)
+def is_supported(name: str, app: typer.Typer | None = None) -> bool:
+    """Whether the contract of ``app`` advertises ``name`` as supported."""
+    return any(
+        command["name"] == name and command["availability"] == "supported"
+        for command in capabilities(app)["commands"]
+    )

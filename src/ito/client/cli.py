@@ -60,10 +60,11 @@ def _read(path: str) -> SecureRead:
 
 @app.command()
 def capabilities() -> None:
-    """The static capability contract (no credentials, no network)."""
+    """The capability contract, derived from the commands this client registers (no
+    credentials, no network)."""
     Output.finish(
         ok_envelope(
-            capability_contract(),
+            capability_contract(app),
             "capabilities of this client; nothing was sent",
             live_api_contacted=False,
         )
@@ -99,16 +100,36 @@ def _public_prefix(token: str | None) -> str | None:
     return "_".join(parts[:3]) if len(parts) >= 4 and parts[0] == "ito" and parts[3] else None
 
 
-@app.command("find")
-def find() -> None:
-    """RFQ search: belongs to ito-compute, not this runtime."""
-    _local_fail(ItoError("capability_unavailable", "'find' belongs to the ito-compute service"))
+# ECC's compute-side verbs take the ito-compute service's options (``find --gpu h200 --count 8
+# --region …``, ``evals --cluster …``); this runtime accepts whatever ECC passes — the answer does
+# not depend on it — and refuses with ``capability_unavailable`` without reading a credential or
+# contacting anything. The values are never echoed.
+_COMPUTE_VERB = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
-@app.command("evals")
-def evals() -> None:
-    """Node qualification: belongs to ito-compute, not this runtime."""
-    _local_fail(ItoError("capability_unavailable", "'evals' belongs to the ito-compute service"))
+def _compute_side(verb: str, what: str) -> NoReturn:
+    _local_fail(
+        ItoError(
+            "capability_unavailable",
+            f"'{verb}' ({what}) belongs to the ito-compute service, not this training runtime; "
+            "nothing was contacted",
+            verb=verb,
+        )
+    )
+
+
+@app.command("find", context_settings=_COMPUTE_VERB)
+def find(ctx: typer.Context) -> None:
+    """RFQ search (ECC options such as --gpu, --count accepted): belongs to ito-compute; answers
+    capability_unavailable, contacting nothing."""
+    _compute_side("find", "RFQ search")
+
+
+@app.command("evals", context_settings=_COMPUTE_VERB)
+def evals(ctx: typer.Context) -> None:
+    """Node qualification (ECC options such as --cluster accepted): belongs to ito-compute;
+    answers capability_unavailable, contacting nothing."""
+    _compute_side("evals", "node qualification")
 
 
 @manifest_app.command("init")

@@ -4,6 +4,13 @@ Every refusal anywhere in ito — client, server, bridge — is an :class:`ItoEr
 comes from :data:`REGISTRY`. The registry fixes each code's HTTP status and whether retrying the
 same request may succeed. Codes are a public contract: add new ones, never rename one.
 
+Codes are typed: :data:`ErrorCode` is the ``Literal`` of the registry's keys, and
+:class:`ItoError` takes only an ``ErrorCode``, so mypy refuses a misspelt code where it is
+written; a code read at run time (an answer, an event) is checked with :func:`is_error_code`.
+A test scans the whole source for every code a module emits (``ItoError(...)``, ``code=``,
+``failure_code=``, the supervisor's outcomes) and fails on one missing here. A new code goes in
+both :data:`ErrorCode` and :data:`REGISTRY` (a test keeps them equal).
+
 Tree::
 
     Exception
@@ -15,9 +22,9 @@ Messages must be safe to show anywhere: they never carry a secret, token, key or
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypeGuard
 
-__all__ = ["REGISTRY", "ErrorSpec", "ItoError", "spec_for"]
+__all__ = ["REGISTRY", "ErrorCode", "ErrorSpec", "ItoError", "is_error_code", "spec_for"]
 
 
 @dataclass(frozen=True)
@@ -32,11 +39,96 @@ class ErrorSpec:
     """A default safe message."""
 
 
+ErrorCode = Literal[
+    "capability_unavailable",
+    "client_not_configured",
+    "client_executable_invalid",
+    "invalid_arguments",
+    "secret_in_arguments",
+    "manifest_path_not_absolute",
+    "manifest_symlink",
+    "manifest_not_regular_file",
+    "manifest_wrong_owner",
+    "manifest_unsafe_permissions",
+    "manifest_too_large",
+    "manifest_changed",
+    "not_authenticated",
+    "transport_timeout",
+    "transport_ambiguous",
+    "transport_unreachable",
+    "transport_bad_response",
+    "api_answer_invalid",
+    "credential_revoked",
+    "forbidden_scope",
+    "not_found",
+    "account_not_found",
+    "key_not_found",
+    "booking_not_found",
+    "booking_not_completed",
+    "booking_expired",
+    "booking_revoked",
+    "booking_released",
+    "booking_mismatch",
+    "booking_term_insufficient",
+    "manifest_not_found",
+    "manifest_invalid",
+    "manifest_contains_secret",
+    "manifest_digest_mismatch",
+    "confirmation_not_found",
+    "confirmation_pending",
+    "confirmation_rejected",
+    "confirmation_expired",
+    "confirmation_consumed",
+    "confirmation_mismatch",
+    "confirmation_not_pending",
+    "self_approval_forbidden",
+    "idempotency_key_invalid",
+    "idempotency_key_reused",
+    "idempotency_in_progress",
+    "budget_exceeded",
+    "capacity_insufficient",
+    "fabric_incompatible",
+    "data_policy_violation",
+    "data_invalid",
+    "checkpoint_storage_invalid",
+    "plan_refused",
+    "layout_unsupported",
+    "mesh_mismatch",
+    "accelerator_unavailable",
+    "eval_gate_failed",
+    "pipeline_crashed",
+    "run_not_found",
+    "run_not_cancellable",
+    "invalid_transition",
+    "run_not_terminal",
+    "lease_lost",
+    "provenance_mismatch",
+    "provenance_not_found",
+    "rate_limited",
+    "request_too_large",
+    "method_not_allowed",
+    "authorization_pending",
+    "slow_down",
+    "access_denied",
+    "device_code_expired",
+    "device_code_not_found",
+    "invalid_credentials",
+    "csrf_failed",
+    "device_code_not_pending",
+    "user_exists",
+    "store_busy",
+    "store_not_migrated",
+    "internal_error",
+]
+"""Every stable error code: the keys of :data:`REGISTRY`, as a type, so that mypy refuses a
+misspelt code where one is written (a test keeps the two equal)."""
+
+
 def _s(status: int, summary: str, retryable: bool = False) -> ErrorSpec:
     return ErrorSpec(status=status, retryable=retryable, summary=summary)
 
 
-REGISTRY: dict[str, ErrorSpec] = {
+REGISTRY: dict[ErrorCode, ErrorSpec] = {
     # --- client side -------------------------------------------------------------------------
     "capability_unavailable": _s(501, "this capability is not available in this runtime"),
     "client_not_configured": _s(400, "the client is not configured"),
@@ -122,6 +214,12 @@ REGISTRY: dict[str, ErrorSpec] = {
     "accelerator_unavailable": _s(
         503, "the engine does not see the booked accelerator; the run never falls back to CPU"
     ),
+    "eval_gate_failed": _s(
+        422, "an eval gate of the run failed its thresholds; the run ended gate_failed"
+    ),
+    "pipeline_crashed": _s(
+        500, "the training processes exited without a result after their restarts"
+    ),
     "run_not_found": _s(404, "run not found"),
     "run_not_cancellable": _s(409, "the run cannot be cancelled in its current state"),
     "invalid_transition": _s(409, "that state change is not allowed"),
@@ -152,17 +250,22 @@ REGISTRY: dict[str, ErrorSpec] = {
 }
 
 
+def is_error_code(code: object) -> TypeGuard[ErrorCode]:
+    """Whether ``code`` (read from an answer, an event, a column) is a registered code."""
+    return isinstance(code, str) and code in REGISTRY
+
+
 def spec_for(code: str) -> ErrorSpec:
     """The spec of ``code``; unknown codes (from a newer server) are treated as internal."""
-    return REGISTRY.get(code, REGISTRY["internal_error"])
+    return REGISTRY[code] if is_error_code(code) else REGISTRY["internal_error"]
 
 
 class ItoError(Exception):
     """A refusal with a stable code. ``message`` is safe to show; ``details`` is structured."""
 
-    def __init__(self, code: str, message: str | None = None, **details: Any) -> None:
+    def __init__(self, code: ErrorCode, message: str | None = None, **details: Any) -> None:
         assert code in REGISTRY, f"unregistered error code {code!r}"
-        self.code = code
+        self.code: ErrorCode = code
         self.message = message or REGISTRY[code].summary
         self.details = details
         super().__init__(f"{code}: {self.message}")

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import unquote, urlsplit
 
-from ito.core.errors import ItoError
+from ito.core.errors import ErrorCode, ItoError
 
 __all__ = [
     "booking_storage_uri",
@@ -43,7 +43,7 @@ __all__ = [
     "run_checkpoint_uri",
 ]
 
-_CODE = "checkpoint_storage_invalid"
+_CODE: ErrorCode = "checkpoint_storage_invalid"
 _URI = re.compile(
     r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<netloc>[^/]*)(?P<path>/.*)?\Z", re.DOTALL
 )

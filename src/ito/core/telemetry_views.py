@@ -16,11 +16,13 @@ class _View(BaseModel):
 
 class TelemetryRatios(_View):
     wall_seconds_held: float
-    """Seconds the run(s) held the booking, outages included."""
+    """Seconds the run(s) held the booking, from each lease to its attempt's finish, outages
+    included."""
     productive_seconds: float
     """Training seconds that survived into the final state (recomputed steps excluded)."""
     goodput: float | None
-    """``productive_seconds`` ÷ ``wall_seconds_held``, at most 1."""
+    """``productive_seconds`` ÷ ``wall_seconds_held`` (held counted to each attempt's finish);
+    never clamped — above 1 would be an accounting bug."""
     interruptions: int
     """Expired leases and restarted training processes."""
     interruption_rate_per_node_hour: float | None

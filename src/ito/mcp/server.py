@@ -3,7 +3,9 @@
 Every tool is a thin call into :class:`ito.client.operations.Operations`, the same layer
 ``ito --json`` prints, so a tool result carries exactly the §4 envelope: as JSON text content, as
 structured content (the declared output schema is the envelope), and with ``isError`` set when
-``ok`` is false.
+``ok`` is false. The tools: ``ito_auth``, ``ito_status``, ``ito_bookings``, ``ito_plan``,
+``ito_confirm``, ``ito_train``, ``ito_runs``, ``ito_logs``, ``ito_metrics``,
+``ito_checkpoints``, ``ito_telemetry``, ``ito_cancel``, ``ito_cleanup``, ``ito_restart``.
 
 What this server guarantees:
 
@@ -11,13 +13,15 @@ What this server guarantees:
 - Credentials come only from the environment (``ITO_API_KEY``) or the stored login, never from
   tool arguments; an argument that looks like a credential (or is named like one) is refused with
   ``secret_in_arguments`` before anything else, and its value is never echoed.
-- Arguments are checked against the tool's declared schema before any network call
-  (``invalid_arguments``, ``live_api_contacted: false``).
-- A tool whose operation the client does not implement yet (runtime lifecycle: logs, metrics,
-  checkpoints, cancel, cleanup) answers ``capability_unavailable`` and contacts nothing. A tool
-  finds its operation by name on ``Operations``, so adding the method there is all it takes.
-- Nothing heavy is imported at startup (no training stack); ``Operations`` calls are blocking
-  HTTP and run in a worker thread so the stdio loop keeps serving.
+- Each tool's arguments are a strict pydantic model whose JSON schema is the tool's input schema;
+  where the API has a request model for what the tool sends (:mod:`ito.core.api_requests`), each
+  such argument takes its type and bounds from that model, so the schema a tool advertises is
+  what the server checks. Arguments are validated before any network call (``invalid_arguments``
+  naming the argument and the rule, never the value; ``live_api_contacted: false``).
+- A tool finds its operation by name on ``Operations``: should the installed client lack it, the
+  tool answers ``capability_unavailable`` and contacts nothing.
+- Nothing heavy is imported at startup (no training stack, no server); ``Operations`` calls are
+  blocking HTTP and run in a worker thread so the stdio loop keeps serving.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal, Optional, get_args
 
 import anyio
 import anyio.to_thread
@@ -33,16 +37,18 @@ import mcp.types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from ito import __version__
 from ito.client.config import load_config
 from ito.client.credentials import resolve_token
 from ito.client.operations import ACTIONS, Envelope, Operations
+from ito.core.api_requests import ConfirmationRequest, RunActionBody, RunCreateBody
 from ito.core.envelope import error_envelope
 from ito.core.errors import ItoError
 from ito.core.secret_scan import scan_json_value
 
-__all__ = ["ENVELOPE_SCHEMA", "TOOLS", "Param", "ToolSpec", "build_server", "main", "run_tool"]
+__all__ = ["ENVELOPE_SCHEMA", "TOOLS", "ToolSpec", "build_server", "main", "run_tool"]
 
 SERVER_NAME = "ito-mcp"
 
@@ -85,45 +91,53 @@ ENVELOPE_SCHEMA: dict[str, Any] = {
 _NOTHING_SENT = "refused before anything was sent; nothing was created"
 
 
-@dataclass(frozen=True)
-class Param:
-    """One tool argument."""
+class _Arguments(BaseModel):
+    """Base of every tool's input model: unknown arguments refused, no coercion."""
 
-    name: str
-    """The argument name, identical to the keyword of the ``Operations`` method."""
-    kind: str
-    """JSON type: ``string`` or ``integer``."""
-    description: str
-    """What the argument means, shown to the MCP client."""
-    required: bool = False
-    """Whether the tool refuses a call without it."""
-    enum: tuple[str, ...] = ()
-    """Allowed values of a string argument; empty means any."""
-    minimum: int | None = None
-    """Smallest allowed value of an integer argument."""
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    def schema(self) -> dict[str, Any]:
-        schema: dict[str, Any] = {"type": self.kind, "description": self.description}
-        if self.enum:
-            schema["enum"] = list(self.enum)
-        if self.minimum is not None:
-            schema["minimum"] = self.minimum
-        return schema
 
-    def problem(self, value: Any) -> str | None:
-        """Why ``value`` is unacceptable, or None. Never quotes the value."""
-        if self.kind == "integer":
-            # bool is an int subclass in Python but not a JSON integer.
-            if isinstance(value, bool) or not isinstance(value, int):
-                return "must be an integer"
-            if self.minimum is not None and value < self.minimum:
-                return f"must be at least {self.minimum}"
-            return None
-        if not isinstance(value, str):
-            return "must be a string"
-        if self.enum and value not in self.enum:
-            return f"must be one of {list(self.enum)}"
-        return None
+def _api(model: type[BaseModel], field: str, description: str) -> Any:
+    """The type of ``field`` of the API request ``model``, with every bound the API checks,
+    described for the tool (the tool may name the argument differently: ``checkpoint`` for
+    ``checkpoint_step``)."""
+    info = model.model_fields[field]
+    (base,) = [arg for arg in get_args(info.annotation) if arg is not type(None)] or [
+        info.annotation
+    ]
+    return Annotated[(base, *info.metadata, Field(description=description))]
+
+
+def _own(kind: Any, description: str, **bounds: Any) -> Any:
+    """An argument with no API body behind it (an id in a URL path, a query parameter)."""
+    return Annotated[kind, Field(description=description, **bounds)]
+
+
+def _inputs(name: str, required: dict[str, Any], optional: dict[str, Any]) -> type[BaseModel]:
+    fields: dict[str, Any] = {key: (kind, ...) for key, kind in required.items()}
+    fields |= {key: (Optional[kind], None) for key, kind in optional.items()}  # noqa: UP045
+    model: type[BaseModel] = create_model(name, __base__=_Arguments, **fields)
+    return model
+
+
+def _schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The model's JSON schema as a tool's input schema: an optional argument shows its own
+    type (absent means not given), no titles."""
+    schema = model.model_json_schema()
+    properties: dict[str, Any] = {}
+    for key, prop in schema.get("properties", {}).items():
+        variants = [v for v in prop.pop("anyOf", []) if v != {"type": "null"}]
+        if variants:
+            (only,) = variants
+            prop = only | {k: v for k, v in prop.items() if k != "default"}
+        prop.pop("title", None)
+        properties[key] = prop
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": schema.get("required", []),
+        "additionalProperties": False,
+    }
 
 
 @dataclass(frozen=True)
@@ -136,8 +150,9 @@ class ToolSpec:
     """Name of the ``Operations`` method it calls; a missing one means capability_unavailable."""
     description: str
     """What the tool does, shown to the MCP client."""
-    params: tuple[Param, ...] = ()
-    """Its arguments, passed as keywords to the operation."""
+    inputs: type[BaseModel]
+    """Its arguments (the operation's keywords), checked before anything is sent; the input
+    schema is generated from it."""
     read_only: bool = True
     """Hint: the tool changes nothing."""
     destructive: bool = False
@@ -147,12 +162,7 @@ class ToolSpec:
     idempotency key). False for ``ito_confirm``: each call requests a new confirmation."""
 
     def input_schema(self) -> dict[str, Any]:
-        return {
-            "type": "object",
-            "properties": {p.name: p.schema() for p in self.params},
-            "required": [p.name for p in self.params if p.required],
-            "additionalProperties": False,
-        }
+        return _schema(self.inputs)
 
     def tool(self) -> types.Tool:
         return types.Tool(
@@ -169,73 +179,93 @@ class ToolSpec:
         )
 
 
-def _run(required: bool = False) -> Param:
-    return Param("run", "string", "Run id.", required=required)
-
-
-_BOOKING = Param("booking", "string", "Booking id.", required=True)
-_MANIFEST = Param(
-    "manifest",
-    "string",
+_RUN = _own(str, "Run id (run_…).", max_length=64)
+_BOOKING = _api(RunCreateBody, "booking_id", "Booking id (bkg_…).")
+_MANIFEST = _own(
+    str,
     "Absolute path of the manifest file on this machine (read securely, DESIGN §6.1).",
-    required=True,
+    min_length=1,
+    max_length=4096,
 )
-_CONFIRMATION = Param(
-    "confirmation_ref",
-    "string",
-    "Reference of a confirmation a human approved out of band.",
-    required=True,
+_CONFIRMATION = _api(
+    RunActionBody, "confirmation_ref", "Reference of a confirmation a human approved out of band."
 )
-_KEY = Param(
+_KEY = _api(
+    RunActionBody,
     "idempotency_key",
-    "string",
     "Idempotency key; retrying with the same key returns the same result, never a second one.",
-    required=True,
 )
+_ACTION_ARGUMENTS = {"run": _RUN, "confirmation_ref": _CONFIRMATION, "idempotency_key": _KEY}
 
 TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "ito_auth",
         "auth",
         "Validate the credential in use (ITO_API_KEY or the stored login). Never starts a login.",
+        _inputs("AuthArguments", {}, {}),
     ),
     ToolSpec(
         "ito_status",
         "status",
         "This account's bookings and recent runs; or one run, by "
         "run id or by the idempotency key it was created with.",
-        (_run(), Param("idempotency_key", "string", "Idempotency key of a train request.")),
+        _inputs(
+            "StatusArguments",
+            {},
+            {
+                "run": _RUN,
+                "idempotency_key": _own(str, "Idempotency key of a train request.", max_length=255),
+            },
+        ),
+    ),
+    ToolSpec(
+        "ito_bookings",
+        "bookings",
+        "This account's bookings; or one booking; or, with eligibility, whether it can train "
+        "now (computed afresh by the server, never cached).",
+        _inputs(
+            "BookingsArguments",
+            {},
+            {
+                "booking": _BOOKING,
+                "eligibility": _own(bool, "Fresh training eligibility of the booking."),
+            },
+        ),
     ),
     ToolSpec(
         "ito_plan",
         "plan",
         "What creating the run would do and cost (parallelism plan, "
         "estimate, gates). Creates nothing.",
-        (_BOOKING, _MANIFEST),
+        _inputs("PlanArguments", {"booking": _BOOKING, "manifest": _MANIFEST}, {}),
     ),
     ToolSpec(
         "ito_confirm",
         "confirm",
         "Request a single-use confirmation for an action. A human "
         "approves it out of band; this tool cannot approve.",
-        (
-            Param(
-                "action",
-                "string",
-                "What the confirmation is for.",
-                required=True,
-                enum=tuple(ACTIONS),
-            ),
-            Param("booking", "string", "Booking id (action train)."),
-            Param("manifest", "string", "Absolute manifest path (action train)."),
-            Param("run", "string", "Run id (actions cancel, cleanup, restart)."),
-            Param(
-                "checkpoint",
-                "integer",
-                "Checkpoint step to restart from (action restart).",
-                minimum=0,
-            ),
-            Param("ttl_seconds", "integer", "Lifetime of the confirmation in seconds.", minimum=1),
+        _inputs(
+            "ConfirmArguments",
+            {"action": _own(Literal[tuple(ACTIONS)], "What the confirmation is for.")},
+            {
+                "booking": _api(ConfirmationRequest, "booking_id", "Booking id (action train)."),
+                "manifest": _own(
+                    str, "Absolute manifest path (action train).", min_length=1, max_length=4096
+                ),
+                "run": _api(
+                    ConfirmationRequest, "run_id", "Run id (actions cancel, cleanup, restart)."
+                ),
+                "checkpoint": _api(
+                    ConfirmationRequest,
+                    "checkpoint_step",
+                    "Checkpoint step to restart from (action restart).",
+                ),
+                "ttl_seconds": _api(
+                    ConfirmationRequest,
+                    "ttl_seconds",
+                    "Lifetime of the confirmation in seconds (at most the server's default).",
+                ),
+            },
         ),
         read_only=False,
         idempotent=False,
@@ -244,7 +274,25 @@ TOOLS: tuple[ToolSpec, ...] = (
         "ito_train",
         "train",
         "Create a training run on a booking, behind the five gates and an approved confirmation.",
-        (_BOOKING, _MANIFEST, _CONFIRMATION, _KEY),
+        _inputs(
+            "TrainArguments",
+            {
+                "booking": _BOOKING,
+                "manifest": _MANIFEST,
+                "confirmation_ref": _api(
+                    RunCreateBody,
+                    "confirmation_ref",
+                    "Reference of the train confirmation a human approved out of band.",
+                ),
+                "idempotency_key": _api(
+                    RunCreateBody,
+                    "idempotency_key",
+                    "Your stable retry key: after a lost answer, retry with the same key and "
+                    "get the one run, never a second.",
+                ),
+            },
+            {},
+        ),
         read_only=False,
     ),
     ToolSpec(
@@ -252,32 +300,66 @@ TOOLS: tuple[ToolSpec, ...] = (
         "runs",
         "This account's runs, newest first (optionally of one "
         "booking), or one run with its events.",
-        (
-            _run(),
-            Param("booking", "string", "Only runs of this booking."),
-            Param("limit", "integer", "At most this many runs.", minimum=1),
+        _inputs(
+            "RunsArguments",
+            {},
+            {
+                "run": _RUN,
+                "booking": _own(str, "Only runs of this booking.", max_length=64),
+                "limit": _own(int, "At most this many runs.", ge=1, le=500),
+            },
         ),
     ),
     ToolSpec(
         "ito_logs",
         "logs",
         "A run's logs, cursor-paginated in a stable order.",
-        (_run(required=True), Param("since", "string", "Cursor from a previous page.")),
+        _inputs(
+            "LogsArguments",
+            {"run": _RUN},
+            {
+                "since": _own(
+                    int, "Cursor from a previous page (its next_cursor).", ge=0, le=2**63 - 1
+                ),
+                "limit": _own(int, "At most this many lines.", ge=1, le=5000),
+            },
+        ),
     ),
     ToolSpec(
         "ito_metrics",
         "metrics",
         "A run's training metrics.",
-        (_run(required=True), Param("name", "string", "Only this metric (e.g. loss).")),
+        _inputs(
+            "MetricsArguments",
+            {"run": _RUN},
+            {
+                "name": _own(str, "Only this metric (e.g. loss).", max_length=64),
+                "since": _own(int, "Cursor from a previous page.", ge=0, le=2**63 - 1),
+            },
+        ),
     ),
     ToolSpec(
-        "ito_checkpoints", "checkpoints", "A run's committed checkpoints.", (_run(required=True),)
+        "ito_checkpoints",
+        "checkpoints",
+        "A run's committed checkpoints.",
+        _inputs("CheckpointsArguments", {"run": _RUN}, {}),
+    ),
+    ToolSpec(
+        "ito_telemetry",
+        "telemetry",
+        "Goodput, interruption rate, checkpoint bandwidth, tokens/s, MFU and cost of a run or of "
+        "a booking (give exactly one).",
+        _inputs(
+            "TelemetryArguments",
+            {},
+            {"run": _RUN, "booking": _own(str, "Booking id (bkg_…).", max_length=64)},
+        ),
     ),
     ToolSpec(
         "ito_cancel",
         "cancel",
         "Cancel a run, with an approved cancel confirmation.",
-        (_run(required=True), _CONFIRMATION, _KEY),
+        _inputs("CancelArguments", _ACTION_ARGUMENTS, {}),
         read_only=False,
         destructive=True,
     ),
@@ -287,9 +369,17 @@ TOOLS: tuple[ToolSpec, ...] = (
         "Delete a run's checkpoints and scratch data (the run "
         "record and logs stay; the booking is untouched), with an approved cleanup "
         "confirmation.",
-        (_run(required=True), _CONFIRMATION, _KEY),
+        _inputs("CleanupArguments", _ACTION_ARGUMENTS, {}),
         read_only=False,
         destructive=True,
+    ),
+    ToolSpec(
+        "ito_restart",
+        "restart",
+        "Resume a run that awaits approval after a loss spike, from the checkpoint it proposed, "
+        "with an approved restart confirmation.",
+        _inputs("RestartArguments", _ACTION_ARGUMENTS, {}),
+        read_only=False,
     ),
 )
 _BY_NAME = {spec.name: spec for spec in TOOLS}
@@ -302,26 +392,21 @@ def _refusal(error: ItoError, notice: str = _NOTHING_SENT) -> Envelope:
 
 
 def _arguments(spec: ToolSpec, arguments: dict[str, Any]) -> dict[str, Any]:
-    """The keyword arguments for the operation, or ItoError(invalid_arguments)."""
-    known = {p.name for p in spec.params}
-    unknown = sorted(set(arguments) - known)
-    if unknown:
+    """The keyword arguments for the operation, or ItoError(invalid_arguments) naming each
+    offending argument and the rule it breaks — never its value."""
+    try:
+        parsed = spec.inputs.model_validate(arguments)
+    except ValidationError as invalid:
+        problems = [
+            {"path": ".".join(str(part) for part in error["loc"]), "message": error["msg"]}
+            for error in invalid.errors(include_input=False, include_url=False)
+        ]
         raise ItoError(
             "invalid_arguments",
-            f"{spec.name} takes no argument(s) {unknown}; it takes {sorted(known)}",
-        )
-    kwargs: dict[str, Any] = {}
-    for param in spec.params:
-        value = arguments.get(param.name)
-        if value is None:
-            if param.required:
-                raise ItoError("invalid_arguments", f"{spec.name} needs '{param.name}'")
-            continue
-        problem = param.problem(value)
-        if problem:
-            raise ItoError("invalid_arguments", f"'{param.name}' {problem}")
-        kwargs[param.name] = value
-    return kwargs
+            f"{spec.name}: " + "; ".join(f"'{p['path']}': {p['message']}" for p in problems),
+            errors=problems,
+        ) from None
+    return {key: value for key, value in parsed.model_dump().items() if value is not None}
 
 
 def _execute(spec: ToolSpec, kwargs: dict[str, Any]) -> Envelope:

@@ -48,11 +48,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ito.core.errors import ItoError
+from ito.core.errors import ErrorCode, ItoError
 
 __all__ = ["ProvenDir", "StoragePath", "open_proven", "proven_dir", "remove_tree", "tree_bytes"]
 
-_CODE = "checkpoint_storage_invalid"
+_CODE: ErrorCode = "checkpoint_storage_invalid"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _DIR_MODE = 0o700
 _PROC_FD = "/proc/self/fd"

@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ito.core.errors import REGISTRY, ItoError
+from ito.core.errors import ErrorCode, ItoError, is_error_code
 from ito.core.pipeline_events import (
     DoneEvent,
     LogEvent,
@@ -103,7 +103,7 @@ class EventTail:
 @dataclass
 class Outcome:
     status: str
-    failure_code: str | None
+    failure_code: ErrorCode | None
     message: str
 
 
@@ -287,7 +287,7 @@ class Supervisor:
                         if beat.stop == "cancel"
                         else Outcome(
                             "failed",
-                            beat.stop_code or "budget_exceeded",
+                            _stop_code(beat.stop_code),
                             "stopped during data prep: the budget or the booking does not allow "
                             "another interval",
                         ),
@@ -333,7 +333,7 @@ class Supervisor:
         next_beat = 0.0
         stop_deadline: float | None = None
         """Set once a budget or booking stop asked the engine to checkpoint and exit."""
-        stop_code = "budget_exceeded"
+        stop_code: ErrorCode = "budget_exceeded"
         unsent: list[ReportedEvent] = []
         last_contact = time.monotonic()
         """When the API last answered. Past one lease TTL of silence the lease may be gone and
@@ -416,7 +416,7 @@ class Supervisor:
                         # The server stops while the worst case until the next beat is still
                         # under the ceiling (or inside the term): that headroom (the lease TTL)
                         # pays for a final checkpoint.
-                        stop_code = beat.stop_code or "budget_exceeded"
+                        stop_code = _stop_code(beat.stop_code)
                         stop_path.write_text(beat.stop + "\n")
                         stop_deadline = time.monotonic() + stop_grace_s
             except ItoError as exc:
@@ -457,7 +457,15 @@ def executor_wait(executor: Executor, timeout: float = 120.0) -> None:
         time.sleep(POLL_SECONDS)
 
 
-def _stop_outcome(code: str, done: DoneEvent | None) -> Outcome:
+def _stop_code(code: str | None) -> ErrorCode:
+    """The registered code of a heartbeat's stop (a budget stop names none); one this worker
+    does not know is an internal error, not a guess."""
+    if code is None:
+        return "budget_exceeded"
+    return code if is_error_code(code) else "internal_error"
+
+
+def _stop_outcome(code: ErrorCode, done: DoneEvent | None) -> Outcome:
     why = (
         "the next interval would cross the budget ceiling"
         if code == "budget_exceeded"
@@ -484,8 +492,7 @@ def _outcome(done: DoneEvent | None, exit_code: int) -> Outcome:
             else f"an eval gate failed: {done.reason or done.stage or ''}".strip()
         )
         return Outcome(status, "eval_gate_failed" if status == "gate_failed" else None, message)
-    if done is not None and done.status == "failed" and done.code in REGISTRY:
-        assert done.code is not None
+    if done is not None and done.status == "failed" and is_error_code(done.code):
         return Outcome(
             "failed", done.code, (done.reason or "")[:500] or "the pipeline refused to continue"
         )

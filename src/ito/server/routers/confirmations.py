@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field
 
+from ito.core.api_requests import ConfirmationRequest
 from ito.core.booking_views import ConfirmationView
 from ito.core.envelope import ok_envelope
 from ito.core.errors import ItoError
-from ito.core.manifest import MANIFEST_MAX_BYTES
 from ito.core.responses import Envelope
 from ito.server.routers.deps import (
     Approver,
@@ -28,20 +27,6 @@ from ito.server.services.confirmations import (
 )
 
 router = APIRouter(prefix="/v1/confirmations", route_class=OneHopRoute)
-
-
-class ConfirmationRequest(BaseModel):
-    # Strict: a number sent as a string ("ttl_seconds": "60") is refused, not coerced.
-    model_config = ConfigDict(extra="forbid", strict=True)
-    action: str
-    booking_id: str | None = None
-    manifest_id: str | None = None
-    run_id: str | None = None
-    checkpoint_step: int | None = Field(default=None, ge=0, le=2**63 - 1)
-    ttl_seconds: int | None = Field(default=None, ge=1)
-    """Shorter life than the server's ``confirmation_ttl_seconds``; a longer one is refused."""
-    manifest_b64: str | None = Field(default=None, max_length=2 * MANIFEST_MAX_BYTES)
-    """The manifest's bytes; stored with the confirmation if the server lacks them."""
 
 
 @router.post("", response_model=Envelope[ConfirmationView])

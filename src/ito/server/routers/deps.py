@@ -13,7 +13,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from ito.core.errors import ItoError
+from ito.core.errors import ErrorCode, ItoError
 from ito.core.manifest import MANIFEST_MAX_BYTES
 from ito.server.services.credentials import (
     AuthContext,
@@ -136,7 +136,7 @@ def decode_manifest_b64(value: str) -> bytes:
     return raw
 
 
-async def read_bounded_body(request: Request, limit: int, code: str) -> bytes:
+async def read_bounded_body(request: Request, limit: int, code: ErrorCode) -> bytes:
     """The request body, refusing with ``code`` as soon as it passes ``limit`` bytes."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:

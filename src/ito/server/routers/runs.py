@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, ConfigDict, Field
 
+from ito.core.api_requests import RunActionBody, RunCreateBody
 from ito.core.envelope import ok_envelope
-from ito.core.manifest import MANIFEST_MAX_BYTES
 from ito.core.responses import Envelope
 from ito.core.run_views import (
     CheckpointList,
@@ -46,15 +45,6 @@ from ito.server.services.runs import (
 router = APIRouter(prefix="/v1/runs", route_class=OneHopRoute)
 CURSOR_MAX = 2**63 - 1
 """Cursors are row ids (64-bit); a larger one is refused, not passed to the store."""
-
-
-class RunCreateBody(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    booking_id: str = Field(min_length=1, max_length=64)
-    manifest_id: str = Field(min_length=1, max_length=80)
-    confirmation_ref: str = Field(min_length=1, max_length=64)
-    idempotency_key: str
-    manifest_b64: str | None = Field(default=None, max_length=2 * MANIFEST_MAX_BYTES)
 
 
 @router.post("", response_model=Envelope[RunCreated])
@@ -125,12 +115,6 @@ def runs_events(
         ]
     cursor = events[-1]["id"] if events else after
     return ok_envelope({"events": events, "next_cursor": cursor}, f"{len(events)} event(s)")
-
-
-class RunActionBody(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    confirmation_ref: str = Field(min_length=1, max_length=64)
-    idempotency_key: str
 
 
 def _action(

@@ -1,5 +1,5 @@
-"""Telemetry for the desk and the tenant (JSON), and Prometheus text at ``/metrics`` (desk
-credential required: it spans every tenant).
+"""Telemetry for the desk and the tenant (JSON), and Prometheus metrics at ``/metrics`` (desk
+credential required: it spans every tenant; written by :mod:`ito.server.services.prometheus`).
 
 A tenant reads its own runs and bookings. The desk reads any, and each such read of a tenant's
 figures is recorded in the audit trail (and so shown to that tenant). ``/metrics`` scrapes are
@@ -23,7 +23,8 @@ from ito.server.routers.deps import Desk, RequesterOrDesk, State
 from ito.server.routers.route import OneHopRoute
 from ito.server.services.audit import Actor, audited
 from ito.server.services.credentials import OperatorContext
-from ito.server.services.telemetry import booking_telemetry, prometheus_text, run_telemetry
+from ito.server.services.prometheus import CONTENT_TYPE, exposition
+from ito.server.services.telemetry import booking_telemetry, run_telemetry
 
 router = APIRouter(route_class=OneHopRoute)
 
@@ -56,5 +57,5 @@ def telemetry(
 @router.get("/metrics", response_class=PlainTextResponse)
 def metrics(state: State, caller: Desk) -> PlainTextResponse:
     with state.db.read() as session:
-        text = prometheus_text(session)
-    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+        body = exposition(session)
+    return PlainTextResponse(body, media_type=CONTENT_TYPE)

@@ -74,7 +74,7 @@ def worker_report(
     # The body was validated against the event models on the way in: a malformed event
     # refuses the whole batch with ``invalid_arguments`` (422) before anything is written.
     with state.db.write() as session:
-        counts = report(session, caller, run_id, body.attempt, body.events)
+        counts = report(session, caller, run_id, body.attempt, body.events, now=utcnow())
     return ok_envelope(counts, "reported")
 
 
@@ -97,7 +97,14 @@ def worker_finish(
 ) -> dict[str, Any]:
     with state.db.write() as session:
         data = finish_run(
-            session, caller, run_id, body.attempt, body.status, body.failure_code, body.message
+            session,
+            caller,
+            run_id,
+            body.attempt,
+            body.status,
+            body.failure_code,
+            body.message,
+            now=utcnow(),
         )
     return ok_envelope(data, f"run {run_id} is {data['state']}")
 

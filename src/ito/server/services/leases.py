@@ -1,6 +1,7 @@
 """The worker side of a run (DESIGN §7.1): leasing queued runs of the worker's booking, renewing
-the lease by heartbeat (and accounting the time held), ingesting what the run reports, finishing
-it, and turning expired leases into ``recovering`` so another attempt resumes the run.
+the lease by heartbeat (and accounting the time held, through the attempt's finish), ingesting
+what the run reports, finishing it, and turning expired leases into ``recovering`` so another
+attempt resumes the run.
 
 Every state change goes through :func:`ito.server.services.runs.transition_run`.
 """
@@ -235,6 +236,21 @@ def held_lease(
     return run, lease
 
 
+def _account_held(lease: RunLease, booking: Booking, now: datetime) -> None:
+    """Count the time the holder held the booking since its last beat — held time and cost,
+    all of it: a beat that came late still held the booking until ``now``. The attempt's end
+    (its finish, a loss spike) is accounted the same way, so nothing after the last beat is
+    left out of goodput's denominator or out of the bill. A wall clock stepped back counts
+    nothing, never negative time."""
+    if lease.last_heartbeat_at is not None:
+        held = max((now - lease.last_heartbeat_at).total_seconds(), 0.0)
+        lease.busy_seconds += held
+        lease.cost_usd += (
+            held / 3600.0 * booking.nodes * booking.gpus_per_node * booking.rate_usd_per_gpu_hour
+        )
+    lease.last_heartbeat_at = now
+
+
 def heartbeat(
     session: Session,
     worker: AuthContext,
@@ -247,17 +263,7 @@ def heartbeat(
     run, lease = held_lease(session, worker, run_id, attempt)
     booking = session.get(Booking, run.booking_id)
     assert booking is not None
-    if lease.last_heartbeat_at is not None:
-        held = min((now - lease.last_heartbeat_at).total_seconds(), settings.ttl.total_seconds())
-        lease.busy_seconds += max(held, 0.0)
-        lease.cost_usd += (
-            max(held, 0.0)
-            / 3600.0
-            * booking.nodes
-            * booking.gpus_per_node
-            * booking.rate_usd_per_gpu_hour
-        )
-    lease.last_heartbeat_at = now
+    _account_held(lease, booking, now)
     lease.lease_expires_at = now + settings.ttl
     lease.updated_at = now
     ceiling = float(run.estimate.get("ceiling_usd", 0.0))
@@ -300,8 +306,12 @@ def report(
     run_id: str,
     attempt: int,
     events: Sequence[ReportedEvent],
+    *,
+    now: datetime,
 ) -> dict[str, int]:
-    """Ingest a batch of the pipeline's events (already validated), in order."""
+    """Ingest a batch of the pipeline's events (already validated), in order. A loss spike
+    ends the attempt at ``now``: the time held until then is accounted before the lease is
+    let go."""
     run, lease = held_lease(session, worker, run_id, attempt)
     counts = {"logs": 0, "metrics": 0, "checkpoints": 0, "events": 0}
     for item in events:
@@ -382,6 +392,9 @@ def report(
                 "approved": False,
             }
             lease.proposal = proposal
+            booking = session.get(Booking, run.booking_id)
+            assert booking is not None
+            _account_held(lease, booking, now)
             lease.lease_expires_at = None
             lease.worker_principal_id = None
             transition_run(
@@ -443,7 +456,12 @@ def finish_run(
     status: str,
     failure_code: str | None,
     message: str,
+    *,
+    now: datetime,
 ) -> dict[str, Any]:
+    """End the attempt at ``now`` with the run's final state. The time held from the last
+    heartbeat to ``now`` is time held and cost like any other (DESIGN §7.7: goodput counts to
+    the attempt's finish)."""
     run, lease = held_lease(session, worker, run_id, attempt)
     targets = {
         "succeeded": RunState.succeeded,
@@ -454,6 +472,10 @@ def finish_run(
     if status not in targets:
         raise ItoError("invalid_arguments", "status must be one of " + ", ".join(targets))
     target = targets[status]
+    booking = session.get(Booking, run.booking_id)
+    assert booking is not None
+    _account_held(lease, booking, now)
+    lease.updated_at = now
     if run.state == RunState.cancelling.value and target is not RunState.cancelled:
         target = RunState.cancelled
     transition_run(

@@ -2,9 +2,11 @@
 MFU, per run and per booking — computed from what runs reported, never estimated.
 
 * goodput = productive training seconds that survived into the final state ÷ wall seconds the
-  run held the booking, outages included (from a dead attempt's last heartbeat to the next
-  lease). A step counts once, with the duration of its latest attempt: steps
-  recomputed after a failure (work lost since the last commit) are not productive.
+  run held the booking, from each lease to its attempt's finish, outages included (from a dead
+  attempt's last heartbeat to the next lease). Never clamped: productive time is measured inside
+  the time held, so a figure above 1 is an accounting bug to fix, not to hide. A step counts
+  once, with the duration of its latest attempt: steps recomputed after a failure (work lost
+  since the last commit) are not productive.
 * interruption rate = interruptions (expired leases) ÷ node-hours held.
 * checkpoint bandwidth = bytes committed ÷ seconds spent writing them.
 """
@@ -21,20 +23,34 @@ from ito.server.services.runs import get_run
 from ito.server.store.runtime_tables import CheckpointRow, RunLease, RunMetric
 from ito.server.store.tables import Booking, Run
 
-__all__ = ["booking_telemetry", "prometheus_text", "run_telemetry"]
+__all__ = [
+    "ExportedBooking",
+    "ExportedRun",
+    "RawFigures",
+    "booking_telemetry",
+    "export_snapshot",
+    "run_telemetry",
+]
+
+
+def _productive(session: Session, run_ids: list[str] | None = None) -> dict[str, float]:
+    """Productive seconds by run (of ``run_ids``, or of every run), in one query: each step's
+    ``step_seconds`` as last reported — a step recomputed after a failure counts once, with the
+    duration of the attempt that survived."""
+    last = select(func.max(RunMetric.id)).where(RunMetric.name == "step_seconds")
+    if run_ids is not None:
+        last = last.where(RunMetric.run_id.in_(run_ids))
+    last = last.group_by(RunMetric.run_id, RunMetric.stage, RunMetric.step)
+    rows = session.execute(
+        select(RunMetric.run_id, func.sum(RunMetric.value))
+        .where(RunMetric.id.in_(last))
+        .group_by(RunMetric.run_id)
+    )
+    return {run_id: float(total) for run_id, total in rows}
 
 
 def _productive_seconds(session: Session, run_id: str) -> float:
-    latest: dict[tuple[str, int], tuple[int, float]] = {}
-    for stage, step, attempt, value in session.execute(
-        select(RunMetric.stage, RunMetric.step, RunMetric.attempt, RunMetric.value)
-        .where(RunMetric.run_id == run_id, RunMetric.name == "step_seconds")
-        .order_by(RunMetric.id)
-    ):
-        key = (stage, step)
-        if key not in latest or attempt >= latest[key][0]:
-            latest[key] = (attempt, value)
-    return sum(v for _, v in latest.values())
+    return _productive(session, [run_id]).get(run_id, 0.0)
 
 
 def _mean(session: Session, run_id: str, name: str) -> float | None:
@@ -45,7 +61,7 @@ def _mean(session: Session, run_id: str, name: str) -> float | None:
 
 
 @dataclass(frozen=True)
-class _Raw:
+class RawFigures:
     """One run's unrounded figures: aggregates are summed from these, never from rounded ones."""
 
     busy: float
@@ -58,7 +74,7 @@ class _Raw:
     bytes_freed: int = 0
 
 
-def _raw(session: Session, run: Run, booking: Booking) -> _Raw:
+def _raw(session: Session, run: Run, booking: Booking) -> RawFigures:
     lease = session.get(RunLease, run.id)
     busy = lease.busy_seconds if lease else 0.0
     written, seconds = session.execute(
@@ -67,7 +83,7 @@ def _raw(session: Session, run: Run, booking: Booking) -> _Raw:
             func.coalesce(func.sum(CheckpointRow.seconds), 0.0),
         ).where(CheckpointRow.run_id == run.id)
     ).one()
-    return _Raw(
+    return RawFigures(
         busy=busy,
         productive=_productive_seconds(session, run.id),
         interruptions=lease.interruptions if lease else 0,
@@ -79,11 +95,11 @@ def _raw(session: Session, run: Run, booking: Booking) -> _Raw:
     )
 
 
-def _ratios(raw: _Raw) -> dict[str, Any]:
+def _ratios(raw: RawFigures) -> dict[str, Any]:
     return {
         "wall_seconds_held": round(raw.busy, 3),
         "productive_seconds": round(raw.productive, 3),
-        "goodput": round(min(raw.productive / raw.busy, 1.0), 4) if raw.busy > 0 else None,
+        "goodput": round(raw.productive / raw.busy, 4) if raw.busy > 0 else None,
         "interruptions": raw.interruptions,
         "interruption_rate_per_node_hour": round(raw.interruptions / raw.node_hours, 4)
         if raw.node_hours > 0
@@ -96,7 +112,7 @@ def _ratios(raw: _Raw) -> dict[str, Any]:
 
 
 def _run_figures(
-    session: Session, run: Run, booking: Booking, raw: _Raw | None = None
+    session: Session, run: Run, booking: Booking, raw: RawFigures | None = None
 ) -> dict[str, Any]:
     raw = raw or _raw(session, run, booking)
     return {
@@ -139,7 +155,7 @@ def booking_telemetry(session: Session, account_id: str | None, booking_id: str)
         session.scalars(select(Run).where(Run.booking_id == booking.id).order_by(Run.created_at))
     )
     raws = [_raw(session, run, booking) for run in runs]
-    total = _Raw(
+    total = RawFigures(
         busy=sum(r.busy for r in raws),
         productive=sum(r.productive for r in raws),
         interruptions=sum(r.interruptions for r in raws),
@@ -158,32 +174,91 @@ def booking_telemetry(session: Session, account_id: str | None, booking_id: str)
     }
 
 
-def prometheus_text(session: Session) -> str:
-    """Every booking's and run's figures in the Prometheus text exposition format."""
-    lines: list[str] = []
-    gauges = {
-        "ito_run_goodput": ("goodput", "Productive training time ÷ wall time held"),
-        "ito_run_interruptions_total": ("interruptions", "Interruptions of the run"),
-        "ito_run_checkpoint_bandwidth_bytes_per_second": (
-            "checkpoint_bandwidth_bytes_per_s",
-            "Checkpoint bytes ÷ seconds writing",
-        ),
-        "ito_run_tokens_per_second": ("tokens_per_s", "Mean training tokens per second"),
-        "ito_run_mfu": ("mfu", "Mean model-FLOPs utilisation"),
-        "ito_run_cost_usd": ("cost_usd", "Cost accrued"),
+@dataclass(frozen=True)
+class ExportedRun:
+    """One run's figures for the Prometheus exposition."""
+
+    run_id: str
+    state: str
+    raw: RawFigures
+    tokens_per_s: float | None
+    mfu: float | None
+
+
+@dataclass(frozen=True)
+class ExportedBooking:
+    """One booking with its runs, for the Prometheus exposition."""
+
+    booking_id: str
+    account_id: str
+    runs: list[ExportedRun]
+
+    @property
+    def total(self) -> RawFigures:
+        raws = [run.raw for run in self.runs]
+        return RawFigures(
+            busy=sum(r.busy for r in raws),
+            productive=sum(r.productive for r in raws),
+            interruptions=sum(r.interruptions for r in raws),
+            node_hours=sum(r.node_hours for r in raws),
+            written=sum(r.written for r in raws),
+            seconds=sum(r.seconds for r in raws),
+            cost=sum(r.cost for r in raws),
+            bytes_freed=sum(r.bytes_freed for r in raws),
+        )
+
+
+def export_snapshot(session: Session) -> list[ExportedBooking]:
+    """Every booking's and run's unrounded figures, read in a fixed number of queries however
+    many runs there are (bookings, runs, leases, checkpoint sums, productive time, means)."""
+    bookings = list(session.scalars(select(Booking).order_by(Booking.created_at, Booking.id)))
+    runs = list(session.scalars(select(Run).order_by(Run.created_at, Run.id)))
+    leases = {lease.run_id: lease for lease in session.scalars(select(RunLease))}
+    checkpoints = {
+        run_id: (int(written), float(seconds))
+        for run_id, written, seconds in session.execute(
+            select(
+                CheckpointRow.run_id,
+                func.coalesce(func.sum(CheckpointRow.bytes), 0),
+                func.coalesce(func.sum(CheckpointRow.seconds), 0.0),
+            ).group_by(CheckpointRow.run_id)
+        )
     }
-    figures = []
-    for booking in session.scalars(select(Booking)):
-        for run in session.scalars(select(Run).where(Run.booking_id == booking.id)):
-            figures.append((booking, _run_figures(session, run, booking)))
-    for metric, (field, help_text) in gauges.items():
-        lines.append(f"# HELP {metric} {help_text}")
-        lines.append(f"# TYPE {metric} gauge")
-        for booking, fig in figures:
-            value = fig[field]
-            if value is not None:
-                lines.append(
-                    f'{metric}{{booking="{booking.id}",run="{fig["run_id"]}",'
-                    f'account="{booking.account_id}"}} {float(value)}'
-                )
-    return "\n".join(lines) + "\n"
+    productive = _productive(session)
+    means: dict[tuple[str, str], float] = {
+        (run_id, name): float(value)
+        for run_id, name, value in session.execute(
+            select(RunMetric.run_id, RunMetric.name, func.avg(RunMetric.value))
+            .where(RunMetric.name.in_(("tokens_per_s", "mfu")))
+            .group_by(RunMetric.run_id, RunMetric.name)
+        )
+    }
+    by_booking: dict[str, list[ExportedRun]] = {booking.id: [] for booking in bookings}
+    nodes = {booking.id: booking.nodes for booking in bookings}
+    for run in runs:
+        lease = leases.get(run.id)
+        busy = lease.busy_seconds if lease else 0.0
+        written, seconds = checkpoints.get(run.id, (0, 0.0))
+        raw = RawFigures(
+            busy=busy,
+            productive=productive.get(run.id, 0.0),
+            interruptions=lease.interruptions if lease else 0,
+            node_hours=busy * nodes.get(run.booking_id, 0) / 3600.0,
+            written=written,
+            seconds=seconds,
+            cost=lease.cost_usd if lease else 0.0,
+            bytes_freed=lease.bytes_freed if lease else 0,
+        )
+        by_booking.setdefault(run.booking_id, []).append(
+            ExportedRun(
+                run.id,
+                run.state,
+                raw,
+                means.get((run.id, "tokens_per_s")),
+                means.get((run.id, "mfu")),
+            )
+        )
+    return [
+        ExportedBooking(booking.id, booking.account_id, by_booking[booking.id])
+        for booking in bookings
+    ]
