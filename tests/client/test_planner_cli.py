@@ -18,7 +18,10 @@ def test_a_named_size_plans_locally_with_its_layout_memory_and_rules() -> None:
     assert result.rc == 0 and result.envelope is not None
     assert result.envelope["live_api_contacted"] is False
     plan = result.data["plan"]
-    assert (plan["dp_shard"], plan["tp"], plan["pp"], plan["cp"]) == (8, 1, 1, 1)
+    # Data parallel over the node's eight GPUs (FSDP, or HSDP when the planner predicts it
+    # faster), nothing else.
+    assert plan["dp_replicate"] * plan["dp_shard"] == 8
+    assert (plan["tp"], plan["pp"], plan["cp"]) == (1, 1, 1)
     assert plan["global_batch_tokens"] == 8 * 8192
     assert plan["memory"]["total"] <= plan["memory"]["usable"]
     assert {rule["choice"] for rule in plan["rules"]} >= {"tp", "pp", "activation_checkpointing"}

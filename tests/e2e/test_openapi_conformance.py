@@ -26,6 +26,7 @@ from ito.server.services.audit import (
     list_audit,
 )
 from ito.server.services.bookings import booking_dict, eligibility, get_booking, list_bookings
+from ito.server.services.gates import gates_of
 from ito.server.services.manifests import load_manifest, manifest_dict
 from ito.server.services.plans import plan_run
 from ito.server.services.provenance import provenance_of
@@ -300,6 +301,8 @@ def _run_through_a_worker(t: Tenant, digest: str) -> None:
     assert [line["message"] for line in lines] == ["step 1"]
     points = ok(t.api("GET", f"/v1/runs/{run_id}/metrics", params={"name": "mfu"}))["points"]
     assert [p["value"] for p in points] == [0.25]
+    gates = ok(t.api("GET", f"/v1/runs/{run_id}/gates"))
+    assert gates == built(t.server, lambda s: gates_of(s, t.account_id, run_id))
     checkpoints = ok(t.api("GET", f"/v1/runs/{run_id}/checkpoints"))["checkpoints"]
     assert [(c["step"], c["bytes"], c["deleted"]) for c in checkpoints] == [(1, 4000, False)]
 

@@ -747,7 +747,7 @@ def battery_gates(m: Manifest) -> list[dict[str, Any]]:
             "battery": battery,
             "eval": spec.eval,
             "data": spec.data,
-            **spec.model_dump(include={"min", "max", "min_ratio", "max_ratio"}, exclude_none=True),
+            **spec.model_dump(include={"min", "max", "min_ratio", "max_ratio"}),
             "gate": spec.describe(),
         }
         for stage, battery in stages

@@ -135,15 +135,20 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
         {"text": " ".join(_sentence(rng) for _ in range(rng.randint(4, 12)))}
         for _ in range(budgets.web_docs)
     ]
-    # Midtrain's own mix: sums written out as text, the skill the held-out set measures (its
-    # operands are below 500, the held-out set's at or above: disjoint by construction).
+    # Midtrain's own mix: the web's kind of sentences with sums written out between them, the
+    # skill the held-out set measures (operands below 500; the held-out set's are at or above:
+    # disjoint by construction). Each document mixes both, so every batch is alike and the web
+    # text is not forgotten.
     mid = []
     for _ in range(400):
-        equations = []
+        parts = []
         for _ in range(rng.randint(4, 10)):
-            a, b = train_pair()
-            equations.append(f"{a}+{b}={a + b}")
-        mid.append({"text": " ; ".join(equations)})
+            if rng.random() < 0.5:
+                a, b = train_pair()
+                parts.append(f"{a}+{b}={a + b} .")
+            else:
+                parts.append(_sentence(rng))
+        mid.append({"text": " ".join(parts)})
     sft = []
     for _ in range(400):
         a, b = train_pair()
