@@ -21,10 +21,10 @@ Transformer Models", §4, eq. 2 and 4), rewritten for Llama's layer:
   except the inputs of the column-parallel projections, which PyTorch's DTensor sequence
   parallel keeps all-gathered (two ``h``-wide tensors per layer). The engine applies sequence
   parallelism (:mod:`ito.pipeline.parallelize`: norms and residual stream on ``1/tp`` of the
-  tokens), but its selective checkpointing keeps each row-parallel matmul's output (o and
-  down) as that matmul returns it, whole-sequence partial sums before their reduce-scatter:
-  ``2e·h`` per token on every rank where this counts ``2e·h/t``, more than this counts under
-  ``tp > 1`` (see ``bench/planner_memory.py`` check (b), row ``70b_256``);
+  tokens); under selective checkpointing it keeps the row-parallel blocks' reduce-scattered
+  outputs (``1/tp`` of the tokens, as counted here), not the whole-sequence partial sums of the
+  o and down matmuls, which it recomputes (``bench/planner_memory.py`` check (b), row
+  ``70b_256``);
 * Hugging Face's ``LlamaRMSNorm`` upcasts its input and keeps that fp32 copy (for ``pow`` and
   the normalising product) beside the normalised tensor in compute precision (counted as
   Korthikanti's norm input): 4 more bytes per element, two norms per layer, whole on every

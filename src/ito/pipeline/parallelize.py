@@ -65,7 +65,11 @@ SAVED_OPS: frozenset[Any] = frozenset(
 )
 """Selective activation checkpointing keeps the matmul and attention outputs and recomputes the
 cheap element-wise ops (norms, SwiGLU, rotary) — Korthikanti et al. 2022 §4.3; TorchTitan's
-op-level selective AC keeps the same ops."""
+op-level selective AC keeps the same ops. Under tensor parallel the row-parallel matmuls (o,
+down) are the exception: their outputs are whole-sequence partial sums (``tp`` times the
+memory of what follows them), so the output of the reduce-scatter that ends each block is kept
+instead and the two matmuls are recomputed in the backward (TorchTitan keeps the
+reduce-scatter's output too)."""
 
 
 def parallelize(model: LlamaForCausalLM, mesh: DeviceMesh, layout: EngineLayout) -> None:
@@ -197,6 +201,20 @@ def _root_plan(model: LlamaForCausalLM) -> list[tuple[str, Any]]:
     return plan
 
 
+REDUCE_SCATTER: Any = torch.ops._c10d_functional.reduce_scatter_tensor.default
+
+
+def _row_parallel(args: tuple[object, ...]) -> bool:
+    """Whether an ``mm`` seen by the checkpoint policy (which sees DTensors) is a row-parallel
+    projection's: its weight (transposed) split along the contracted dimension."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    weight = args[1] if len(args) > 1 else None
+    return isinstance(weight, DTensor) and any(
+        isinstance(p, Shard) and p.dim == 0 for p in weight.placements
+    )
+
+
 def _activation_checkpointing(model: LlamaForCausalLM, mode: str) -> None:
     if mode == "none":
         return
@@ -205,6 +223,14 @@ def _activation_checkpointing(model: LlamaForCausalLM, mode: str) -> None:
         from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
         def policy(ctx: object, op: object, *args: object, **kwargs: object) -> CheckpointPolicy:
+            if op is REDUCE_SCATTER or (op is torch.ops.aten.mm.default and _row_parallel(args)):
+                # Sequence parallel: a row-parallel matmul's output is a whole-sequence partial
+                # sum; its reduce-scatter's output (this rank's 1/tp of the tokens) is kept.
+                return (
+                    CheckpointPolicy.MUST_SAVE
+                    if op is REDUCE_SCATTER
+                    else CheckpointPolicy.PREFER_RECOMPUTE
+                )
             if op in SAVED_OPS:
                 return CheckpointPolicy.MUST_SAVE
             return CheckpointPolicy.PREFER_RECOMPUTE
