@@ -4,15 +4,15 @@ Three checks, each printed as a table:
 
 - **(a) model states, on gloo.** For every layout of the equivalence tests
   (``tests/pipeline/test_layouts.py``: 1 process; ``dp_shard=2``; ``tp=2``; ``dp_replicate=2``;
-  ``pp=2``; ``dp_shard=2 × tp=2`` on 4 processes) the engine's own pieces run one real train step
-  on the ``tiny`` model under ``torchrun --standalone`` with CPU processes: the layout's mesh
-  (``build_mesh``), the model laid out on it (``build_model``: TP, activation checkpointing,
-  FSDP2, meta-device init), AdamW (``build_optimizer``), the layout's micro-batches (gradient
-  accumulation, or the 1F1B schedule of ``PipelineRunner``), ``clip_grad_norm`` and
-  ``optimizer.step()``. Right after the step (before ``zero_grad``) each rank sums the bytes of
-  the local shards it holds: parameters, gradients and optimizer states (Adam's moments and its
-  ``step`` counters). The planner's ``stage_memory`` for the same layout (fp32 on the CPU
-  stand-in) gives the same three figures for that rank's pipeline stage. Goal: equal to the byte.
+  ``pp=2``; ``dp_shard=2 × tp=2`` and ``pp=2 × tp=2`` on 4 processes) the engine's own pieces run
+  one real train step on the ``tiny`` model under ``torchrun --standalone`` with CPU processes: the
+  layout's mesh (``build_mesh``), the model laid out on it (``build_model``: TP, activation
+  checkpointing, FSDP2, meta-device init), AdamW (``build_optimizer``), the layout's micro-batches
+  (gradient accumulation, or the 1F1B schedule of ``PipelineRunner``), ``clip_grad_norm`` and
+  ``optimizer.step()``. Right after the step (before ``zero_grad``) each rank sums the bytes of the
+  local shards it holds: parameters, gradients and optimizer states (Adam's moments and its ``step``
+  counters). The planner's ``stage_memory`` for the same layout (fp32 on the CPU stand-in) gives the
+  same three figures for that rank's pipeline stage. Goal: equal to the byte.
 - **(b) peak on a simulated large world**: rows ``8b_8`` (8b, 1×8 H100, the planner's layout),
   ``8b_128`` (16×8, the planner's layout), ``8b_128_fsdp`` (16×8, pure FSDP pinned, as
   TorchTitan published it) and ``70b_256`` (Llama 3 70B's shape, 32×8, FSDP 32 × TP 8

@@ -18,6 +18,17 @@ LAYOUTS: dict[str, tuple[int, dict[str, Any]]] = {
     ),
     "dp_shard_2_tp_2": (4, {"dp_shard": 2, "tp": 2, "micro_batch": 4}),
     "pp_2": (2, {"pp": 2, "micro_batch": 4, "pp_microbatches": 2}),
+    "pp_2_tp_2": (
+        4,
+        {
+            "pp": 2,
+            "tp": 2,
+            "micro_batch": 4,
+            "pp_microbatches": 2,
+            "activation_checkpointing": "selective",
+        },
+    ),
 }
-"""Processes and layout; every one trains on 8 sequences per step (two of them recompute their
-activations: checkpointing changes memory, never the numbers)."""
+"""Processes and layout; every one trains on 8 sequences per step (three of them recompute their
+activations: checkpointing changes memory, never the numbers; ``pp_2_tp_2`` sends the
+sequence-parallel shards of the hidden states between its stages)."""

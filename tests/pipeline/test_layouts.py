@@ -1,6 +1,6 @@
 """The engine applies the planned layout (DESIGN §7.2): the same run on one process, FSDP over
-two, tensor parallel over two, HSDP over two, FSDP × TP over four and a two-stage 1F1B pipeline
-gives the same loss curve
+two, tensor parallel over two, HSDP over two, FSDP × TP over four, a two-stage 1F1B pipeline
+and that pipeline with tensor (and sequence) parallel over four give the same loss curve
 (fp32, same data and seed, the same global batch of 8 sequences); a checkpoint written under one
 layout resumes under another (DCP resharding) and continues the curve; a degree the engine
 cannot apply, or degrees that do not make the world, end the run before training with their

@@ -19,10 +19,12 @@ Transformer Models", §4, eq. 2 and 4), rewritten for Llama's layer:
   product) where GPT's GeLU MLP keeps two ``4h``-wide ones;
 * tensor parallelism with sequence parallelism divides what is stored by ``tp`` (their eq. 4),
   except the inputs of the column-parallel projections, which PyTorch's DTensor sequence
-  parallel keeps all-gathered (two ``h``-wide tensors per layer). The engine applies no
-  sequence parallelism (:mod:`ito.pipeline.parallelize`): its norms, column-parallel inputs
-  and row-parallel outputs are whole on every rank, more than this counts under ``tp > 1``
-  (see ``bench/planner_memory.py`` check (b), row ``70b_256``);
+  parallel keeps all-gathered (two ``h``-wide tensors per layer). The engine applies sequence
+  parallelism (:mod:`ito.pipeline.parallelize`: norms and residual stream on ``1/tp`` of the
+  tokens); under selective checkpointing it keeps the row-parallel blocks' reduce-scattered
+  outputs (``1/tp`` of the tokens, as counted here), not the whole-sequence partial sums of the
+  o and down matmuls, which it recomputes (``bench/planner_memory.py`` check (b), row
+  ``70b_256``);
 * Hugging Face's ``LlamaRMSNorm`` upcasts its input and keeps that fp32 copy (for ``pow`` and
   the normalising product) beside the normalised tensor in compute precision (counted as
   Korthikanti's norm input): 4 more bytes per element, two norms per layer, whole on every

@@ -33,6 +33,7 @@ __all__ = [
     "decoder_layers",
     "initialize",
     "parallelize",
+    "sequence_parallel_mesh",
     "set_requires_all_reduce",
 ]
 
@@ -49,8 +50,8 @@ TP_PLAN: dict[str, str] = {
 output features, o and down by input features, so attention heads and the MLP's hidden width
 are divided between the tensor-parallel ranks and one all-reduce ends each block. The heads per
 rank follow from the local width (the attention reshapes to ``(-1, head_dim)``). The embedding
-and the output head are split by vocabulary (:func:`_root_plan`); the norms stay whole on every
-tensor-parallel rank."""
+and the output head are split by vocabulary (:func:`_root_plan`); with sequence parallel between
+the blocks (:func:`_layer_plan`)."""
 
 SAVED_OPS: frozenset[Any] = frozenset(
     {
@@ -65,7 +66,11 @@ SAVED_OPS: frozenset[Any] = frozenset(
 )
 """Selective activation checkpointing keeps the matmul and attention outputs and recomputes the
 cheap element-wise ops (norms, SwiGLU, rotary) — Korthikanti et al. 2022 §4.3; TorchTitan's
-op-level selective AC keeps the same ops."""
+op-level selective AC keeps the same ops. Under tensor parallel the row-parallel matmuls (o,
+down) are the exception: their outputs are whole-sequence partial sums (``tp`` times the
+memory of what follows them), so the output of the reduce-scatter that ends each block is kept
+instead and the two matmuls are recomputed in the backward (TorchTitan keeps the
+reduce-scatter's output too)."""
 
 
 def parallelize(model: LlamaForCausalLM, mesh: DeviceMesh, layout: EngineLayout) -> None:
@@ -109,11 +114,7 @@ def decoder_layers(model: LlamaForCausalLM) -> list[nn.Module]:
 
 
 def _tensor_parallel(model: LlamaForCausalLM, tp_mesh: DeviceMesh) -> None:
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
+    from torch.distributed.tensor.parallel import parallelize_module
 
     heads = int(model.config.num_attention_heads or 0)
     kv_heads = int(model.config.num_key_value_heads or 0)
@@ -125,31 +126,109 @@ def _tensor_parallel(model: LlamaForCausalLM, tp_mesh: DeviceMesh) -> None:
             "layout_unsupported",
             f"tp={tp} does not divide the heads ({heads}) and kv heads ({kv_heads})",
         )
-    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-    plan = {name: styles[style]() for name, style in TP_PLAN.items()}
+    plan = _layer_plan()
     for layer in decoder_layers(model):
         parallelize_module(layer, tp_mesh, plan)
-    parallelize_module(model, tp_mesh, _root_plan(model))
+    for name, style in _root_plan(model):
+        parallelize_module(model.get_submodule(name), tp_mesh, style)
+    setattr(model, _SP_MESH, tp_mesh)
 
 
-def _root_plan(model: LlamaForCausalLM) -> dict[str, Any]:
-    """The embedding split by vocabulary rows (each token's row lives on one rank, the others
-    add zeros: an exact all-reduce) and the output head by vocabulary columns, its logits
-    gathered whole on every rank (no loss parallel: the loss is Hugging Face's) — TorchTitan's
-    ``apply_tp`` for ``tok_embeddings`` and ``output``, so a rank holds ``1/tp`` of the two
-    largest matrices as the planner counts (:mod:`ito.core.planner_memory`). The RMSNorms stay
-    whole. This stage's modules only, under a pipeline."""
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+_SP_MESH = "_ito_sequence_parallel_mesh"
 
-    plan: dict[str, Any] = {}
-    if model.model.embed_tokens is not None:
-        plan["model.embed_tokens"] = RowwiseParallel(
-            input_layouts=Replicate(), output_layouts=Replicate()
-        )
-    if model.lm_head is not None:
-        plan["lm_head"] = ColwiseParallel(output_layouts=Replicate())
+
+def sequence_parallel_mesh(model: nn.Module) -> DeviceMesh | None:
+    """The tensor-parallel mesh whose ranks shard ``model``'s residual stream along the
+    sequence (:func:`_layer_plan`), ``None`` without tensor parallel."""
+    mesh: DeviceMesh | None = getattr(model, _SP_MESH, None)
+    return mesh
+
+
+def _layer_plan() -> dict[str, Any]:
+    """A decoder layer's plan: :data:`TP_PLAN`'s Megatron split with sequence parallel
+    (Korthikanti et al. 2022, §4.2.2; TorchTitan's ``apply_tp``). Between the tensor-parallel
+    regions the residual stream is a DTensor sharded along the sequence (``Shard(1)``) over the
+    tp ranks, so the norms and the residual adds hold ``1/tp`` of the tokens: each RMSNorm runs
+    on its shard (``SequenceParallel``), the attention's and the MLP's input is gathered whole
+    (``PrepareModuleInput``: an all-gather in the forward, a reduce-scatter in the backward),
+    and o and down end their block with a reduce-scatter back to the sequence shards instead of
+    an all-reduce. Hugging Face's decoder layer passes the attention ``hidden_states`` by
+    keyword; the rotary ``position_embeddings`` are plain whole-sequence tensors, applied to the
+    gathered (local) q and k."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    styles: dict[str, Any] = {
+        "colwise": ColwiseParallel,
+        "rowwise": partial(RowwiseParallel, output_layouts=Shard(1), use_local_output=False),
+    }
+    plan: dict[str, Any] = {name: styles[style]() for name, style in TP_PLAN.items()}
+    plan["input_layernorm"] = SequenceParallel()
+    plan["post_attention_layernorm"] = SequenceParallel()
+    plan["self_attn"] = PrepareModuleInput(
+        input_kwarg_layouts={"hidden_states": Shard(1)},
+        desired_input_kwarg_layouts={"hidden_states": Replicate()},
+        use_local_output=True,
+    )
+    plan["mlp"] = PrepareModuleInput(
+        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+    )
     return plan
+
+
+def _root_plan(model: LlamaForCausalLM) -> list[tuple[str, Any]]:
+    """The embedding split by vocabulary rows (each token's row lives on one rank, the others
+    add zeros), its output reduce-scattered into the sequence shards of the residual stream (a
+    DTensor of the whole sequence's shape, so Hugging Face's positions and mask see every
+    token); the final norm on the sequence shards, its output gathered whole; the output head
+    split by vocabulary columns, its logits gathered whole on every rank (no loss parallel:
+    the chunked loss, :mod:`ito.pipeline.loss`, splits the gathered hidden states into chunks
+    of tokens) — TorchTitan's ``apply_tp`` for ``tok_embeddings``, ``norm`` and ``output``, so
+    a rank holds ``1/tp`` of the two largest matrices as the planner counts
+    (:mod:`ito.core.planner_memory`). This stage's modules only, under a pipeline. A list of
+    (module, style) pairs in order: the final norm gets two."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    plan: list[tuple[str, Any]] = []
+    if model.model.embed_tokens is not None:
+        embedding = RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False
+        )
+        plan.append(("model.embed_tokens", embedding))
+    if model.model.norm is not None:
+        plan.append(("model.norm", SequenceParallel()))
+        gather = PrepareModuleOutput(
+            output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=True
+        )
+        plan.append(("model.norm", gather))
+    if model.lm_head is not None:
+        plan.append(("lm_head", ColwiseParallel(output_layouts=Replicate())))
+    return plan
+
+
+REDUCE_SCATTER: Any = torch.ops._c10d_functional.reduce_scatter_tensor.default
+
+
+def _row_parallel(args: tuple[object, ...]) -> bool:
+    """Whether an ``mm`` seen by the checkpoint policy (which sees DTensors) is a row-parallel
+    projection's: its weight (transposed) split along the contracted dimension."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    weight = args[1] if len(args) > 1 else None
+    return isinstance(weight, DTensor) and any(
+        isinstance(p, Shard) and p.dim == 0 for p in weight.placements
+    )
 
 
 def _activation_checkpointing(model: LlamaForCausalLM, mode: str) -> None:
@@ -160,6 +239,14 @@ def _activation_checkpointing(model: LlamaForCausalLM, mode: str) -> None:
         from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
         def policy(ctx: object, op: object, *args: object, **kwargs: object) -> CheckpointPolicy:
+            if op is REDUCE_SCATTER or (op is torch.ops.aten.mm.default and _row_parallel(args)):
+                # Sequence parallel: a row-parallel matmul's output is a whole-sequence partial
+                # sum; its reduce-scatter's output (this rank's 1/tp of the tokens) is kept.
+                return (
+                    CheckpointPolicy.MUST_SAVE
+                    if op is REDUCE_SCATTER
+                    else CheckpointPolicy.PREFER_RECOMPUTE
+                )
             if op in SAVED_OPS:
                 return CheckpointPolicy.MUST_SAVE
             return CheckpointPolicy.PREFER_RECOMPUTE

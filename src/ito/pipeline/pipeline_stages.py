@@ -56,9 +56,25 @@ def split_stage(model: LlamaForCausalLM, stage: int, stages: int) -> None:
 
 
 def _stage_forward(self: LlamaForCausalLM, x: torch.Tensor) -> torch.Tensor:
-    """LlamaModel's forward over this stage's layers (no cache; SDPA is causal without a mask)."""
+    """LlamaModel's forward over this stage's layers (no cache; SDPA is causal without a mask).
+
+    Under tensor parallel the residual stream is sharded along the sequence over the tp ranks
+    (:func:`ito.pipeline.parallelize.sequence_parallel_mesh`): a stage sends its rank's shard
+    of the hidden states, ``(batch, seq / tp, hidden)``, and the next stage takes it back as
+    that shard of the whole sequence (so the sequence must divide by ``tp``)."""
+    from ito.pipeline.parallelize import sequence_parallel_mesh
+
     inner = self.model
-    hidden = inner.embed_tokens(x) if inner.embed_tokens is not None else x
+    sp_mesh = sequence_parallel_mesh(self)
+    hidden: torch.Tensor
+    if inner.embed_tokens is not None:
+        hidden = inner.embed_tokens(x)
+    elif sp_mesh is not None:
+        from torch.distributed.tensor import DTensor, Shard
+
+        hidden = DTensor.from_local(x, sp_mesh, [Shard(1)], run_check=False)
+    else:
+        hidden = x
     positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
     rope = inner.rotary_emb(hidden, position_ids=positions)
     for layer in inner.layers.values():
@@ -67,6 +83,11 @@ def _stage_forward(self: LlamaForCausalLM, x: torch.Tensor) -> torch.Tensor:
         )
     if inner.norm is not None:
         return inner.norm(hidden)  # type: ignore[no-any-return]
+    if sp_mesh is not None:
+        from torch.distributed.tensor import DTensor
+
+        assert isinstance(hidden, DTensor)
+        return hidden.to_local()
     return hidden
 
 
