@@ -5,7 +5,8 @@ dividing it, so several chunks, their recomputation and a short last one run und
 tensor parallel and the pipeline schedule — against Hugging Face's unchunked loss of the same
 model built eagerly on one process. Every rank reads the same batch, so the data-parallel mean
 of the gradients is the one process's gradient. Exits 0 when the loss and every gradient this
-rank holds (gathered whole) match, 1 naming the first that does not."""
+rank holds (gathered whole) match and each is held as its parameter is laid out, 1 naming the
+first that does not."""
 
 from __future__ import annotations
 
@@ -65,6 +66,15 @@ def main(argv: list[str]) -> int:
         grad = param.grad
         if grad is None:
             print(f"rank {rank}: {name} has no gradient")
+            status = 1
+            break
+        if isinstance(param, DTensor) and (
+            not isinstance(grad, DTensor) or grad.placements != param.placements
+        ):
+            # The gradient held between steps is the parameter's shard (what the planner
+            # counts), with or without FSDP2.
+            held = getattr(grad, "placements", None)
+            print(f"rank {rank}: gradient of {name} is held as {held}, not {param.placements}")
             status = 1
             break
         whole = grad.full_tensor() if isinstance(grad, DTensor) else grad

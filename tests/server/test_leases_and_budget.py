@@ -292,7 +292,7 @@ def _steps(seconds: list[float]) -> list[MetricEvent]:
 
 
 def test_goodput_time_held_and_cost_count_through_the_attempts_finish(tenant: Tenant) -> None:
-    db, worker, run_id = _run_with_worker(tenant, rate=9.0)
+    db, worker, run_id = _run_with_worker(tenant, rate=8.0)
     now = utcnow()
     with db.write() as session:
         assert lease_next(session, worker, SETTINGS, now) is not None
@@ -320,20 +320,20 @@ def test_goodput_time_held_and_cost_count_through_the_attempts_finish(tenant: Te
     assert held == pytest.approx(50.0)
     assert figures["wall_seconds_held"] == 50.0 and figures["productive_seconds"] == 40.0
     assert figures["goodput"] == pytest.approx(productive / held, abs=5e-5)
-    # 2 accelerators × $9/h for every second held, the tail included.
-    assert figures["cost_usd"] == pytest.approx(50 / 3600 * 2 * 9.0, rel=1e-6)
+    # 2 accelerators × $8/h for every second held, the tail included.
+    assert figures["cost_usd"] == pytest.approx(50 / 3600 * 2 * 8.0, abs=1e-6)
     db.dispose()
 
 
 def test_a_heartbeat_that_came_late_counts_all_the_time_held(tenant: Tenant) -> None:
-    db, worker, run_id = _run_with_worker(tenant, rate=9.0)
+    db, worker, run_id = _run_with_worker(tenant, rate=8.0)
     now = utcnow()
     with db.write() as session:
         assert lease_next(session, worker, SETTINGS, now) is not None
     # 45 s after the lease (TTL 30 s) but before any expiry was run: the lease is still held.
     with db.write() as session:
         answer = heartbeat(session, worker, SETTINGS, run_id, 1, now + timedelta(seconds=45))
-    assert answer["cost_usd"] == pytest.approx(45 / 3600 * 2 * 9.0, rel=1e-6)
+    assert answer["cost_usd"] == pytest.approx(45 / 3600 * 2 * 8.0, abs=1e-6)
     with db.read() as session:
         lease = session.get(RunLease, run_id)
         assert lease is not None and lease.busy_seconds == pytest.approx(45.0)
@@ -341,7 +341,7 @@ def test_a_heartbeat_that_came_late_counts_all_the_time_held(tenant: Tenant) -> 
 
 
 def test_a_loss_spike_ends_the_attempt_with_its_tail_accounted(tenant: Tenant) -> None:
-    db, worker, run_id = _run_with_worker(tenant, rate=9.0)
+    db, worker, run_id = _run_with_worker(tenant, rate=8.0)
     now = utcnow()
     with db.write() as session:
         assert lease_next(session, worker, SETTINGS, now) is not None
@@ -355,7 +355,7 @@ def test_a_loss_spike_ends_the_attempt_with_its_tail_accounted(tenant: Tenant) -
         lease = session.get(RunLease, run_id)
         assert run is not None and run.state == "awaiting_approval"
         assert lease is not None and lease.busy_seconds == pytest.approx(25.0)
-        assert lease.cost_usd == pytest.approx(25 / 3600 * 2 * 9.0, rel=1e-6)
+        assert lease.cost_usd == pytest.approx(25 / 3600 * 2 * 8.0, abs=1e-6)
     db.dispose()
 
 

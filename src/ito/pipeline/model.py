@@ -18,7 +18,12 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from ito.core.hardware import ACCELERATORS
 from ito.core.model_sizes import ModelSize
 from ito.pipeline.loss import use_chunked_loss
-from ito.pipeline.parallelize import initialize, parallelize
+from ito.pipeline.parallelize import (
+    initialize,
+    parallelize,
+    place_grads_as_parameters,
+    uses_fsdp,
+)
 from ito.pipeline.pipeline_stages import split_stage
 
 if TYPE_CHECKING:
@@ -92,6 +97,8 @@ def build_model(
         with torch.device("meta"):
             template = LlamaForCausalLM(llama_config(size))
     initialize(model, seed, device, template)
+    if not uses_fsdp(layout):
+        place_grads_as_parameters(model)
     return model
 
 

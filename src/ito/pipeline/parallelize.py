@@ -33,8 +33,10 @@ __all__ = [
     "decoder_layers",
     "initialize",
     "parallelize",
+    "place_grads_as_parameters",
     "sequence_parallel_mesh",
     "set_requires_all_reduce",
+    "uses_fsdp",
 ]
 
 TP_PLAN: dict[str, str] = {
@@ -73,6 +75,38 @@ instead and the two matmuls are recomputed in the backward (TorchTitan keeps the
 reduce-scatter's output too)."""
 
 
+def uses_fsdp(layout: EngineLayout) -> bool:
+    """Whether :func:`parallelize` applies FSDP2: not when the data-parallel mesh is a single
+    rank in full precision (nothing to shard, reduce or cast)."""
+    return layout.dp_replicate * layout.dp_shard > 1 or layout.mixed_precision
+
+
+def place_grads_as_parameters(model: torch.nn.Module) -> int:
+    """Without FSDP2 (which reduce-scatters every gradient into its parameter's shard), a
+    DTensor parameter's gradient can leave autograd in another placement than the parameter —
+    the vocabulary-split embedding's comes out whole under sequence parallel. A hook after each
+    accumulation redistributes it to the parameter's placement, so the gradient held between
+    steps is the parameter's shard, as the planner counts it. Register it on the initialised
+    model; returns the number of parameters hooked."""
+    from torch.distributed.tensor import DTensor
+
+    def to_parameter_placement(param: torch.Tensor) -> None:
+        grad = param.grad
+        if (
+            isinstance(param, DTensor)
+            and isinstance(grad, DTensor)
+            and grad.placements != param.placements
+        ):
+            param.grad = grad.redistribute(param.device_mesh, param.placements)
+
+    hooked = 0
+    for param in model.parameters():
+        if isinstance(param, DTensor):
+            param.register_post_accumulate_grad_hook(to_parameter_placement)  # type: ignore[no-untyped-call]
+            hooked += 1
+    return hooked
+
+
 def parallelize(model: LlamaForCausalLM, mesh: DeviceMesh, layout: EngineLayout) -> None:
     """Tensor parallel, activation checkpointing and FSDP2 over the meta-device ``model`` (no
     FSDP2 when the data-parallel mesh is a single rank in full precision)."""
@@ -82,7 +116,7 @@ def parallelize(model: LlamaForCausalLM, mesh: DeviceMesh, layout: EngineLayout)
         _tensor_parallel(model, mesh["tp"])
     _activation_checkpointing(model, layout.activation_checkpointing)
     dp_mesh = mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1 else mesh["dp_shard"]
-    if dp_mesh.size() == 1 and not layout.mixed_precision:
+    if not uses_fsdp(layout):
         # Nothing to shard, reduce or cast: FSDP2 would only add its hooks to every forward and
         # backward. The parameters keep their names (FSDP2 renames nothing), so checkpoints
         # load across layouts with and without it.

@@ -73,6 +73,20 @@ class RawFigures:
     cost: float
     bytes_freed: int = 0
 
+    @staticmethod
+    def total(raws: list[RawFigures]) -> RawFigures:
+        """The sum of several runs' figures (ratios are taken of the sums)."""
+        return RawFigures(
+            busy=sum(r.busy for r in raws),
+            productive=sum(r.productive for r in raws),
+            interruptions=sum(r.interruptions for r in raws),
+            node_hours=sum(r.node_hours for r in raws),
+            written=sum(r.written for r in raws),
+            seconds=sum(r.seconds for r in raws),
+            cost=sum(r.cost for r in raws),
+            bytes_freed=sum(r.bytes_freed for r in raws),
+        )
+
 
 def _raw(session: Session, run: Run, booking: Booking) -> RawFigures:
     lease = session.get(RunLease, run.id)
@@ -155,15 +169,7 @@ def booking_telemetry(session: Session, account_id: str | None, booking_id: str)
         session.scalars(select(Run).where(Run.booking_id == booking.id).order_by(Run.created_at))
     )
     raws = [_raw(session, run, booking) for run in runs]
-    total = RawFigures(
-        busy=sum(r.busy for r in raws),
-        productive=sum(r.productive for r in raws),
-        interruptions=sum(r.interruptions for r in raws),
-        node_hours=sum(r.node_hours for r in raws),
-        written=sum(r.written for r in raws),
-        seconds=sum(r.seconds for r in raws),
-        cost=sum(r.cost for r in raws),
-    )
+    total = RawFigures.total(raws)
     return {
         "booking_id": booking.id,
         "runs": len(runs),
@@ -195,17 +201,7 @@ class ExportedBooking:
 
     @property
     def total(self) -> RawFigures:
-        raws = [run.raw for run in self.runs]
-        return RawFigures(
-            busy=sum(r.busy for r in raws),
-            productive=sum(r.productive for r in raws),
-            interruptions=sum(r.interruptions for r in raws),
-            node_hours=sum(r.node_hours for r in raws),
-            written=sum(r.written for r in raws),
-            seconds=sum(r.seconds for r in raws),
-            cost=sum(r.cost for r in raws),
-            bytes_freed=sum(r.bytes_freed for r in raws),
-        )
+        return RawFigures.total([run.raw for run in self.runs])
 
 
 def export_snapshot(session: Session) -> list[ExportedBooking]:
