@@ -290,6 +290,23 @@ def _clip_inverted(doc: Doc) -> None:
     doc["post_training"]["rlvr"]["dapo"].update(clip_low=0.3, clip_high=0.2)
 
 
+def _ladder_without_custom_data(doc: Doc) -> None:
+    doc["ladder"]["enabled"] = True
+
+
+def _custom_data_without_a_reference_mix(doc: Doc) -> None:
+    doc["data"][0]["custom"] = True  # web, the pretrain stage's only data
+    doc["ladder"]["enabled"] = True
+
+
+def _proxy_shorter_than_the_stage(doc: Doc) -> None:
+    doc["data"][1]["custom"] = True  # arith-mid, beside web in the pretrain stage
+    doc["curriculum"][0]["data"] = ["web", "arith-mid"]
+    doc["curriculum"][0]["seq_len"] = 2048
+    doc["model"]["size"] = "150m"
+    doc["ladder"].update(enabled=True, proxy_size="tiny")
+
+
 def _nvlink_two_nodes(doc: Doc) -> None:
     doc["resources"].update(nodes=2, fabrics=["nvlink"])
 
@@ -309,6 +326,9 @@ CROSS_FIELD_CASES = [
     ("battery-missing", _set(("curriculum", 0, "battery"), "absent"), "$.curriculum[0].battery"),
     ("exact-match-with-max", _exact_match_with_max, "$.eval_batteries.arith[0]"),
     ("custom-without-ladder", _set(("data", 0, "custom"), True), "$.ladder.enabled"),
+    ("ladder-without-custom-data", _ladder_without_custom_data, "$.ladder.enabled"),
+    ("custom-without-reference-mix", _custom_data_without_a_reference_mix, "$.curriculum[0].data"),
+    ("ladder-proxy-too-short", _proxy_shorter_than_the_stage, "$.ladder.proxy_size"),
     ("clip-low-above-high", _clip_inverted, "$.post_training.rlvr.dapo.clip_high"),
     (
         "incremental-above-ceiling",
@@ -429,7 +449,8 @@ def test_the_published_schema_describes_the_pinned_parallelism() -> None:
 
 
 def test_custom_data_is_accepted_when_the_ladder_is_enabled(doc: Doc) -> None:
-    doc["data"][0]["custom"] = True
+    doc["data"][1]["custom"] = True  # arith-mid, beside web: web is the reference mix
+    doc["curriculum"][0]["data"] = ["web", "arith-mid"]
     doc["ladder"]["enabled"] = True
     assert parse_manifest(_raw(doc)).ladder.enabled
 

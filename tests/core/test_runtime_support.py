@@ -94,8 +94,33 @@ def test_post_training_batteries_gate_nothing_while_post_training_is_not_run() -
     assert _paths(doc) == []
 
 
-def test_custom_data_and_its_ladder_are_refused_until_the_ladder_job_is_built() -> None:
-    doc = _doc()
-    doc["data"][0]["custom"] = True
+def _with_custom_midtrain_data(doc: dict[str, Any]) -> dict[str, Any]:
+    """arith-mid (data[1]) marked custom, beside web in the pretrain stage: what the ladder
+    judges."""
+    doc["data"][1]["custom"] = True
+    doc["curriculum"][0]["data"] = ["web", "arith-mid"]
     doc["ladder"]["enabled"] = True
+    return doc
+
+
+def test_custom_data_of_one_curriculum_stage_is_judged_by_the_ladder() -> None:
+    assert _paths(_with_custom_midtrain_data(_doc())) == []
+
+
+def test_custom_data_a_later_stage_uses_again_was_judged_with_the_first() -> None:
+    # arith-mid is midtrain's data too: the ladder judged it in the pretrain stage.
+    doc = _with_custom_midtrain_data(_doc())
+    assert doc["curriculum"][1]["data"] == ["arith-mid"]
+    assert _paths(doc) == []
+
+
+def test_custom_data_the_ladder_does_not_judge_is_refused() -> None:
+    doc = _with_custom_midtrain_data(_doc())
+    doc["data"][2]["custom"] = True  # arith-sft: post-training data, never in a curriculum stage
+    assert _paths(doc) == [("$.data[2].custom", "ladder")]
+
+
+def test_the_ladder_with_several_replica_groups_is_refused() -> None:
+    doc = _with_custom_midtrain_data(_doc())
+    doc["resources"]["replica_groups"] = 2
     assert _paths(doc) == [("$.ladder.enabled", "ladder")]

@@ -96,6 +96,7 @@ ErrorCode = Literal[
     "mesh_mismatch",
     "accelerator_unavailable",
     "eval_gate_failed",
+    "ladder_rejected",
     "pipeline_crashed",
     "run_not_found",
     "run_not_cancellable",
@@ -216,6 +217,11 @@ REGISTRY: dict[ErrorCode, ErrorSpec] = {
     ),
     "eval_gate_failed": _s(
         422, "an eval gate of the run failed its thresholds; the run ended gate_failed"
+    ),
+    "ladder_rejected": _s(
+        422,
+        "the ladder decision job found that the custom data loses on the stage's battery by "
+        "more than the manifest's margin; the run ended gate_failed before training",
     ),
     "pipeline_crashed": _s(
         500, "the training processes exited without a result after their restarts"

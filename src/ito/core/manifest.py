@@ -601,8 +601,7 @@ def _cross_field_problems(m: Manifest) -> list[tuple[str, str]]:
             problems += _check_data(by_id, [spec.data], allowed, f"{path}.data")
             problems += _threshold_problems(spec, path)
 
-    if any(ref.custom for ref in m.data) and not m.ladder.enabled:
-        problems.append(("$.ladder.enabled", "custom data requires the ladder decision job"))
+    problems += _ladder_problems(m)
     if m.budget.max_incremental_cost_usd > m.budget.ceiling_usd:
         problems.append(("$.budget.max_incremental_cost_usd", "must not exceed ceiling_usd"))
     if m.resources.nodes > 1 and m.resources.fabrics == ["nvlink"]:
@@ -620,6 +619,45 @@ def _cross_field_problems(m: Manifest) -> list[tuple[str, str]]:
             )
         )
     problems += _parallelism_problems(res)
+    return problems
+
+
+def _ladder_problems(m: Manifest) -> list[tuple[str, str]]:
+    """Custom data and the ladder decision job that judges it (DESIGN §7.4): the job compares
+    the first curriculum stage that names custom data with and without it, so that stage needs
+    a reference mix, and the proxy must take the stage's sequence length."""
+    custom = {ref.id for ref in m.data if ref.custom}
+    if custom and not m.ladder.enabled:
+        return [("$.ladder.enabled", "custom data requires the ladder decision job")]
+    if not m.ladder.enabled:
+        return []
+    stages = [(i, s) for i, s in enumerate(m.curriculum) if custom & set(s.data)]
+    if not stages:
+        return [
+            (
+                "$.ladder.enabled",
+                "the ladder judges data marked custom, and no curriculum stage names any",
+            )
+        ]
+    problems: list[tuple[str, str]] = []
+    index, stage = stages[0]
+    if all(d in custom for d in stage.data):
+        problems.append(
+            (
+                f"$.curriculum[{index}].data",
+                "custom data needs a reference mix beside it: the ladder compares the "
+                "stage's other data with and without it",
+            )
+        )
+    proxy = SIZES[m.ladder.proxy_size]
+    if stage.seq_len > proxy.max_seq_len:
+        problems.append(
+            (
+                "$.ladder.proxy_size",
+                f"the {proxy.name} proxy takes sequences of at most {proxy.max_seq_len} "
+                f"tokens; the {stage.stage} stage it is measured on uses {stage.seq_len}",
+            )
+        )
     return problems
 
 

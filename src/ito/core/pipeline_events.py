@@ -14,7 +14,8 @@ worker itself makes):
 - ``stage``: ``stage``, ``status`` (``started`` | ``completed``)
 - ``metric``: ``stage``, ``step``, ``values`` (name → number or ``null``)
 - ``checkpoint``: ``stage``, ``step``, ``path``, ``bytes``, ``seconds``, ``blocking_seconds``
-- ``gate``: ``stage``, ``battery``, ``results``, ``passed``
+- ``gate``: ``stage``, ``battery``, ``results``, ``passed`` (and ``ladder``, the decision job's
+  facts, on the ladder's gate)
 - ``restart``: ``restarts`` — torchrun restarted the ranks (an interruption)
 - ``spike``: ``stage``, ``step``, ``loss``, ``z``, ``checkpoint_step``, ``skip_steps``
 - ``mesh``: ``dims`` (name → degree, outermost first), ``device``, ``micro_batch``,
@@ -36,6 +37,7 @@ __all__ = [
     "DoneEvent",
     "GateEvent",
     "GateResult",
+    "LadderFacts",
     "LogEvent",
     "MeshEvent",
     "MetricEvent",
@@ -119,6 +121,35 @@ class GateResult(BaseModel):
     """The untrained model's value of the same eval, measured at step 0."""
     rule: Annotated[str, Field(max_length=300)] | None = None
     """The gate as the manifest states it (``heldout_loss(web) ≤ 0.6 × step 0``)."""
+    reference: FiniteFloat | None = None
+    """The ladder only: the reference run's value (``value`` is the run with the custom data)."""
+
+
+DataIdList = Annotated[
+    list[Annotated[str, Field(min_length=1, max_length=128)]], Field(max_length=256)
+]
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class LadderArmSeconds(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    reference: Seconds
+    with_custom: Seconds
+
+
+class LadderFacts(BaseModel):
+    """What the ladder decision job ran (DESIGN §7.4): each of its two proxy runs trained
+    ``steps`` steps, ``tokens`` tokens."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    proxy_size: Annotated[str, Field(min_length=1, max_length=16)]
+    margin: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    stage: StageLabel
+    reference_data: DataIdList
+    custom_data: DataIdList
+    tokens: Annotated[int, Field(ge=0, le=2**63 - 1)]
+    steps: Step
+    seconds: LadderArmSeconds
 
 
 class GateEvent(_Event):
@@ -127,6 +158,8 @@ class GateEvent(_Event):
     battery: Annotated[str, Field(min_length=1, max_length=128)]
     results: Annotated[list[GateResult], Field(max_length=256)]
     passed: bool
+    ladder: LadderFacts | None = None
+    """Stage ``ladder`` only: the decision job's facts."""
 
 
 class RestartEvent(_Event):

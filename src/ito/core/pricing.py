@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ito.core.hardware import ACCELERATORS
+from ito.core.ladder import ladder_plan, proxy_size
 from ito.core.manifest import Manifest
 from ito.core.model_sizes import SIZES
 
@@ -102,14 +103,16 @@ def estimate_cost(
         )
 
     stages.append(StageEstimate("data_prep", 0, 0, 0.0, DATA_PREP_SECONDS))
-    if manifest.ladder.enabled:
-        proxy = SIZES[manifest.ladder.proxy_size]
+    ladder = ladder_plan(manifest) if manifest.ladder.enabled else None
+    if ladder is not None:
+        proxy = proxy_size(manifest)
+        seq = ladder.stage.seq_len
         # Two proxy runs: the reference mix with and without the custom data (§7.4).
         add(
             "ladder",
             2 * manifest.ladder.tokens,
-            last_seq,
-            2 * manifest.ladder.tokens * proxy.flops_per_token(last_seq),
+            seq,
+            2 * manifest.ladder.tokens * proxy.flops_per_token(seq),
         )
     for stage in manifest.curriculum:
         add(

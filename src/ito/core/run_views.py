@@ -169,12 +169,37 @@ class GateRecord(_View):
     """The gate as the manifest states it."""
     passed: bool
     at: str
+    reference: float | None = None
+    """The ladder only: the reference run's value (``value``: the run with the custom data)."""
+
+
+class LadderArmSecondsView(_View):
+    reference: float
+    with_custom: float
+
+
+class LadderDecisionView(_View):
+    """The ladder decision job's facts and verdict (DESIGN §7.4); its per-eval comparisons are
+    the ``ladder`` stage's gate records."""
+
+    proxy_size: str
+    margin: float
+    stage: str
+    """The curriculum stage whose data and battery it compared."""
+    reference_data: list[str]
+    custom_data: list[str]
+    tokens: int
+    """Tokens each of the two proxy runs trained on."""
+    steps: int
+    seconds: LadderArmSecondsView
+    passed: bool
 
 
 class GateList(_View):
     run_id: str
     state: str
     gates: list[GateRecord]
+    ladder: LadderDecisionView | None = None
 
 
 class ProvenanceView(_View):

@@ -2,7 +2,7 @@
 
 The manifest schema (v1) is designed for the stages to come, so it accepts more than the runtime
 does today: data at ``s3://``, ``gs://`` or ``https://`` URIs, evals on data or layouts it
-cannot measure them with, and the ladder decision job (so custom data, which needs it). A run
+cannot measure them with, and custom data the ladder decision job cannot judge. A run
 asking for any of them would be created, charged for, and fail after its confirmation is spent
 — so :func:`check_runtime_support` refuses it at plan, confirm and create alike
 (``capability_unavailable``, with the JSON path of every unsupported part), before anything is
@@ -25,6 +25,7 @@ import posixpath
 from urllib.parse import unquote, urlsplit
 
 from ito.core.errors import ItoError
+from ito.core.ladder import ladder_plan
 from ito.core.manifest import Manifest
 
 __all__ = [
@@ -51,17 +52,7 @@ def unsupported_parts(manifest: Manifest, pipeline_stages: int = 1) -> list[dict
     (``data_uri_scheme``, ``data_uri``, ``eval``, ``eval_layout`` or ``ladder``) and
     ``reason``."""
     found: list[dict[str, str]] = []
-    # The ladder decision job (DESIGN §7.4) is not built yet: a run asking for it would be
-    # charged for a stage that never runs, and its custom data would train unchecked.
-    if manifest.ladder.enabled:
-        found.append(
-            {
-                "path": "$.ladder.enabled",
-                "capability": "ladder",
-                "reason": "the ladder decision job that checks custom data is not built in "
-                "this runtime version",
-            }
-        )
+    found += _ladder_parts(manifest)
     # Data preparation reads every data reference of the manifest, whatever uses it.
     for i, ref in enumerate(manifest.data):
         parts = urlsplit(ref.uri)
@@ -110,6 +101,41 @@ def unsupported_parts(manifest: Manifest, pipeline_stages: int = 1) -> list[dict
                         f"planned layout splits it into {pipeline_stages} pipeline stages",
                     }
                 )
+    return found
+
+
+def _ladder_parts(manifest: Manifest) -> list[dict[str, str]]:
+    """What the ladder job (:mod:`ito.pipeline.ladder`) cannot judge: it compares one curriculum
+    stage with and without its custom data, inside one torchrun world."""
+    if not manifest.ladder.enabled:
+        return []
+    found: list[dict[str, str]] = []
+    plan = ladder_plan(manifest)
+    judged = set(plan.custom) if plan is not None else set()
+    later = {d for s in manifest.curriculum for d in s.data}
+    post = manifest.post_training
+    for recipe in (post.sft, post.dpo, post.rlvr):
+        later |= set(recipe.data) if recipe is not None else set()
+    for i, ref in enumerate(manifest.data):
+        if ref.custom and ref.id in later and ref.id not in judged:
+            found.append(
+                {
+                    "path": f"$.data[{i}].custom",
+                    "capability": "ladder",
+                    "reason": f"the ladder judges the custom data of one curriculum stage "
+                    f"(the first that names custom data); {ref.id!r} is used elsewhere "
+                    "without being judged",
+                }
+            )
+    if manifest.resources.replica_groups > 1:
+        found.append(
+            {
+                "path": "$.ladder.enabled",
+                "capability": "ladder",
+                "reason": "the ladder job runs inside one torchrun world; this runtime does "
+                "not run it with several replica groups",
+            }
+        )
     return found
 
 

@@ -46,7 +46,8 @@ class EventWriter:
             return
         event = _finite({"type": type_, "ts": time.time(), **fields})
         if type_ in _MODELLED:
-            event = pipeline_event(event).model_dump(mode="json")
+            # What the engine gave, checked and in its canonical form (defaults not written).
+            event = pipeline_event(event).model_dump(mode="json", exclude_unset=True)
         line = json.dumps(event, allow_nan=False)
         os.write(self._fd, line.encode() + b"\n")
 

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from tokenizers import Tokenizer
 
 from ito.core.errors import ItoError
+from ito.core.ladder import ladder_plan, proxy_size
 from ito.core.manifest import CurriculumStage, EvalSpec
 from ito.core.model_sizes import SIZES, ModelSize
 from ito.core.spikes import SpikeDetector
@@ -34,6 +35,7 @@ from ito.pipeline.checkpoint import (
 )
 from ito.pipeline.data import PackedData, pack, read_data_rows, seed_from, split_heldout
 from ito.pipeline.events import EventWriter
+from ito.pipeline.ladder import LadderJob
 from ito.pipeline.layout import DEFAULT_MICRO_BATCH, EngineLayout, build_mesh, mesh_dims
 from ito.pipeline.model import (
     build_model,
@@ -324,6 +326,12 @@ class Trainer:
                     f"{self.spec.restart_from.skip_steps} batch(es) of data",
                 )
         else:
+            if not self._ladder_passes():
+                self.checkpointer.close()
+                self.events.emit(
+                    "done", status="gate_failed", stage="ladder", code="ladder_rejected"
+                )
+                return "gate_failed"
             self._measure_initial()
         self.fault_armed = self._fault_armed(resumed_step)
         self.pause_armed = (
@@ -369,6 +377,30 @@ class Trainer:
                     )
         finally:
             self.sync.shutdown()
+
+    def _ladder_passes(self) -> bool:
+        """The ladder decision on the run's custom data (:mod:`ito.pipeline.ladder`); ``True``
+        when the manifest has none."""
+        manifest = self.spec.manifest
+        plan = ladder_plan(manifest) if manifest.ladder.enabled else None
+        if plan is None:
+            return True
+        job = LadderJob(
+            manifest=manifest,
+            plan=plan,
+            size=proxy_size(manifest),
+            tokenizer=self.tokenizer,
+            heldout=lambda data_id: self._split(data_id)[1],
+            train_docs=lambda data_id: self._split(data_id)[0],
+            rows=self._data_rows,
+            seed=self.seed,
+            device=self.device,
+            events=self.events,
+            storage=self.spec.checkpoint_storage,
+            group=self.ckpt_group,
+            max_grad_norm=MAX_GRAD_NORM,
+        )
+        return job.decide()
 
     def _run_stages(
         self,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -37,6 +37,13 @@ class Budgets:
     gate_ratio: float
     """Each curriculum stage's gate: its held-out loss at most this × the untrained model's
     (measured at step 0), so an untrained or broken model fails it."""
+    ladder: str | None = None
+    """``helpful`` or ``harmful``: custom data in the pretrain stage, judged by the ladder
+    decision job (DESIGN §7.4) — written sums, in the domain of the held-out sums the stage's
+    battery measures; or shuffled-token noise (the web corpus's words in random order, three
+    times its size) against a battery of held-out web text."""
+    ladder_tokens: int = 0
+    """Tokens each of the ladder's two proxy runs trains on."""
 
 
 RECIPES: dict[str, Budgets] = {
@@ -63,6 +70,8 @@ RECIPES: dict[str, Budgets] = {
         gate_ratio=0.95,
     ),
 }
+for _kind in ("helpful", "harmful"):
+    RECIPES[f"ladder-{_kind}"] = replace(RECIPES["test"], ladder=_kind, ladder_tokens=20_000)
 
 
 @dataclass(frozen=True)
@@ -163,6 +172,16 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
         a, b = train_pair()
         prompts.append({"prompt": f"{a}+{b}=", "answer": f"{a + b}"})
     evals = [{"prompt": f"{a}+{b}=", "answer": f"{a + b}"} for a, b in heldout]
+    custom: list[dict[str, Any]] = []
+    if budgets.ladder == "helpful":
+        for _ in range(400):
+            sums = (train_pair() for _ in range(rng.randint(4, 10)))
+            custom.append({"text": " ".join(f"{a}+{b}={a + b} ." for a, b in sums)})
+    elif budgets.ladder == "harmful":
+        words = [word for doc in web for word in doc["text"].split()] * 3
+        rng.shuffle(words)
+        for start in range(0, len(words), 64):
+            custom.append({"text": " ".join(words[start : start + 64])})
 
     files = {
         "web.jsonl": _jsonl(web),
@@ -172,6 +191,8 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
         "arith-prompts.jsonl": _jsonl(prompts),
         "arith-heldout.jsonl": _jsonl(evals),
     }
+    if custom:
+        files["custom.jsonl"] = _jsonl(custom)
     # The report is what data preparation itself would find: the same rows (ito.pipeline.rows)
     # and the same n-gram matching (ito.pipeline.decontam).
     roles = {
@@ -181,6 +202,8 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
         "arith-prefs.jsonl": "dpo",
         "arith-prompts.jsonl": "rlvr",
     }
+    if custom:
+        roles["custom.jsonl"] = "pretrain"
     items = read_rows(files["arith-heldout.jsonl"], "eval", data_id="arith-heldout")
     index = EvalIndex([row.text for row in items], NGRAM)
     report_rows = []
@@ -314,4 +337,21 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
         },
         "budget": {"ceiling_usd": 5.0, "max_incremental_cost_usd": 2.0},
     }
+    if custom:
+        item = ref("custom", "custom.jsonl", "pretrain", "cc-by-4.0", True)
+        item["custom"] = True
+        manifest["data"].insert(1, item)
+        manifest["curriculum"][0]["data"] = ["web", "custom"]
+        if budgets.ladder == "helpful":
+            # The stage's battery measures held-out sums: the custom data's domain.
+            manifest["curriculum"][0]["battery"] = "sums"
+            manifest["eval_batteries"]["sums"] = [
+                {"eval": "heldout_loss", "data": "arith-heldout", "max_ratio": budgets.gate_ratio}
+            ]
+        manifest["ladder"] = {
+            "enabled": True,
+            "proxy_size": "tiny",
+            "tokens": budgets.ladder_tokens,
+            "margin": 0.01,
+        }
     return Recipe(manifest=manifest, files=files)

@@ -486,12 +486,17 @@ def _stop_outcome(code: ErrorCode, done: DoneEvent | None) -> Outcome:
 def _outcome(done: DoneEvent | None, exit_code: int) -> Outcome:
     if done is not None and done.status in ("succeeded", "gate_failed"):
         status = done.status
-        message = (
-            "every stage and gate passed"
-            if status == "succeeded"
-            else f"an eval gate failed: {done.reason or done.stage or ''}".strip()
-        )
-        return Outcome(status, "eval_gate_failed" if status == "gate_failed" else None, message)
+        if status == "succeeded":
+            return Outcome(status, None, "every stage and gate passed")
+        if done.code == "ladder_rejected":
+            return Outcome(
+                status,
+                "ladder_rejected",
+                "the ladder decision job rejected the custom data; no training step of the "
+                "run was taken",
+            )
+        message = f"an eval gate failed: {done.reason or done.stage or ''}".strip()
+        return Outcome(status, "eval_gate_failed", message)
     if done is not None and done.status == "failed" and is_error_code(done.code):
         return Outcome(
             "failed", done.code, (done.reason or "")[:500] or "the pipeline refused to continue"

@@ -28,8 +28,11 @@ def gates_of(session: Session, account_id: str, run_id: str) -> dict[str, Any]:
         .order_by(RunEvent.id)
     )
     records: list[dict[str, Any]] = []
+    ladder: dict[str, Any] | None = None
     for event in events:
         data = event.data
+        if isinstance(data.get("ladder"), dict):
+            ladder = {**data["ladder"], "passed": bool(data.get("passed"))}
         for result in data.get("results", []):
             records.append(
                 {
@@ -39,10 +42,11 @@ def gates_of(session: Session, account_id: str, run_id: str) -> dict[str, Any]:
                     "data": result.get("data"),
                     "value": result.get("value"),
                     "initial": result.get("initial"),
+                    "reference": result.get("reference"),
                     "threshold": result.get("threshold"),
                     "rule": result.get("rule"),
                     "passed": bool(result.get("passed")),
                     "at": event.created_at.isoformat(),
                 }
             )
-    return {"run_id": run.id, "state": run.state, "gates": records}
+    return {"run_id": run.id, "state": run.state, "gates": records, "ladder": ladder}

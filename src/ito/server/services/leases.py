@@ -435,12 +435,18 @@ def report(
                 session,
                 run,
                 "gate",
-                f"eval gate of {item.stage} {'passed' if item.passed else 'FAILED'}",
+                (
+                    "ladder decision: the custom data "
+                    + ("passed" if item.passed else "was REJECTED")
+                    if item.ladder is not None
+                    else f"eval gate of {item.stage} {'passed' if item.passed else 'FAILED'}"
+                ),
                 data={
                     "stage": item.stage,
                     "battery": item.battery,
                     "results": [r.model_dump() for r in item.results],
                     "passed": item.passed,
+                    **({"ladder": item.ladder.model_dump()} if item.ladder is not None else {}),
                 },
             )
             counts["events"] += 1
