@@ -398,6 +398,33 @@ class Tenant:
         )
         return str(created.data["run_id"])
 
+    def work_once(self, home: Path) -> tuple[str, subprocess.CompletedProcess[str]]:
+        """A fresh worker key of the tenant's booking, and a real ``ito-worker --once`` run
+        with it (in ``ITO_API_KEY``, the only way a key is passed) until the run it leased
+        ends."""
+        key = str(
+            self.server.desk(
+                "/v1/desk/keys",
+                {"account_id": self.account_id, "role": "worker", "booking_id": self.booking_id},
+            )["api_key"]
+        )
+        env = clean_env(ITO_API_URL=self.server.url, ITO_API_KEY=key, ITO_HOME=str(home))
+        done = subprocess.run(
+            [
+                str(Path(ITO).with_name("ito-worker")),
+                "--booking",
+                self.booking_id,
+                "--once",
+                "--json",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        return key, done
+
 
 def make_tenant(server: Server, workdir: Path, name: str = "tenant") -> Tenant:
     account = server.desk("/v1/desk/accounts", {"name": name})["account_id"]

@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from ito.worker.api import WorkerApi
-from tests.support import ITO, Tenant, clean_env
+from tests.support import Tenant
 
 pytestmark = pytest.mark.slow
-ITO_WORKER = str(Path(ITO).with_name("ito-worker"))
 MAX_RATIO = 0.3
 """The gate: held-out loss at most 0.3 × the untrained model's, out of reach after one step."""
 
@@ -41,23 +39,7 @@ def test_a_budget_too_small_to_learn_fails_its_gate_and_nothing_continues_the_ru
     ]
     assert tenant.ito("approve", cancel_ref, key="approver").rc == 0
 
-    worker_key = tenant.server.desk(
-        "/v1/desk/keys",
-        {"account_id": tenant.account_id, "role": "worker", "booking_id": tenant.booking_id},
-    )["api_key"]
-    worker_env = clean_env(
-        ITO_API_URL=tenant.server.url,
-        ITO_API_KEY=str(worker_key),
-        ITO_HOME=str(tmp_path / "worker-home"),
-    )
-    worker = subprocess.run(
-        [ITO_WORKER, "--booking", tenant.booking_id, "--once", "--json"],
-        env=worker_env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    worker_key, worker = tenant.work_once(tmp_path / "worker-home")
     assert worker.returncode == 0, worker.stderr[-3000:]
 
     final = tenant.api("GET", f"/v1/runs/{run_id}")["data"]

@@ -135,7 +135,9 @@ def evals(ctx: typer.Context) -> None:
 @manifest_app.command("init")
 def manifest_init(
     out: Annotated[str, typer.Option(help="Directory to write into (created 0700).")],
-    recipe: Annotated[str, typer.Option(help="demo | test")] = "demo",
+    recipe: Annotated[
+        str, typer.Option(help="demo | test | ladder-helpful | ladder-harmful")
+    ] = "demo",
     force: Annotated[bool, typer.Option(help="Overwrite files already there.")] = False,
 ) -> None:
     """Write a complete manifest (mode 0600) and the small data files it references."""
