@@ -72,12 +72,17 @@ def _check_decision(gate: dict[str, Any], recipe: str) -> None:
     assert gate["passed"] == all(r["passed"] for r in gate["results"])
 
 
-def test_custom_data_in_the_batterys_domain_passes_and_the_run_trains(tmp_path: Path) -> None:
-    spec = make_spec(tmp_path, "ladder-helpful")
-    assert torchrun(spec).returncode == 0
+def _decide(tmp_path: Path, recipe: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run the engine on ``recipe``; its events and its checked ladder gate."""
+    assert torchrun(make_spec(tmp_path, recipe)).returncode == 0
     evs = events(tmp_path)
     gate = _ladder_gate(evs)
-    _check_decision(gate, "ladder-helpful")
+    _check_decision(gate, recipe)
+    return evs, gate
+
+
+def test_custom_data_in_the_batterys_domain_passes_and_the_run_trains(tmp_path: Path) -> None:
+    evs, gate = _decide(tmp_path, "ladder-helpful")
     (result,) = gate["results"]
     assert gate["passed"] and result["value"] < result["reference"]  # it helps, not only ties
     kinds = [(e["type"], e.get("stage"), e.get("status")) for e in evs if e["type"] != "log"]
@@ -90,11 +95,7 @@ def test_custom_data_in_the_batterys_domain_passes_and_the_run_trains(tmp_path: 
 
 
 def test_noise_as_custom_data_is_rejected_before_any_training_step(tmp_path: Path) -> None:
-    spec = make_spec(tmp_path, "ladder-harmful")
-    assert torchrun(spec).returncode == 0
-    evs = events(tmp_path)
-    gate = _ladder_gate(evs)
-    _check_decision(gate, "ladder-harmful")
+    evs, gate = _decide(tmp_path, "ladder-harmful")
     (result,) = gate["results"]
     assert not gate["passed"] and result["value"] > result["threshold"]
     assert evs[-1] == {

@@ -8,6 +8,7 @@ trains every stage."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,16 +26,20 @@ def _ladder_in_the_plan(tenant: Tenant, manifest: Path) -> None:
     assert ladder["tokens"] == 2 * 20_000 and ladder["estimated_seconds"] > 0
 
 
+def _run(tenant: Tenant, tmp_path: Path, recipe: str) -> tuple[str, dict[str, Any]]:
+    """Plan, confirm and create a run of ``recipe``, and let a worker run it to its end."""
+    manifest = tenant.manifest(recipe, recipe=recipe)
+    _ladder_in_the_plan(tenant, manifest)
+    run_id = tenant.train(manifest, f"{recipe}-1")
+    _, worker = tenant.work_once(tmp_path / "worker-home")
+    assert worker.returncode == 0, worker.stderr[-3000:]
+    return run_id, tenant.api("GET", f"/v1/runs/{run_id}")["data"]
+
+
 def test_noise_as_custom_data_is_rejected_before_the_run_trains(
     tenant: Tenant, tmp_path: Path
 ) -> None:
-    manifest = tenant.manifest("harmful", recipe="ladder-harmful")
-    _ladder_in_the_plan(tenant, manifest)
-    run_id = tenant.train(manifest, "harmful-1")
-    _, worker = tenant.work_once(tmp_path / "worker-home")
-    assert worker.returncode == 0, worker.stderr[-3000:]
-
-    final = tenant.api("GET", f"/v1/runs/{run_id}")["data"]
+    run_id, final = _run(tenant, tmp_path, "ladder-harmful")
     assert final["state"] == "gate_failed", final
     assert final["failure_code"] == "ladder_rejected"
     stages = [(e["data"].get("stage"), e["data"].get("status")) for e in final["events"]]
@@ -63,13 +68,7 @@ def test_noise_as_custom_data_is_rejected_before_the_run_trains(
 def test_custom_data_that_helps_the_battery_passes_and_the_run_trains(
     tenant: Tenant, tmp_path: Path
 ) -> None:
-    manifest = tenant.manifest("helpful", recipe="ladder-helpful")
-    _ladder_in_the_plan(tenant, manifest)
-    run_id = tenant.train(manifest, "helpful-1")
-    _, worker = tenant.work_once(tmp_path / "worker-home")
-    assert worker.returncode == 0, worker.stderr[-3000:]
-
-    final = tenant.api("GET", f"/v1/runs/{run_id}")["data"]
+    run_id, final = _run(tenant, tmp_path, "ladder-helpful")
     assert final["state"] == "succeeded", final
     kinds = [(e["kind"], e["data"].get("stage"), e["data"].get("status")) for e in final["events"]]
     order = [k[1] for k in kinds if k[0] == "stage" and k[2] == "completed"]
