@@ -598,7 +598,10 @@ def _cross_field_problems(m: Manifest) -> list[tuple[str, str]]:
         for i, spec in enumerate(battery):
             path = f"$.eval_batteries.{name}[{i}]"
             allowed = {"eval"} if spec.eval in ACCURACY_EVALS else {"pretrain", "midtrain", "eval"}
-            problems += _check_data(by_id, [spec.data], allowed, f"{path}.data")
+            problems += [
+                (f"{path}.data", why)  # one id, not a list
+                for _, why in _check_data(by_id, [spec.data], allowed, f"{path}.data")
+            ]
             problems += _threshold_problems(spec, path)
 
     problems += _ladder_problems(m)
