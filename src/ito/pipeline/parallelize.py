@@ -71,8 +71,12 @@ cheap element-wise ops (norms, SwiGLU, rotary) — Korthikanti et al. 2022 §4.3
 op-level selective AC keeps the same ops. Under tensor parallel the row-parallel matmuls (o,
 down) are the exception: their outputs are whole-sequence partial sums (``tp`` times the
 memory of what follows them), so the output of the reduce-scatter that ends each block is kept
-instead and the two matmuls are recomputed in the backward (TorchTitan keeps the
-reduce-scatter's output too)."""
+instead and the two matmuls are left to recomputation (TorchTitan keeps the reduce-scatter's
+output too). Only o's actually runs again: the checkpoint stops replaying a layer once the last
+tensor its backward needs (down's input) is packed again, before down's matmul
+(``torch.utils.checkpoint``'s early stop), which is what the planner charges
+(:func:`ito.core.planner_time.recomputed_matmul_flops`; ``tests/pipeline/recompute_check.py``
+counts them)."""
 
 
 def uses_fsdp(layout: EngineLayout) -> bool:
