@@ -4,11 +4,18 @@ Two layouts, each compared with a plain loop doing the same parallelism (``--lay
 
 - ``fsdp`` — the engine's default layout (FSDP2, ``dp_shard=2``), described below;
 - ``tp`` — the engine with a planned ``tp=2`` layout (run spec ``layout``: ``tp=2,
-  dp_shard=1``) against a plain loop that splits the same model with DTensor
-  ``parallelize_module`` (q, k, v, gate, up column-wise, o and down row-wise) and nothing else
-  (no FSDP), starting from the same values (the engine's deterministic initialisation), both
-  tensor-parallel ranks reading the same batch, AdamW with the engine's hyper-parameters in two
-  parameter groups (DTensor and plain weights) and clipping over both kinds of gradient.
+  dp_shard=1``, no activation checkpointing) against a plain loop that splits the same model
+  with the engine's own tensor-parallel plan (``ito.pipeline.parallelize.tensor_parallel``:
+  DTensor ``parallelize_module``, q, k, v, gate, up column-wise, o and down row-wise, with
+  sequence parallel — norms and residual stream sharded along the sequence, all-gathered into
+  attention and the MLP, reduce-scattered out of o and down) and nothing else (no FSDP),
+  starting from the same values (the engine's deterministic initialisation), both
+  tensor-parallel ranks reading the same batch, ``torch.optim.AdamW`` with the engine's
+  hyper-parameters and ``get_total_norm`` clipping over every gradient. What the engine adds
+  around the plan — its chunked loss, the hook that keeps each gradient laid out as its
+  parameter (without it the embedding's gradient comes out whole and the norms' as partial
+  sums, which plain AdamW redistributes op by op), its AdamW and clipping on the local
+  shards — is the engine's, on its side of the ratio.
 
 Each layout prints its own tables; a last table puts the ratios side by side.
 
@@ -115,53 +122,36 @@ def tensor_parallel_baseline(
     size: Any, seed: int, world: int, spec: Any
 ) -> tuple[Any, Any, Callable[[], Any]]:
     """The plain PyTorch tensor-parallel model over all ``world`` ranks: the Llama decoder
-    built on ``meta``, each decoder layer's projections split by DTensor ``parallelize_module``
-    (Megatron's split, the engine's ``TP_PLAN``: q, k, v, gate, up column-wise, o and down
-    row-wise), the embedding and head split by vocabulary as the engine does, the norms whole on
-    every rank, materialised with the engine's deterministic initialisation
-    (so both sides start from the same values and their losses compare). No FSDP. AdamW with
-    the engine's hyper-parameters, in two parameter groups (the DTensor weights and the plain
+    built on ``meta`` and split by the engine's own tensor-parallel plan
+    (``ito.pipeline.parallelize.tensor_parallel``: DTensor ``parallelize_module`` with
+    Megatron's split — q, k, v, gate, up column-wise, o and down row-wise — and sequence
+    parallel between the blocks: the norms and the residual stream on ``1/tp`` of the tokens,
+    all-gathered into attention and the MLP, reduce-scattered out of o and down; the embedding
+    and head split by vocabulary, the logits gathered whole), materialised with the engine's
+    deterministic initialisation (so both sides start from the same values and their losses
+    compare). No FSDP, no activation checkpointing (the bench's layout has none). AdamW with
+    the engine's hyper-parameters, in two parameter groups (the DTensor weights and any plain
     ones: ``foreach`` kernels do not mix the two), and gradient clipping over both kinds of
     gradient. Returns the model, the optimizer and the clipping call."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.experimental import implicit_replication
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
     from transformers import LlamaForCausalLM
 
     from ito.pipeline.model import BETAS, PEAK_LR, WEIGHT_DECAY, llama_config
-    from ito.pipeline.parallelize import TP_PLAN, initialize
+    from ito.pipeline.parallelize import initialize, tensor_parallel
     from ito.pipeline.train import MAX_GRAD_NORM
 
     tp_mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
     with torch.device("meta"):
         model = LlamaForCausalLM(llama_config(size))
-    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-    plan = {name: styles[style]() for name, style in TP_PLAN.items()}  # the engine's split
-    for layer in model.model.layers:
-        parallelize_module(layer, tp_mesh, plan)
-    # The embedding by vocabulary rows, the head by vocabulary columns with its logits gathered,
-    # as the engine (and TorchTitan's apply_tp) splits them.
-    parallelize_module(
-        model,
-        tp_mesh,
-        {
-            "model.embed_tokens": RowwiseParallel(
-                input_layouts=Replicate(), output_layouts=Replicate()
-            ),
-            "lm_head": ColwiseParallel(output_layouts=Replicate()),
-        },
-    )
+    tensor_parallel(model, tp_mesh)  # the engine's plan, sequence parallel included
     initialize(model, seed, torch.device("cpu"))
     params = list(model.parameters())
     sharded = [p for p in params if isinstance(p, DTensor)]
     whole = [p for p in params if not isinstance(p, DTensor)]
-    groups: list[dict[str, Any]] = [{"params": sharded}, {"params": whole}]
+    groups: list[dict[str, Any]] = [{"params": g} for g in (sharded, whole) if g]
     optimizer = torch.optim.AdamW(
         groups,
         lr=PEAK_LR[spec.manifest.model.size],
@@ -277,7 +267,8 @@ def baseline_worker(spec_path: Path, out_path: Path) -> None:
 
 def summarise_engine(events: list[dict[str, Any]]) -> dict[str, Any]:
     started = next(e for e in events if e["type"] == "stage" and e["status"] == "started")
-    metrics = [e for e in events if e["type"] == "metric"]
+    # Training steps' metrics; the eval batteries' (step 0, the stage's end) carry no timing.
+    metrics = [e for e in events if e["type"] == "metric" and "step_seconds" in e["values"]]
     checkpoints = [e for e in events if e["type"] == "checkpoint"]
     last_ts = metrics[-1]["ts"]
     in_window = [c for c in checkpoints if c["step"] < metrics[-1]["step"]]
@@ -341,6 +332,7 @@ class CpuWatch(threading.Thread):
                     self.start_cpu = sum(cpu_seconds(p) or 0.0 for p in ranks)
                 elif (
                     event["type"] == "metric"
+                    and "step_seconds" in event["values"]
                     and event["step"] == self.steps
                     and self.start_cpu is not None
                 ):

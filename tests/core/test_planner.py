@@ -541,3 +541,27 @@ def test_step_time_is_compute_plus_exposed_communication() -> None:
     assert time.step_seconds == pytest.approx(time.compute_seconds + exposed)
     assert time.replicate.crosses_nodes and time.replicate.exposed_seconds > 0
     assert not time.fsdp.crosses_nodes
+
+
+def test_selective_checkpointing_under_tensor_parallel_also_recomputes_the_o_projection() -> None:
+    # 70b on 32 nodes, 256 sequences a step, tp=8 and selective: each GPU replays its 1/8 of
+    # every layer's o projection (h × h, 2·h·h forward FLOPs per token) on top of the 3 %
+    # memory-bound share; the down projection's matmul is not replayed (the engine's
+    # recomputation stops before it), and without tensor parallel no matmul is.
+    h, layers, tp, gpus, sequences = LLAMA3_70B.hidden, LLAMA3_70B.layers, 8, 256, 256
+    inp = _input(LLAMA3_70B, nodes=32, sequences=sequences)
+    accel = inp.accelerator
+    rate = accel.peak_bf16_flops * accel.kernel_efficiency
+    base = sequences * SEQ * LLAMA3_70B.flops_per_token(SEQ) / gpus / rate
+    dp = gpus // tp
+    tokens_per_gpu = sequences // dp * SEQ  # a tensor-parallel group's tokens, on each rank
+    o_proj = tokens_per_gpu * layers * 2 * h * h / tp / rate
+
+    def recompute(**changes: Any) -> float:
+        return step_time(inp, _layout(**changes)).recompute_seconds
+
+    tensor_parallel = {"dp_shard": dp, "tp": tp, "micro_batch": sequences // dp}
+    assert recompute(**tensor_parallel) == pytest.approx(0.03 * base + o_proj)
+    assert recompute(dp_shard=gpus, micro_batch=sequences // gpus) == pytest.approx(0.03 * base)
+    assert recompute(**tensor_parallel, activation_checkpointing="none") == 0
+    assert recompute(**tensor_parallel, activation_checkpointing="full") == pytest.approx(base / 3)

@@ -167,3 +167,23 @@ def test_the_meta_device_model_gets_the_seeded_eager_initialisation_on_a_tp_fsdp
         check=False,
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [["dp_shard=1", "tp=2"], ["dp_shard=2"]], ids=["tp_2", "fsdp"])
+def test_selective_checkpointing_replays_the_matmuls_the_planner_charges_for_with_and_without_tp(
+    layout: list[str],
+) -> None:
+    """Under tensor parallel the o projection's matmul runs again in the backward (down's is
+    marked too, but the checkpoint stops replaying before it); without, no matmul does."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    script = Path(__file__).with_name("recompute_check.py")
+    result = subprocess.run(
+        [TORCHRUN, "--standalone", "--nproc-per-node=2", str(script), *layout],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+        check=False,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]

@@ -18,6 +18,8 @@ micro-batch's backward; with a pipeline, the stage's parameters stay unsharded a
 gradients are reduced once after the last micro-batch, in the open. Tensor-parallel
 collectives (two all-gathers and two reduce-scatters per layer forward, as many backward, the
 forward's again when recomputed) and pipeline sends are on the critical path: all exposed.
+Recomputation is a share of the compute (:data:`RECOMPUTE`) plus, where the engine repeats a
+matmul, that matmul's forward FLOPs (:func:`recomputed_matmul_flops`).
 The pipeline bubble of 1F1B is ``(p-1)`` micro-batch times, a share ``(p-1)/(m+p-1)`` of the
 step (Narayanan et al. 2021 §2.2).
 """
@@ -27,7 +29,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ito.core.planner_inputs import Layout, PlannerInput
+from ito.core.planner_inputs import Layout, ModelShape, PlannerInput
 from ito.core.planner_memory import REDUCE_BYTES, largest_unit, tp_local_parameters
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "StepTime",
     "Traffic",
     "group_bandwidth",
+    "recomputed_matmul_flops",
     "step_time",
 ]
 
@@ -44,8 +47,9 @@ NVLink and on 400 Gb/s InfiniBand report 80-90 %; the lower end is assumed)."""
 RECOMPUTE = {"none": 0.0, "selective": 0.03, "full": 1.0 / 3.0}
 """Extra compute of activation checkpointing, as a share of the step's compute. ``full``
 repeats the forward: 2 of the 6 FLOPs per parameter and token, a third of the attention.
-``selective`` repeats norms and element-wise ops only, memory-bound kernels assumed at 3 %
-(Korthikanti et al. 2022 report 2-4 % for their selective recomputation, Table 4)."""
+``selective`` repeats norms and element-wise ops, memory-bound kernels assumed at 3 %
+(Korthikanti et al. 2022 report 2-4 % for their selective recomputation, Table 4), and under
+tensor parallel one matmul more (:func:`recomputed_matmul_flops`)."""
 TP_COLLECTIVES_PER_LAYER = {"none": 8, "selective": 10, "full": 12}
 """Sequence-parallel collectives per layer and micro-batch, each one micro-batch's hidden
 states: all-gather and reduce-scatter around attention and around the MLP, forward and
@@ -130,19 +134,56 @@ def _traffic(inp: PlannerInput, sent: float, degree: int, stride: int, exposed: 
     return Traffic(sent, seconds, min(seconds, max(0.0, exposed)), bandwidth, crosses)
 
 
-def _base_compute(inp: PlannerInput, layout: Layout) -> tuple[float, float]:
-    """Seconds of forward and backward on one GPU per step, without recomputation, and the
-    model FLOPs per token. A pipeline is as slow as its fullest stage."""
+def recomputed_matmul_flops(shape: ModelShape, layout: Layout) -> float:
+    """Forward FLOPs per token, over the whole model, of the matmuls activation checkpointing
+    repeats beyond :data:`RECOMPUTE`'s share (each GPU does its ``1/tp`` of them).
+
+    Selective checkpointing keeps every matmul's output (Korthikanti et al. 2022, "selective
+    activation recomputation": only the cheap, memory-hungry ops are recomputed), except
+    under tensor parallel: there the engine keeps the output of the reduce-scatter that ends
+    each block instead of the row-parallel o and down projections' whole-sequence partial sums
+    and marks those two matmuls for recomputation (:data:`ito.pipeline.parallelize.SAVED_OPS`).
+    Only o's runs again: the backward needs neither matmul's output, and non-reentrant
+    checkpointing replays a layer's forward only until the last tensor the backward needs is
+    packed again (``torch.utils.checkpoint``'s early stop, on by default) — down's input, packed
+    just before down's matmul would run; o's matmul comes earlier in the layer and is replayed.
+    So ``2·h·h`` FLOPs per token and layer (o is ``h × h``), none for down's ``2·h·f``. Assumed:
+    eager (uncompiled) layers with early stop, as the engine runs them
+    (``tests/pipeline/recompute_check.py`` counts the matmuls the engine replays). Without
+    tensor parallel, or with ``none`` or ``full``, nothing beyond the share."""
+    if layout.activation_checkpointing != "selective" or layout.tp == 1:
+        return 0.0
+    return shape.layers * 2.0 * shape.hidden * shape.hidden
+
+
+def _seconds_per_flop_per_token(inp: PlannerInput, layout: Layout) -> float:
+    """Seconds on one GPU per step for each model FLOP per trained token, at bf16 speed: the
+    step's tokens split over the GPUs; a pipeline is as slow as its fullest stage."""
     shape, accel = inp.model, inp.accelerator
-    flops_per_token = shape.flops_per_token(inp.seq_len)
     tokens = layout.dp * layout.micro_batch * layout.microbatches * inp.seq_len
     imbalance = layout.layers_per_stage(shape.layers) * layout.pp / shape.layers
-    seconds = tokens * flops_per_token / layout.world * imbalance
-    seconds /= accel.peak_bf16_flops * accel.kernel_efficiency
+    return tokens / layout.world * imbalance / (accel.peak_bf16_flops * accel.kernel_efficiency)
+
+
+def _base_compute(inp: PlannerInput, layout: Layout) -> tuple[float, float]:
+    """Seconds of forward and backward on one GPU per step, without recomputation, and the
+    model FLOPs per token."""
+    shape = inp.model
+    flops_per_token = shape.flops_per_token(inp.seq_len)
+    seconds = flops_per_token * _seconds_per_flop_per_token(inp, layout)
     if inp.fp8:
         linear = 6.0 * shape.parameters / flops_per_token
         seconds *= linear / FP8_LINEAR_SPEEDUP + (1 - linear)
     return seconds, flops_per_token
+
+
+def _recompute(inp: PlannerInput, layout: Layout, base: float) -> float:
+    """Seconds of recomputation on one GPU per step: :data:`RECOMPUTE`'s share of ``base`` and
+    the repeated matmuls (linear layers: fp8 speeds them up too)."""
+    matmul = recomputed_matmul_flops(inp.model, layout) * _seconds_per_flop_per_token(inp, layout)
+    if inp.fp8:
+        matmul /= FP8_LINEAR_SPEEDUP
+    return base * RECOMPUTE[layout.activation_checkpointing] + matmul
 
 
 def _fsdp(inp: PlannerInput, layout: Layout, per_micro: float) -> tuple[Traffic, float]:
@@ -191,7 +232,7 @@ def step_time(inp: PlannerInput, layout: Layout) -> StepTime:
     shape, e = inp.model, inp.compute_bytes
     t, p, m = layout.tp, layout.pp, layout.microbatches
     base, flops_per_token = _base_compute(inp, layout)
-    recompute = base * RECOMPUTE[layout.activation_checkpointing]
+    recompute = _recompute(inp, layout, base)
     compute = base + recompute
     per_micro = compute / m
     bubble = (p - 1) * per_micro

@@ -36,6 +36,7 @@ __all__ = [
     "place_grads_as_parameters",
     "sequence_parallel_mesh",
     "set_requires_all_reduce",
+    "tensor_parallel",
     "uses_fsdp",
 ]
 
@@ -71,8 +72,12 @@ cheap element-wise ops (norms, SwiGLU, rotary) — Korthikanti et al. 2022 §4.3
 op-level selective AC keeps the same ops. Under tensor parallel the row-parallel matmuls (o,
 down) are the exception: their outputs are whole-sequence partial sums (``tp`` times the
 memory of what follows them), so the output of the reduce-scatter that ends each block is kept
-instead and the two matmuls are recomputed in the backward (TorchTitan keeps the
-reduce-scatter's output too)."""
+instead and the two matmuls are left to recomputation (TorchTitan keeps the reduce-scatter's
+output too). Only o's actually runs again: the checkpoint stops replaying a layer once the last
+tensor its backward needs (down's input) is packed again, before down's matmul
+(``torch.utils.checkpoint``'s early stop), which is what the planner charges
+(:func:`ito.core.planner_time.recomputed_matmul_flops`; ``tests/pipeline/recompute_check.py``
+counts them)."""
 
 
 def uses_fsdp(layout: EngineLayout) -> bool:
@@ -113,7 +118,7 @@ def parallelize(model: LlamaForCausalLM, mesh: DeviceMesh, layout: EngineLayout)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if layout.tp > 1:
-        _tensor_parallel(model, mesh["tp"])
+        tensor_parallel(model, mesh["tp"])
     _activation_checkpointing(model, layout.activation_checkpointing)
     dp_mesh = mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1 else mesh["dp_shard"]
     if not uses_fsdp(layout):
@@ -147,7 +152,14 @@ def decoder_layers(model: LlamaForCausalLM) -> list[nn.Module]:
     return list(layers.values()) if isinstance(layers, nn.ModuleDict) else list(layers)
 
 
-def _tensor_parallel(model: LlamaForCausalLM, tp_mesh: DeviceMesh) -> None:
+def tensor_parallel(model: LlamaForCausalLM, tp_mesh: DeviceMesh) -> None:
+    """The engine's tensor-parallel plan on the meta-device ``model`` over ``tp_mesh``: each
+    decoder layer's Megatron split with sequence parallel (:func:`_layer_plan`), then the
+    embedding, final norm and output head (:func:`_root_plan`); the mesh is recorded for
+    :func:`sequence_parallel_mesh`. Only the plan: no activation checkpointing, no FSDP2 (what
+    :func:`parallelize` adds), so a plain training loop can split a model exactly as the engine
+    does (``bench/train_overhead.py``). Raises :class:`ItoError` (``layout_unsupported``) when
+    the degree does not divide the heads and kv heads."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     heads = int(model.config.num_attention_heads or 0)
