@@ -231,9 +231,11 @@ def main(argv: list[str] | None = None) -> int:
         help="parent of the temporary directory (the filesystem under test)",
     )
     args = parser.parse_args(argv)
+    from ito.pipeline.process_exit import leave
+
     if args.role == "worker":
         worker(args.out, args.size, args.reps, args.default_async)
-        return 0
+        leave(0)
 
     from _common import (
         Processes,

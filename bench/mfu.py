@@ -445,9 +445,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args(argv)
+    from ito.pipeline.process_exit import leave
+
     if args.role == "worker":
         worker(args.job, args.out)
-        return 0
+        leave(0)
 
     import torch
 

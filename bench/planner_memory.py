@@ -506,9 +506,11 @@ def main(argv: list[str] | None = None) -> int:
         help="decoder layers simulated per row (comma-separated), or 'full'",
     )
     args = parser.parse_args(argv)
+    from ito.pipeline.process_exit import leave
+
     if args.role == "worker":
         worker(args.layout, args.out)
-        return 0
+        leave(0)
     if args.role == "b-worker":
         b_worker(args.b_rows, int(args.b_layers), args.out)
         return 0

@@ -680,13 +680,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.role == "baseline":
         baseline_worker(args.spec, args.out)
-        # Its figures are written and its process group destroyed: leave without the
-        # interpreter's teardown, where a gloo thread still joinable now and then aborts the
-        # process ("terminate called without an active exception", SIGABRT) after the loop
-        # has finished — seen in about one baseline round in ten on this machine.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        # Its figures are written and its process group destroyed (see process_exit).
+        from ito.pipeline.process_exit import leave
+
+        leave(0)
 
     from _common import (
         Processes,

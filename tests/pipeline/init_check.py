@@ -18,6 +18,7 @@ from ito.core.model_sizes import SIZES
 from ito.core.run_spec import LayoutSpec
 from ito.pipeline.layout import EngineLayout, build_mesh
 from ito.pipeline.model import build_model, llama_config
+from ito.pipeline.process_exit import leave
 
 SEED = 1234
 
@@ -54,4 +55,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    leave(main(sys.argv[1:]))

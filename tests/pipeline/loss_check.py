@@ -23,6 +23,7 @@ from ito.pipeline.layout import EngineLayout, build_mesh
 from ito.pipeline.loss import use_chunked_loss
 from ito.pipeline.model import build_model, llama_config
 from ito.pipeline.pipeline_stages import PipelineRunner
+from ito.pipeline.process_exit import leave
 
 SEED = 1234
 SEQ_LEN = 40
@@ -93,4 +94,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    leave(main(sys.argv[1:]))

@@ -26,6 +26,7 @@ from ito.core.planner_time import recomputed_matmul_flops
 from ito.core.run_spec import LayoutSpec
 from ito.pipeline.layout import EngineLayout, build_mesh
 from ito.pipeline.model import build_model
+from ito.pipeline.process_exit import leave
 
 SEED = 1234
 SEQ_LEN = 40
@@ -100,4 +101,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    leave(main(sys.argv[1:]))

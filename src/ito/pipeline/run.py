@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import sys
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -137,5 +136,8 @@ def _init_process_group(backend: str) -> None:
 
 if __name__ == "__main__":
     # The guard matters: DCP's process-based async helpers start with "spawn" and re-import
-    # the entry module.
-    sys.exit(main())
+    # the entry module. A rank that returns has written its events: it leaves without the
+    # interpreter's teardown, which now and then aborts a finished gloo process (process_exit).
+    from ito.pipeline.process_exit import leave
+
+    leave(main())
