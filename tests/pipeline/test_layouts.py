@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +20,7 @@ import pytest
 from ito.core.errors import ItoError
 from ito.core.run_spec import LayoutSpec
 from ito.pipeline.layout import EngineLayout
+from tests.pipeline.distributed_checks import assert_check_passes
 from tests.pipeline.equivalence_layouts import LAYOUTS
 from tests.pipeline.test_pretrain_engine import (
     assert_same_losses,
@@ -32,11 +30,9 @@ from tests.pipeline.test_pretrain_engine import (
     torchrun,
 )
 
-TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 STEPS = 20
 SEQ_LEN = 128
 GLOBAL_SEQUENCES = 8
-DEADLINE_S = 300
 REL_TOL = 1e-5
 
 
@@ -156,17 +152,7 @@ def test_a_context_parallel_degree_ends_the_run_layout_unsupported_before_traini
 
 @pytest.mark.slow
 def test_the_meta_device_model_gets_the_seeded_eager_initialisation_on_a_tp_fsdp_mesh() -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    script = Path(__file__).with_name("init_check.py")
-    result = subprocess.run(
-        [TORCHRUN, "--standalone", "--nproc-per-node=2", str(script), "dp_shard=1", "tp=2"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE_S,
-        check=False,
-    )
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert_check_passes("init_check.py", "dp_shard=1", "tp=2")
 
 
 @pytest.mark.slow
@@ -176,14 +162,4 @@ def test_selective_checkpointing_replays_the_matmuls_the_planner_charges_for_wit
 ) -> None:
     """Under tensor parallel the o projection's matmul runs again in the backward (down's is
     marked too, but the checkpoint stops replaying before it); without, no matmul does."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    script = Path(__file__).with_name("recompute_check.py")
-    result = subprocess.run(
-        [TORCHRUN, "--standalone", "--nproc-per-node=2", str(script), *layout],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE_S,
-        check=False,
-    )
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert_check_passes("recompute_check.py", *layout)

@@ -4,10 +4,6 @@
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +19,7 @@ from ito.pipeline.loss import (
     use_chunked_loss,
 )
 from ito.pipeline.model import llama_config
+from tests.pipeline.distributed_checks import assert_check_passes
 
 HIDDEN, VOCAB = 16, 50
 
@@ -170,15 +167,4 @@ def test_several_chunks_give_the_unchunked_loss_and_gradients_under_each_paralle
     """FSDP2 gathers and reduces the output head, tensor parallel gathers each chunk's logits
     and the pipeline's last stage applies the head outside its forward: with chunks smaller
     than a micro-batch (recomputed in the backward), loss and gradients stay Hugging Face's."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    script = Path(__file__).with_name("loss_check.py")
-    torchrun = str(Path(sys.executable).with_name("torchrun"))
-    result = subprocess.run(
-        [torchrun, "--standalone", "--nproc-per-node=2", str(script), *DISTRIBUTED[name]],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert_check_passes("loss_check.py", *DISTRIBUTED[name])

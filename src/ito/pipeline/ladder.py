@@ -26,7 +26,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -34,10 +34,11 @@ import torch.distributed as dist
 from tokenizers import Tokenizer
 
 from ito.core.ladder import LadderPlan, ladder_passes, ladder_rule, ladder_threshold
-from ito.core.manifest import Manifest
+from ito.core.manifest import EvalSpec, Manifest
 from ito.core.model_sizes import ModelSize
 from ito.pipeline.batteries import BATTERIES, EvalContext
 from ito.pipeline.data import PackedData, pack
+from ito.pipeline.grad_accum import accumulate
 from ito.pipeline.layout import EngineLayout, build_mesh
 from ito.pipeline.model import (
     build_model,
@@ -47,7 +48,7 @@ from ito.pipeline.model import (
     rope_base,
     set_rope_base,
 )
-from ito.pipeline.parallelize import clip_grad_norm, set_requires_all_reduce
+from ito.pipeline.parallelize import clip_grad_norm
 from ito.pipeline.rows import Row
 from ito.pipeline.storage_fs import StoragePath, proven_dir
 
@@ -76,39 +77,29 @@ class ArmResult:
     """Training loss of the last step, averaged over the ranks."""
 
 
+@dataclass
 class LadderJob:
-    def __init__(
-        self,
-        *,
-        manifest: Manifest,
-        plan: LadderPlan,
-        size: ModelSize,
-        tokenizer: Tokenizer,
-        heldout: Callable[[str], list[str]],
-        train_docs: Callable[[str], list[str]],
-        rows: Callable[[str], list[Row]],
-        seed: int,
-        device: torch.device,
-        events: Events,
-        storage: StoragePath,
-        group: dist.ProcessGroup,
-        max_grad_norm: float,
-    ) -> None:
-        self.manifest = manifest
-        self.plan = plan
-        self.size = size
-        self.tokenizer = tokenizer
-        self.heldout = heldout
-        self.train_docs = train_docs
-        self.rows = rows
-        self.seed = seed
-        self.device = device
-        self.events = events
-        self.storage = storage
-        self.group = group
-        self.max_grad_norm = max_grad_norm
+    """The job of one attempt: what it trains on, where it records its decision."""
+
+    manifest: Manifest
+    plan: LadderPlan
+    size: ModelSize
+    tokenizer: Tokenizer
+    heldout: Callable[[str], list[str]]
+    train_docs: Callable[[str], list[str]]
+    rows: Callable[[str], list[Row]]
+    seed: int
+    device: torch.device
+    events: Events
+    storage: StoragePath
+    group: dist.ProcessGroup
+    max_grad_norm: float
+    rank: int = field(init=False)
+    specs: list[EvalSpec] = field(init=False)
+
+    def __post_init__(self) -> None:
         self.rank = dist.get_rank()
-        self.specs = list(manifest.eval_batteries[plan.stage.battery])
+        self.specs = list(self.manifest.eval_batteries[self.plan.stage.battery])
 
     def decide(self) -> bool:
         """The decision: an earlier attempt's, or the job's. Returns whether the run goes on."""
@@ -190,13 +181,7 @@ class LadderJob:
         last = torch.zeros((), device=self.device)
         for k in range(steps):
             batch = data.batch(k, dp_rank, layout.dp, per_rank).to(self.device)
-            last = torch.zeros((), device=self.device)
-            for i, micro in enumerate(torch.split(batch, layout.micro_batch)):
-                if layout.grad_accum > 1:
-                    set_requires_all_reduce(model, i == layout.grad_accum - 1)
-                loss = model(input_ids=micro, labels=micro).loss / layout.grad_accum
-                loss.backward()
-                last += loss.detach().float()
+            last = accumulate(model, batch, layout)
             clip_grad_norm(list(model.parameters()), self.max_grad_norm, None)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

@@ -35,6 +35,7 @@ from ito.pipeline.checkpoint import (
 )
 from ito.pipeline.data import PackedData, pack, read_data_rows, seed_from, split_heldout
 from ito.pipeline.events import EventWriter
+from ito.pipeline.grad_accum import accumulate
 from ito.pipeline.ladder import LadderJob
 from ito.pipeline.layout import DEFAULT_MICRO_BATCH, EngineLayout, build_mesh, mesh_dims
 from ito.pipeline.model import (
@@ -46,7 +47,7 @@ from ito.pipeline.model import (
     rope_base,
     set_rope_base,
 )
-from ito.pipeline.parallelize import clip_grad_norm, set_requires_all_reduce
+from ito.pipeline.parallelize import clip_grad_norm
 from ito.pipeline.pipeline_stages import PipelineRunner
 from ito.pipeline.replicas import ReplicaSync, local, to_local_tree
 from ito.pipeline.rows import Row
@@ -777,7 +778,7 @@ class Trainer:
         if self.pipeline is not None:
             loss = self.pipeline.train_step(batch)
         else:
-            loss = self._accumulate(batch)
+            loss = accumulate(self.model, batch, self.layout)
         stop = 1.0 if self.rank == 0 and self.spec.stop_path.exists() else 0.0
         figures = torch.stack([loss.detach().float(), torch.tensor(stop, device=loss.device)])
         if self.sync is not None:
@@ -804,21 +805,6 @@ class Trainer:
         return PendingStep(
             step=step, lr=lr, seconds=0.0, reduced=figures, work=work, grad_norm=norm.detach()
         )
-
-    def _accumulate(self, batch: torch.Tensor) -> torch.Tensor:
-        """Forward and backward of ``grad_accum`` micro-batches; their mean loss."""
-        accum = self.layout.grad_accum
-        total = torch.zeros((), device=self.device)
-        for i, micro in enumerate(torch.split(batch, self.layout.micro_batch)):
-            if accum > 1:
-                # Each micro-batch's gradients are reduce-scattered at once, so only sharded
-                # gradients are kept between micro-batches (what the planner counts); only the
-                # replicas' all-reduce (HSDP) waits for the last one.
-                set_requires_all_reduce(self.model, i == accum - 1)
-            loss = self.model(input_ids=micro, labels=micro).loss / accum
-            loss.backward()
-            total += loss.detach().float()
-        return total
 
     # ---- evals --------------------------------------------------------------------------------
 
