@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ito.core.errors import ItoError
 from ito.core.hardware import ACCELERATORS, FABRICS
 from ito.core.model_sizes import SIZES
+from ito.core.rewards import REWARDS
 from ito.core.secret_scan import scan_document
 from ito.core.text import json_text_may_be_unsafe, unsafe_json_paths
 
@@ -83,10 +84,10 @@ Fabric = Literal["nvlink", "infiniband", "roce", "ethernet"]
 DataRole = Literal["pretrain", "midtrain", "sft", "dpo", "rlvr", "eval"]
 StageName = Literal["pretrain", "midtrain", "long_context"]
 SizeName = Literal["tiny", "150m", "1b", "8b"]
-RewardName = Literal["exact_match_arith", "exact_match"]
+RewardName = Literal["exact_match_arith", "exact_match", "format_integer"]
 
 STAGE_ORDER: tuple[str, ...] = ("pretrain", "midtrain", "long_context")
-REWARDS: tuple[str, ...] = ("exact_match_arith", "exact_match")
+assert set(REWARDS) == {"exact_match_arith", "exact_match", "format_integer"}
 assert set(ACCELERATORS) == {"a100", "h100", "h200", "b200", "cpu"}
 assert set(FABRICS) == {"nvlink", "infiniband", "roce", "ethernet"}
 assert set(SIZES) == {"tiny", "150m", "1b", "8b"}
