@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -54,7 +56,7 @@ def test_a_samples_reward_is_the_mean_of_the_named_rewards() -> None:
 
 
 def test_the_manifest_names_exactly_the_registered_rewards() -> None:
-    assert set(RewardName.__args__) == set(REWARDS)
+    assert set(get_args(RewardName)) == set(REWARDS)
 
 
 @pytest.mark.parametrize(
