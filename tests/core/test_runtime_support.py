@@ -30,6 +30,15 @@ def test_the_shipped_recipes_ask_for_nothing_the_runtime_lacks(recipe: str) -> N
     assert _paths(_doc(recipe)) == []
 
 
+def test_a_revision_other_than_scratch_is_refused_until_the_engine_loads_weights() -> None:
+    doc = _doc()
+    doc["model"]["revision"] = "sha256:" + "0" * 64
+    assert _paths(doc) == [("$.model.revision", "model_revision")]
+    with pytest.raises(ItoError) as refused:
+        check_runtime_support(parse_manifest(json.dumps(doc).encode()))
+    assert refused.value.code == "capability_unavailable"
+
+
 @pytest.mark.parametrize(
     "uri",
     [

@@ -103,6 +103,22 @@ def test_data_at_an_unreadable_uri_scheme_is_refused_at_plan_confirm_and_create(
     assert tenant.counts() == before
 
 
+def test_a_starting_revision_other_than_scratch_is_refused_at_plan_confirm_and_create(
+    tenant: Tenant,
+) -> None:
+    # The engine cannot start from given weights yet: the run would train from scratch.
+    spare_ref = tenant.approved_confirmation(tenant.manifest("good"))
+    before = tenant.counts()
+
+    def edit(doc: dict[str, Any]) -> None:
+        doc["model"]["revision"] = "sha256:" + "ab" * 32
+
+    manifest = _edited(tenant, "revision", edit)
+    _assert_unsupported_everywhere(tenant, manifest, spare_ref, "k-rev", ["$.model.revision"])
+    assert tenant.counts() == before
+    assert before["confirmations"] == {"approved": 1}
+
+
 def test_a_gate_the_planned_layout_cannot_measure_is_refused_at_plan_confirm_and_create(
     tenant: Tenant,
 ) -> None:
