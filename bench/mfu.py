@@ -138,9 +138,10 @@ def worker(job_path: Path, out_path: Path) -> None:
 
     from ito.core.model_sizes import SIZES
     from ito.core.run_spec import LayoutSpec
+    from ito.pipeline.grad_accum import accumulate
     from ito.pipeline.layout import EngineLayout, build_mesh
     from ito.pipeline.model import build_model, build_optimizer
-    from ito.pipeline.parallelize import clip_grad_norm, set_requires_all_reduce
+    from ito.pipeline.parallelize import clip_grad_norm
     from ito.pipeline.pipeline_stages import PipelineRunner
     from ito.pipeline.train import MAX_GRAD_NORM
 
@@ -178,14 +179,7 @@ def worker(job_path: Path, out_path: Path) -> None:
         if pipeline is not None:
             loss = pipeline.train_step(batch)
         else:
-            accum = layout.grad_accum
-            loss = torch.zeros((), device=device)
-            for i, micro in enumerate(torch.split(batch, layout.micro_batch)):
-                if accum > 1:
-                    set_requires_all_reduce(model, i == accum - 1)
-                part = model(input_ids=micro, labels=micro).loss / accum
-                part.backward()
-                loss += part.detach().float()
+            loss = accumulate(model, batch, layout)
         clip_grad_norm(
             list(model.parameters()),
             MAX_GRAD_NORM,
