@@ -30,6 +30,7 @@ __all__ = [
     "ProvenanceDataset",
     "ProvenanceEval",
     "ProvenanceReport",
+    "ProvenanceTokenizer",
     "contamination_over",
     "parse_provenance",
     "provenance_digest",
@@ -77,6 +78,16 @@ class ProvenanceEval(_Part):
     fraction: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 
 
+class ProvenanceTokenizer(_Part):
+    source: Literal["trained", "manifest"]
+    """``manifest``: the file ``model.tokenizer`` names; ``trained``: BPE trained on the run's
+    training data."""
+    sha256: _Hex
+    """Digest of the tokenizer file written beside the shards (the one training reads)."""
+    vocab: Annotated[int, Field(ge=1, le=2**24)]
+    """Embedding rows its ids need (largest id + 1)."""
+
+
 class ProvenanceReport(_Part):
     """What ``provenance.json`` holds (written by :mod:`ito.pipeline.data_prep`)."""
 
@@ -86,6 +97,8 @@ class ProvenanceReport(_Part):
     datasets: Annotated[list[ProvenanceDataset], Field(max_length=1024)]
     evals: Annotated[list[ProvenanceEval], Field(max_length=1024)]
     eval_contaminated_fraction: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+    tokenizer: ProvenanceTokenizer | None = None
+    """The tokenizer prepared with the shards (absent from a report of an earlier version)."""
 
     def shard_digests(self) -> dict[str, str]:
         """Data id → the hex sha256 of its prepared shard."""
