@@ -1,8 +1,8 @@
 """Fail closed before confirmation (DESIGN §5.8 gate 5, ``ito.core.runtime_support``): a manifest
-whose data the runtime cannot read, whose gate it cannot measure, or whose decontamination names
-an eval suite it does not define is refused by ``ito plan``, ``ito confirm`` and ``ito train``
-with its stable code and JSON paths — nothing created, no confirmation consumed. Through the real
-CLI and server, on SQLite and PostgreSQL."""
+whose data or tokenizer the runtime cannot read, whose gate it cannot measure, or whose
+decontamination names an eval suite it does not define is refused by ``ito plan``, ``ito confirm``
+and ``ito train`` with its stable code and JSON paths — nothing created, no confirmation consumed.
+Through the real CLI and server, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -101,6 +101,26 @@ def test_data_at_an_unreadable_uri_scheme_is_refused_at_plan_confirm_and_create(
     _assert_unsupported_everywhere(tenant, manifest, spare_ref, "k-remote", ["$.data[0].uri"])
     # Nothing created, the confirmation still approved, not consumed.
     assert tenant.counts() == before
+
+
+def test_a_tokenizer_at_an_unreadable_uri_scheme_is_refused_at_plan_confirm_and_create(
+    tenant: Tenant,
+) -> None:
+    spare_ref = tenant.approved_confirmation(tenant.manifest("good"))
+    before = tenant.counts()
+
+    def edit(doc: dict[str, Any]) -> None:
+        doc["model"]["tokenizer"] = {
+            "uri": "https://huggingface.co/org/model/resolve/main/tokenizer.json",
+            "sha256": "0" * 64,
+        }
+
+    manifest = _edited(tenant, "hub-tokenizer", edit)
+    _assert_unsupported_everywhere(
+        tenant, manifest, spare_ref, "k-tokenizer", ["$.model.tokenizer.uri"]
+    )
+    assert tenant.counts() == before
+    assert before["confirmations"] == {"approved": 1}
 
 
 def test_a_gate_the_planned_layout_cannot_measure_is_refused_at_plan_confirm_and_create(
