@@ -17,6 +17,7 @@ from ito.core.manifest import (
     Manifest,
     manifest_digest,
     manifest_json_schema,
+    manifest_summary,
     parse_manifest,
 )
 from ito.core.planner import Parallelism
@@ -491,3 +492,58 @@ def test_a_rope_base_scale_out_of_range_is_refused(doc: Doc, scale: object) -> N
     with pytest.raises(ItoError) as refused:
         parse_manifest(_raw(doc))
     assert refused.value.code == "manifest_invalid"
+
+
+# --- the model's tokenizer ----------------------------------------------------------------------
+
+TOKENIZER_SHA256 = "ab" * 32
+
+
+@pytest.mark.parametrize(
+    "uri",
+    ["file:///data/tokenizer.json", "/data/tokenizer.json", "s3://bucket/tokenizer.json"],
+    ids=["file-uri", "absolute-path", "s3-refused-at-plan-not-here"],
+)
+def test_a_named_tokenizer_is_optional_and_shown_to_the_approver(doc: Doc, uri: str) -> None:
+    assert parse_manifest(_raw(doc)).model.tokenizer is None
+    assert "tokenizer" not in manifest_summary(parse_manifest(_raw(doc)))["model"]
+    doc["model"]["tokenizer"] = {"uri": uri, "sha256": TOKENIZER_SHA256}
+    manifest = parse_manifest(_raw(doc))
+    assert manifest.model.tokenizer is not None
+    assert (manifest.model.tokenizer.uri, manifest.model.tokenizer.sha256) == (
+        uri,
+        TOKENIZER_SHA256,
+    )
+    assert manifest_summary(manifest)["model"]["tokenizer"] == doc["model"]["tokenizer"]
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "path"),
+    [
+        ({"uri": "tokenizer.json", "sha256": TOKENIZER_SHA256}, "$.model.tokenizer.uri"),
+        ({"uri": "ftp://host/tokenizer.json", "sha256": TOKENIZER_SHA256}, "$.model.tokenizer.uri"),
+        ({"uri": "", "sha256": TOKENIZER_SHA256}, "$.model.tokenizer.uri"),
+        ({"uri": "/t.json", "sha256": "AB" * 32}, "$.model.tokenizer.sha256"),
+        ({"uri": "/t.json", "sha256": "ab" * 31}, "$.model.tokenizer.sha256"),
+        ({"uri": "/t.json"}, "$.model.tokenizer.sha256"),
+        ({"uri": "/t.json", "sha256": TOKENIZER_SHA256, "vocab": 512}, "$.model.tokenizer.vocab"),
+        ("/t.json", "$.model.tokenizer"),
+    ],
+    ids=[
+        "relative-path",
+        "unknown-scheme",
+        "empty-uri",
+        "uppercase-digest",
+        "short-digest",
+        "no-digest",
+        "unknown-field",
+        "not-an-object",
+    ],
+)
+def test_a_malformed_tokenizer_is_refused_with_its_path(
+    doc: Doc, tokenizer: Any, path: str
+) -> None:
+    doc["model"]["tokenizer"] = tokenizer
+    exc = _refusal(_raw(doc))
+    assert exc.code == "manifest_invalid"
+    assert path in _paths(exc)

@@ -14,6 +14,7 @@ from ito.core.provenance import (
     parse_provenance,
     provenance_digest,
     unbound_data,
+    unbound_tokenizer,
 )
 
 HEX_A, HEX_B, HEX_C = "a" * 64, "b" * 64, "c" * 64
@@ -105,3 +106,50 @@ def test_contamination_is_recomputed_from_the_counts_not_the_reported_fraction()
     assert contamination_over(report, 0.0) == ["arith"]
     assert contamination_over(report, 0.25) == []
     assert contamination_over(report, 0.2) == ["arith"]
+
+
+def _tokenizer(source: str, sha256: str = HEX_C) -> dict[str, Any]:
+    return {"source": source, "sha256": sha256, "vocab": 512}
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "named", "unbound"),
+    [
+        (_tokenizer("trained"), None, False),
+        (None, None, False),  # a report of an earlier preparation, which trained in the engine
+        (_tokenizer("manifest"), None, True),
+        (_tokenizer("manifest"), HEX_C, False),
+        (_tokenizer("manifest", HEX_A), HEX_C, True),
+        (_tokenizer("trained"), HEX_C, True),
+        (None, HEX_C, True),
+    ],
+    ids=[
+        "trained-none-named",
+        "absent-none-named",
+        "manifest-none-named",
+        "the-named-one",
+        "another-file",
+        "trained-instead-of-named",
+        "absent-but-named",
+    ],
+)
+def test_the_report_s_tokenizer_must_be_the_one_the_manifest_asks_for(
+    tokenizer: dict[str, Any] | None, named: str | None, unbound: bool
+) -> None:
+    report = parse_provenance(_raw(_report(tokenizer=tokenizer)))
+    assert unbound_tokenizer(report, named) is unbound
+
+
+@pytest.mark.parametrize(
+    "tokenizer",
+    [
+        {"source": "downloaded", "sha256": HEX_C, "vocab": 512},
+        {"source": "trained", "sha256": "C" * 64, "vocab": 512},
+        {"source": "trained", "sha256": HEX_C, "vocab": 0},
+        {"source": "trained", "sha256": HEX_C},
+    ],
+)
+def test_a_malformed_tokenizer_entry_is_refused(tokenizer: dict[str, Any]) -> None:
+    with pytest.raises(ItoError) as refused:
+        parse_provenance(_raw(_report(tokenizer=tokenizer)))
+    assert refused.value.code == "invalid_arguments"

@@ -63,6 +63,33 @@ def test_a_file_uri_must_name_a_local_absolute_path(uri: str) -> None:
     assert _paths(doc) == expected
 
 
+@pytest.mark.parametrize(
+    ("uri", "capability"),
+    [
+        ("s3://bucket/tokenizer.json", "tokenizer_uri_scheme"),
+        ("https://huggingface.co/x/resolve/main/tokenizer.json", "tokenizer_uri_scheme"),
+        ("gs://bucket/tokenizer.json", "tokenizer_uri_scheme"),
+        ("file://otherhost/data/tokenizer.json", "tokenizer_uri"),
+        ("file:///data/tokenizer.json", None),
+        ("file://localhost/data/tokenizer.json", None),
+        ("/data/tokenizer.json", None),
+    ],
+)
+def test_a_tokenizer_the_runtime_cannot_read_is_refused_at_its_path(
+    uri: str, capability: str | None
+) -> None:
+    doc = _doc()
+    doc["model"]["tokenizer"] = {"uri": uri, "sha256": "0" * 64}
+    expected = [] if capability is None else [("$.model.tokenizer.uri", capability)]
+    assert _paths(doc) == expected
+    if capability is None:
+        return
+    with pytest.raises(ItoError) as info:
+        check_runtime_support(parse_manifest(json.dumps(doc).encode()))
+    assert info.value.code == "capability_unavailable"
+    assert [u["path"] for u in info.value.details["unsupported"]] == ["$.model.tokenizer.uri"]
+
+
 def _paths_on(doc: dict[str, Any], pipeline_stages: int) -> list[tuple[str, str]]:
     found = unsupported_parts(parse_manifest(json.dumps(doc).encode()), pipeline_stages)
     return [(f["path"], f["capability"]) for f in found]

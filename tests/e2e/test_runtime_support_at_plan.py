@@ -1,8 +1,8 @@
 """Fail closed before confirmation (DESIGN §5.8 gate 5, ``ito.core.runtime_support``): a manifest
-whose data the runtime cannot read, whose gate it cannot measure, or whose decontamination names
-an eval suite it does not define is refused by ``ito plan``, ``ito confirm`` and ``ito train``
-with its stable code and JSON paths — nothing created, no confirmation consumed. Through the real
-CLI and server, on SQLite and PostgreSQL."""
+whose data or tokenizer the runtime cannot read, whose gate it cannot measure, or whose
+decontamination names an eval suite it does not define is refused by ``ito plan``, ``ito confirm``
+and ``ito train`` with its stable code and JSON paths — nothing created, no confirmation consumed.
+Through the real CLI and server, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -103,18 +103,30 @@ def test_data_at_an_unreadable_uri_scheme_is_refused_at_plan_confirm_and_create(
     assert tenant.counts() == before
 
 
-def test_a_starting_revision_other_than_scratch_is_refused_at_plan_confirm_and_create(
-    tenant: Tenant,
-) -> None:
+def _start_from_weights(doc: dict[str, Any]) -> None:
     # The engine cannot start from given weights yet: the run would train from scratch.
+    doc["model"]["revision"] = "sha256:" + "ab" * 32
+
+
+def _hub_tokenizer(doc: dict[str, Any]) -> None:
+    doc["model"]["tokenizer"] = {
+        "uri": "https://huggingface.co/org/model/resolve/main/tokenizer.json",
+        "sha256": "0" * 64,
+    }
+
+
+@pytest.mark.parametrize(
+    ("edit", "path"),
+    [(_start_from_weights, "$.model.revision"), (_hub_tokenizer, "$.model.tokenizer.uri")],
+    ids=["revision", "tokenizer"],
+)
+def test_a_model_the_runtime_cannot_start_from_is_refused_at_plan_confirm_and_create(
+    tenant: Tenant, edit: Any, path: str
+) -> None:
     spare_ref = tenant.approved_confirmation(tenant.manifest("good"))
     before = tenant.counts()
-
-    def edit(doc: dict[str, Any]) -> None:
-        doc["model"]["revision"] = "sha256:" + "ab" * 32
-
-    manifest = _edited(tenant, "revision", edit)
-    _assert_unsupported_everywhere(tenant, manifest, spare_ref, "k-rev", ["$.model.revision"])
+    manifest = _edited(tenant, "model", edit)
+    _assert_unsupported_everywhere(tenant, manifest, spare_ref, "k-model", [path])
     assert tenant.counts() == before
     assert before["confirmations"] == {"approved": 1}
 

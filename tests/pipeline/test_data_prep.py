@@ -1,6 +1,7 @@
 """Data preparation end to end on the test recipe's real files (DESIGN §7.4): verified digests,
-deduplication, decontamination against the held-out set, atomic shards and a provenance report
-whose digests are those of the bytes written — and refusals that write nothing."""
+deduplication, decontamination against the held-out set, the run's tokenizer (named by the
+manifest or trained), atomic shards and a provenance report whose digests are those of the bytes
+written — and refusals that write nothing."""
 
 from __future__ import annotations
 
@@ -12,15 +13,27 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from tokenizers import Tokenizer, models
 
 from ito.core.errors import ItoError
 from ito.core.manifest import Manifest, parse_manifest
+from ito.core.provenance import provenance_digest
+from ito.pipeline.data import pack, prepared_tokenizer, read_documents
 from ito.pipeline.data_prep import (
     PROVENANCE_FILE,
     PrepReport,
+    TokenizerReport,
     prepare_data,
     prepared_dir,
     shard_path,
+)
+from ito.pipeline.tokenizer import (
+    EOS,
+    TOKENIZER_FILE,
+    tokenizer_bytes,
+    train_tokenizer,
+    vocab_size,
 )
 from ito.recipes import build_recipe
 
@@ -120,8 +133,18 @@ def test_prepared_shards_and_provenance_match_the_bytes_written(
     assert [(e.id, e.items, e.contaminated) for e in report.evals] == [("arith-heldout", 200, 0)]
     assert report.eval_contaminated_fraction == 0.0
     assert sorted(p.name for p in prepared_dir(workdir).iterdir()) == sorted(
-        [f"{ref.id}.jsonl" for ref in manifest.data] + [PROVENANCE_FILE]
+        [f"{ref.id}.jsonl" for ref in manifest.data] + [PROVENANCE_FILE, TOKENIZER_FILE]
     )
+    # Without model.tokenizer one is trained on the data, and the report holds its digest.
+    tokenizer = (prepared_dir(workdir) / TOKENIZER_FILE).read_bytes()
+    assert report.tokenizer.source == "trained"
+    assert report.tokenizer.sha256 == hashlib.sha256(tokenizer).hexdigest()
+    assert 256 < report.tokenizer.vocab <= 512  # the tiny model's vocabulary bounds it
+    assert provenance["tokenizer"] == {
+        "source": "trained",
+        "sha256": report.tokenizer.sha256,
+        "vocab": report.tokenizer.vocab,
+    }
 
 
 def test_prepared_rows_are_normalised_and_keep_only_their_roles_fields(
@@ -384,3 +407,169 @@ def test_the_demo_recipe_prepares_every_row_of_its_web_data(tmp_path: Path) -> N
     demo = _write_recipe("demo", tmp_path / "data")
     report = prepare_data(demo.manifest(), tmp_path / "work")
     assert report.dataset("web").input_rows == 3000
+
+
+# --- the tokenizer --------------------------------------------------------------------------
+
+
+def _name_tokenizer(recipe: Recipe, raw: bytes, *, uri_form: str = "file") -> Path:
+    """Write ``raw`` as the tokenizer file the manifest names, with its digest."""
+    path = recipe.data_dir / "named-tokenizer.json"
+    path.write_bytes(raw)
+    uri = f"file://{path}" if uri_form == "file" else str(path)
+    recipe.doc["model"]["tokenizer"] = {"uri": uri, "sha256": hashlib.sha256(raw).hexdigest()}
+    return path
+
+
+def _bpe(texts: list[str], vocab: int) -> bytes:
+    return tokenizer_bytes(train_tokenizer(texts, vocab))
+
+
+def _word_level(words: int, *, eos: bool) -> bytes:
+    """A word-level tokenizer of ``words`` entries (and the end-of-text token if ``eos``)."""
+    tokenizer = Tokenizer(models.WordLevel({f"w{i}": i for i in range(words)}, unk_token="w0"))
+    if eos:
+        tokenizer.add_special_tokens([EOS])
+    return tokenizer_bytes(tokenizer)
+
+
+@pytest.mark.parametrize("uri_form", ["file", "path"])
+def test_the_tokenizer_the_manifest_names_is_the_one_training_tokenizes_with(
+    recipe: Recipe, tmp_path: Path, uri_form: str
+) -> None:
+    trained = prepare_data(recipe.manifest(), tmp_path / "trained")
+    # Trained on other text than the run's, with a smaller vocabulary: not what preparation
+    # trains.
+    named = _bpe([row["text"] for row in recipe.rows("arith-mid")], 400)
+    vocab = vocab_size(Tokenizer.from_str(named.decode()))
+    path = _name_tokenizer(recipe, named, uri_form=uri_form)
+    workdir = tmp_path / "work"
+    report = prepare_data(recipe.manifest(), workdir)
+
+    digest = hashlib.sha256(named).hexdigest()
+    assert report.tokenizer == TokenizerReport(source="manifest", sha256=digest, vocab=vocab)
+    assert trained.tokenizer.source == "trained" and trained.tokenizer.sha256 != digest
+    provenance = (prepared_dir(workdir) / PROVENANCE_FILE).read_bytes()
+    assert json.loads(provenance)["tokenizer"] == {
+        "source": "manifest",
+        "sha256": digest,
+        "vocab": vocab,
+    }
+    assert (prepared_dir(workdir) / TOKENIZER_FILE).read_bytes() == named
+    # Everything else is prepared as without it.
+    assert report.datasets == trained.datasets
+
+    # What training packs from the prepared shards, through the tokenizer the engine loads,
+    # are exactly the named tokenizer's tokens (and not those of the one trained without it).
+    engine = prepared_tokenizer(workdir, provenance_digest(provenance), 512)
+    assert engine is not None
+    docs = read_documents(recipe.manifest().data_by_id()["web"], workdir)
+    packed = pack(engine, docs, 64)
+    assert torch.equal(packed, pack(Tokenizer.from_file(str(path)), docs, 64))
+    other = prepared_tokenizer(tmp_path / "trained", None, 512)
+    assert other is not None and not torch.equal(pack(other, docs, 64)[0], packed[0])
+
+
+def test_a_named_tokenizer_with_another_sha256_refuses_before_any_data_is_read(
+    recipe: Recipe, tmp_path: Path
+) -> None:
+    _name_tokenizer(recipe, _word_level(100, eos=True))
+    recipe.doc["model"]["tokenizer"]["sha256"] = "0" * 64
+    recipe.path("web").unlink()  # never reached: the tokenizer is checked first
+    workdir = tmp_path / "work"
+
+    exc = _refusal(recipe.manifest(), workdir)
+    assert (exc.code, exc.details["reason"]) == ("tokenizer_invalid", "sha256_mismatch")
+    assert exc.details["expected"] == "0" * 64
+    assert not workdir.exists()
+
+
+def test_a_named_tokenizer_changed_after_the_manifest_was_written_is_refused(
+    recipe: Recipe, tmp_path: Path
+) -> None:
+    path = _name_tokenizer(recipe, _bpe(["one two three"] * 10, 300))
+    manifest = recipe.manifest()
+    path.write_bytes(_bpe(["four five six"] * 10, 300))
+    exc = _refusal(manifest, tmp_path / "work")
+    assert (exc.code, exc.details["reason"]) == ("tokenizer_invalid", "sha256_mismatch")
+    assert not (tmp_path / "work").exists()
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (_word_level(600, eos=True), "vocab_too_large"),  # the tiny model has 512 rows
+        (_word_level(100, eos=False), "no_eos"),
+        (b'{"version": "1.0"}', "not_a_tokenizer"),
+        (b"\xff\xfe", "not_a_tokenizer"),
+    ],
+    ids=["vocab-too-large", "no-eos", "not-a-tokenizer", "not-utf8"],
+)
+def test_a_named_tokenizer_that_does_not_fit_the_model_is_refused(
+    recipe: Recipe, tmp_path: Path, raw: bytes, reason: str
+) -> None:
+    _name_tokenizer(recipe, raw)
+    exc = _refusal(recipe.manifest(), tmp_path / "work")
+    assert (exc.code, exc.details["reason"]) == ("tokenizer_invalid", reason)
+    if reason == "vocab_too_large":
+        assert (exc.details["vocab"], exc.details["model_vocab"]) == (601, 512)
+    assert not (tmp_path / "work").exists()
+
+
+def test_a_named_tokenizer_that_is_missing_or_not_a_file_is_refused(
+    recipe: Recipe, tmp_path: Path
+) -> None:
+    path = _name_tokenizer(recipe, _word_level(100, eos=True))
+    path.unlink()
+    exc = _refusal(recipe.manifest(), tmp_path / "work")
+    assert (exc.code, exc.details["reason"]) == ("tokenizer_invalid", "unreadable")
+    recipe.doc["model"]["tokenizer"]["uri"] = "file:///dev/zero"
+    exc = _refusal(recipe.manifest(), tmp_path / "work")
+    assert (exc.code, exc.details["reason"]) == ("tokenizer_invalid", "not_regular_file")
+    assert not (tmp_path / "work").exists()
+
+
+def test_a_named_tokenizer_at_a_remote_uri_is_refused_as_unavailable(
+    recipe: Recipe, tmp_path: Path
+) -> None:
+    recipe.doc["model"]["tokenizer"] = {"uri": "s3://bucket/tokenizer.json", "sha256": "0" * 64}
+    exc = _refusal(recipe.manifest(), tmp_path / "work")
+    assert (exc.code, exc.details["reason"]) == ("capability_unavailable", "uri_scheme")
+    assert not (tmp_path / "work").exists()
+
+
+def test_a_prepared_tokenizer_swapped_after_preparation_is_refused(
+    recipe: Recipe, tmp_path: Path
+) -> None:
+    _name_tokenizer(recipe, _bpe([row["text"] for row in recipe.rows("arith-mid")], 400))
+    workdir = tmp_path / "work"
+    prepare_data(recipe.manifest(), workdir)
+    bound = provenance_digest((prepared_dir(workdir) / PROVENANCE_FILE).read_bytes())
+    prepared = prepared_dir(workdir) / TOKENIZER_FILE
+    assert prepared_tokenizer(workdir, bound, 512) is not None
+
+    # Another valid tokenizer in its place: refused whether or not a report is bound.
+    prepared.write_bytes(_word_level(100, eos=True))
+    for bound_digest in (bound, None):
+        with pytest.raises(ItoError) as refused:
+            prepared_tokenizer(workdir, bound_digest, 512)
+        assert refused.value.code == "provenance_mismatch"
+    prepared.unlink()
+    with pytest.raises(ItoError) as refused:
+        prepared_tokenizer(workdir, bound, 512)
+    assert refused.value.code == "provenance_mismatch"
+
+
+def test_without_a_preparation_there_is_no_prepared_tokenizer(tmp_path: Path) -> None:
+    assert prepared_tokenizer(tmp_path / "work", None, 512) is None
+
+
+def test_two_preparations_train_byte_identical_tokenizers(recipe: Recipe, tmp_path: Path) -> None:
+    # A preparation repeated on another worker must reproduce the bound report, whose
+    # tokenizer digest is the trained file's.
+    first = prepare_data(recipe.manifest(), tmp_path / "one")
+    second = prepare_data(recipe.manifest(), tmp_path / "two")
+    assert first.tokenizer == second.tokenizer
+    assert (prepared_dir(tmp_path / "one") / TOKENIZER_FILE).read_bytes() == (
+        prepared_dir(tmp_path / "two") / TOKENIZER_FILE
+    ).read_bytes()

@@ -4,7 +4,7 @@ on the ``ladder-helpful`` and ``ladder-harmful`` recipes.
 Custom data in the domain the stage's battery measures (written sums, measured on held-out sums)
 passes and the run trains; shuffled-token noise, measured on held-out web text, is rejected and
 the run ends ``gate_failed`` / ``ladder_rejected`` before any training step. The decision is
-written once beside the tokenizer: a restarted attempt reads it instead of training the proxies
+written once in the checkpoint storage: a restarted attempt reads it instead of training the proxies
 again.
 """
 

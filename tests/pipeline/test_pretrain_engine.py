@@ -6,6 +6,7 @@ step by step.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -18,7 +19,11 @@ from typing import Any
 
 import pytest
 
+from ito.core.manifest import parse_manifest
+from ito.core.provenance import provenance_digest
 from ito.pipeline.checkpoint import COMMIT, committed_checkpoints
+from ito.pipeline.data_prep import PROVENANCE_FILE, prepare_data, prepared_dir
+from ito.pipeline.tokenizer import TOKENIZER_FILE, tokenizer_bytes, train_tokenizer
 from ito.recipes import build_recipe
 
 pytestmark = pytest.mark.slow
@@ -328,3 +333,44 @@ def test_a_gate_relative_to_step_0_fails_a_budget_too_small_to_learn_and_passes_
     assert res["initial"] == initial and math.isclose(res["threshold"], ratio * initial)
     assert res["rule"] == f"heldout_loss(web) ≤ {ratio:g} × step 0"
     assert res["passed"] is (status == "succeeded") and evs[-1]["status"] == status
+
+
+def test_the_engine_tokenizes_with_the_prepared_tokenizer_and_refuses_one_swapped_after(
+    tmp_path: Path,
+) -> None:
+    spec = make_spec(tmp_path, stages=["pretrain"], max_steps_per_stage=1)
+    doc = json.loads(spec.read_text())
+    # The manifest names a tokenizer (trained on other text than the run's); data preparation
+    # copies it beside the shards and the report bound to the run lists its digest.
+    named = tmp_path / "data" / "named-tokenizer.json"
+    texts = [json.loads(line)["text"] for line in (tmp_path / "data" / "arith-mid.jsonl").open()]
+    named.write_bytes(tokenizer_bytes(train_tokenizer(texts, 400)))
+    digest = hashlib.sha256(named.read_bytes()).hexdigest()
+    doc["manifest"]["model"]["tokenizer"] = {"uri": f"file://{named}", "sha256": digest}
+    workdir = tmp_path / "work"
+    report = prepare_data(parse_manifest(json.dumps(doc["manifest"]).encode()), workdir)
+    assert (report.tokenizer.source, report.tokenizer.sha256) == ("manifest", digest)
+    doc["provenance_sha256"] = provenance_digest(
+        (prepared_dir(workdir) / PROVENANCE_FILE).read_bytes()
+    )
+    spec.write_text(json.dumps(doc))
+    prepared = prepared_dir(workdir) / TOKENIZER_FILE
+
+    # Swapped after preparation (another valid tokenizer): refused before any step.
+    prepared.write_bytes(tokenizer_bytes(train_tokenizer(["something else entirely"] * 50, 300)))
+    result = torchrun(spec, nproc=1)
+    assert result.returncode != 0
+    evs = events(tmp_path)
+    assert evs[-1]["type"] == "done" and evs[-1]["status"] == "failed"
+    assert evs[-1]["code"] == "provenance_mismatch"
+    assert not losses(evs)
+    assert not committed_checkpoints(tmp_path / "ckpt")
+
+    # The prepared file back: the run trains with it, and trains no tokenizer of its own.
+    prepared.write_bytes(named.read_bytes())
+    (tmp_path / "events.jsonl").unlink()
+    result = torchrun(spec, nproc=1)
+    assert result.returncode == 0, result.stdout[-4000:]
+    evs = events(tmp_path)
+    assert losses(evs) and evs[-1]["status"] in ("succeeded", "gate_failed")
+    assert not (tmp_path / "ckpt" / TOKENIZER_FILE).exists()

@@ -5,6 +5,7 @@ approved and, approved there, lets the requester's run start."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -14,6 +15,8 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
+from ito.core.manifest import manifest_summary, parse_manifest
+from ito.recipes import build_recipe
 from ito.server.app import create_app
 from ito.server.services.accounts import create_account
 from ito.server.services.users import create_user, hash_password
@@ -420,3 +423,39 @@ def test_a_confirmation_stored_before_plans_were_kept_still_renders_without_a_la
     html = bytes(page.body).decode()
     assert page.status_code == 200 and "cost_usd: 0.5" in html
     assert 'id="parallelism"' not in html
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_the_confirmation_page_says_which_tokenizer_the_run_trains_with(named: bool) -> None:
+    document = build_recipe("test", "/data").manifest
+    if named:
+        document["model"]["tokenizer"] = {"uri": "/data/<tok>.json", "sha256": "ab" * 32}
+    summary = manifest_summary(parse_manifest(json.dumps(document).encode()))
+    page = render(
+        "confirmation.html",
+        c={
+            "confirmation_ref": "cfr_1",
+            "state": "pending",
+            "decided_at": None,
+            "action": "train.create",
+            "target": {"kind": "booking", "id": "bkg_1"},
+            "manifest_id": "sha256:" + "0" * 64,
+            "cost_usd": 1.0,
+            "created_at": "then",
+            "expires_at": "later",
+        },
+        notice=None,
+        booking=None,
+        run=None,
+        checkpoint_step=None,
+        summary=summary,
+        estimate={"cost_usd": 0.5, "ceiling_usd": 5.0},
+        requester={"id": "prn_1", "name": "agent"},
+    )
+    html = bytes(page.body).decode()
+    assert page.status_code == 200
+    if named:
+        assert "tokenizer <code>/data/&lt;tok&gt;.json</code>" in html
+        assert f"<code>{'ab' * 32}</code>" in html
+    else:
+        assert "tokenizer trained on the run" in html

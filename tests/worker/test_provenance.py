@@ -105,6 +105,14 @@ def test_a_report_over_the_contamination_limit_or_of_other_data_is_refused_and_b
         api.provenance(run_id, 1, json.dumps(elsewhere).encode())
     assert refused.value.code == "provenance_mismatch"
 
+    # The manifest names no tokenizer: the report's must be one trained on the data.
+    assert report["tokenizer"]["source"] == "trained"
+    named = json.loads(json.dumps(report))
+    named["tokenizer"]["source"] = "manifest"
+    with pytest.raises(ItoError) as refused:
+        api.provenance(run_id, 1, json.dumps(named).encode())
+    assert refused.value.code == "provenance_mismatch"
+
     broken = json.loads(json.dumps(report))
     broken["datasets"][0]["counts"]["output"] += 1
     with pytest.raises(ItoError) as refused:

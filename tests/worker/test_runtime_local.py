@@ -172,6 +172,8 @@ def test_a_confirmed_run_trains_to_succeeded_through_the_in_process_worker(
     reported = {d["id"]: d for d in provenance["report"]["datasets"]}
     assert set(reported) == {d["id"] for d in json.loads(manifest.read_bytes())["data"]}
     assert all(d["counts"]["output"] > 0 for d in reported.values())
+    # The tokenizer was trained by data preparation, and the report lists its digest.
+    assert provenance["report"]["tokenizer"]["source"] == "trained"
 
     telemetry = t.ito("telemetry", "--run", run_id).data
     assert 0 < telemetry["goodput"] <= 1

@@ -1,5 +1,6 @@
 """``ito runs provenance R`` for a human: the bound report's digest, then one row per data set
-(rows in, removed per reason, rows out, shard digest) and the decontamination per eval set.
+(rows in, removed per reason, rows out, shard digest), the tokenizer and the decontamination per
+eval set.
 ``--json`` prints the whole report as the server answered it."""
 
 from __future__ import annotations
@@ -39,6 +40,15 @@ def render_provenance(envelope: dict[str, Any]) -> None:
             d["output_sha256"][:16] + "…",
         )
     console.print(table)
+    tokenizer = report.get("tokenizer")
+    if tokenizer:
+        origin = "named by the manifest" if tokenizer["source"] == "manifest" else "trained"
+        console.print(
+            f"tokenizer: {origin}, sha256 {tokenizer['sha256'][:16]}…, "
+            f"vocabulary {tokenizer['vocab']}",
+            highlight=False,
+            markup=False,
+        )
     limit = (report.get("parameters") or {}).get("max_contamination")
     for e in report["evals"]:
         console.print(

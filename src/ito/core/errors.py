@@ -90,6 +90,7 @@ ErrorCode = Literal[
     "fabric_incompatible",
     "data_policy_violation",
     "data_invalid",
+    "tokenizer_invalid",
     "checkpoint_storage_invalid",
     "plan_refused",
     "layout_unsupported",
@@ -207,6 +208,11 @@ REGISTRY: dict[ErrorCode, ErrorSpec] = {
     "data_policy_violation": _s(422, "the data does not satisfy the data policy"),
     "data_invalid": _s(
         422, "a data row does not fit its role (not JSON, a missing field, a wrong type)"
+    ),
+    "tokenizer_invalid": _s(
+        422,
+        "the manifest's tokenizer cannot be used (unreadable, not a tokenizer.json, its sha256 "
+        "not the manifest's, or its vocabulary larger than the model's)",
     ),
     "checkpoint_storage_invalid": _s(422, "the checkpoint storage is not usable"),
     "plan_refused": _s(422, "no acceptable parallelism plan exists for this run"),

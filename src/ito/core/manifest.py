@@ -100,6 +100,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
+class TokenizerRef(_Strict):
+    uri: Annotated[str, Field(min_length=2, max_length=2048, pattern=r"^((file|s3|gs|https)://|/)")]
+    """Where the Hugging Face ``tokenizers`` ``tokenizer.json`` is: a ``file://`` URI or an
+    absolute path on the training node (the other schemes are refused at plan:
+    :mod:`ito.core.runtime_support`)."""
+    sha256: Sha256Hex
+    """Digest of the file's bytes; verified by data preparation before any use."""
+
+
 class ModelRef(_Strict):
     family: Literal["llama"]
     """Architecture family. Only the Llama decoder exists in v1."""
@@ -107,6 +116,8 @@ class ModelRef(_Strict):
     """A named size of the family's size table."""
     revision: Annotated[str, Field(pattern=r"^(scratch|sha256:[0-9a-f]{64})$")]
     """``scratch`` for random initialisation, else the digest of the initial weights."""
+    tokenizer: TokenizerRef | None = None
+    """The tokenizer to train with; absent, data preparation trains one on the run's data."""
 
 
 class ParallelismPins(_Strict):
@@ -761,6 +772,7 @@ def manifest_summary(m: Manifest) -> dict[str, Any]:
             "size": m.model.size,
             "revision": m.model.revision,
             "parameters": SIZES[m.model.size].parameters,
+            **({"tokenizer": m.model.tokenizer.model_dump()} if m.model.tokenizer else {}),
         },
         "resources": m.resources.model_dump(exclude_none=True),
         "stages": [s.stage for s in m.curriculum] + post,

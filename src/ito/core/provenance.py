@@ -5,8 +5,8 @@ bytes, the server binds their digest to the run (once: a later upload must carry
 digest) and serves the report to the run's tenant; training refuses a shard whose digest is not
 the report's. This module holds what every side shares: the report's model (validated where it
 enters), its digest, and the checks the server makes before binding it — that it describes this
-run's manifest (the same data ids and input digests) and that its contamination is within the
-manifest's data policy.
+run's manifest (the same data ids and input digests, the tokenizer the manifest names or one
+trained on the data) and that its contamination is within the manifest's data policy.
 
 The report is a pure function of the input bytes and the preparation parameters (no timings,
 no paths of the machine that made it), so a preparation repeated on another worker after a
@@ -30,10 +30,12 @@ __all__ = [
     "ProvenanceDataset",
     "ProvenanceEval",
     "ProvenanceReport",
+    "ProvenanceTokenizer",
     "contamination_over",
     "parse_provenance",
     "provenance_digest",
     "unbound_data",
+    "unbound_tokenizer",
 ]
 
 PROVENANCE_SCHEMA = "ito.data_prep.provenance.v1"
@@ -77,6 +79,16 @@ class ProvenanceEval(_Part):
     fraction: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 
 
+class ProvenanceTokenizer(_Part):
+    source: Literal["trained", "manifest"]
+    """``manifest``: the file ``model.tokenizer`` names; ``trained``: BPE trained on the run's
+    training data."""
+    sha256: _Hex
+    """Digest of the tokenizer file written beside the shards (the one training reads)."""
+    vocab: Annotated[int, Field(ge=1, le=2**24)]
+    """Embedding rows its ids need (largest id + 1)."""
+
+
 class ProvenanceReport(_Part):
     """What ``provenance.json`` holds (written by :mod:`ito.pipeline.data_prep`)."""
 
@@ -86,6 +98,8 @@ class ProvenanceReport(_Part):
     datasets: Annotated[list[ProvenanceDataset], Field(max_length=1024)]
     evals: Annotated[list[ProvenanceEval], Field(max_length=1024)]
     eval_contaminated_fraction: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+    tokenizer: ProvenanceTokenizer | None = None
+    """The tokenizer prepared with the shards (absent from a report of an earlier version)."""
 
     def shard_digests(self) -> dict[str, str]:
         """Data id → the hex sha256 of its prepared shard."""
@@ -131,6 +145,17 @@ def unbound_data(report: ProvenanceReport, data: dict[str, str]) -> list[str]:
     seen = {d.id: d.input_sha256 for d in report.datasets}
     ids = sorted(set(seen) | set(data))
     return [i for i in ids if seen.get(i) != data.get(i)]
+
+
+def unbound_tokenizer(report: ProvenanceReport, named_sha256: str | None) -> bool:
+    """Whether the report's tokenizer is not the one the manifest asks for: the file
+    ``model.tokenizer`` names (its hex sha256 ``named_sha256``), or one trained on the run's data
+    when it names none. A report without a tokenizer (of an earlier preparation) fits only a
+    manifest that names none."""
+    listed = report.tokenizer
+    if named_sha256 is None:
+        return listed is not None and listed.source != "trained"
+    return listed is None or listed.source != "manifest" or listed.sha256 != named_sha256
 
 
 def contamination_over(report: ProvenanceReport, limit: float) -> list[str]:

@@ -1,12 +1,12 @@
 """What this runtime can do of what a valid manifest asks (DESIGN §5.8 gate 5, §7.4, §7.5).
 
 The manifest schema (v1) is designed for the stages to come, so it accepts more than the runtime
-does today: a starting revision other than ``scratch``, data at ``s3://``, ``gs://`` or
-``https://`` URIs, evals on data or layouts it cannot measure them with, and custom data the
-ladder decision job cannot judge. A run asking for any of them would be created, charged for,
-and fail after its confirmation is spent — so :func:`check_runtime_support` refuses it at plan,
-confirm and create alike (``capability_unavailable``, with the JSON path of every unsupported
-part), before anything is created or consumed.
+does today: a starting revision other than ``scratch``, data or a tokenizer at ``s3://``,
+``gs://`` or ``https://`` URIs, evals on data or layouts it cannot measure them with, and custom
+data the ladder decision job cannot judge. A run asking for any of them would be created, charged
+for, and fail after its confirmation is spent — so :func:`check_runtime_support` refuses it at
+plan, confirm and create alike (``capability_unavailable``, with the JSON path of every
+unsupported part), before anything is created or consumed.
 
 What is checked of an eval here is what the manifest says: that the engine has the battery
 (:mod:`ito.pipeline.batteries`) and that the planned layout can run it. Generation
@@ -14,7 +14,9 @@ What is checked of an eval here is what the manifest says: that the engine has t
 forward, which a pipeline-parallel layout (``pp`` > 1) does not have. Validation already
 requires their data to be ``eval`` data (the role whose rows may hold ``prompt``, ``answer``,
 ``options``); whether its rows really are items of that shape is read by the engine before its
-first training step (``data_invalid``): the server never holds the data.
+first training step (``data_invalid``): the server never holds the data. Nor the tokenizer file
+the manifest names: its digest and its vocabulary (against the model's) are checked by data
+preparation, before anything is tokenized (``tokenizer_invalid``).
 
 Pure: the manifest in, a refusal out; no I/O.
 """
@@ -37,7 +39,8 @@ __all__ = [
 ]
 
 READABLE_SCHEMES = frozenset({"file"})
-"""URI schemes data preparation reads (``file://`` naming an absolute local path)."""
+"""URI schemes data preparation reads (``file://`` naming an absolute local path; a tokenizer
+may also be named by the absolute path itself)."""
 MEASURABLE_EVALS = frozenset({"heldout_loss", "perplexity", "exact_match", "multiple_choice"})
 """Evals the engine measures at a curriculum stage's gate (the batteries of
 :mod:`ito.pipeline.batteries`)."""
@@ -49,9 +52,8 @@ and not under pipeline parallelism."""
 def unsupported_parts(manifest: Manifest, pipeline_stages: int = 1) -> list[dict[str, str]]:
     """Every part of ``manifest`` this runtime cannot carry out on a layout with
     ``pipeline_stages`` pipeline stages: ``path`` (JSON path), ``capability``
-    (``model_revision``, ``data_uri_scheme``, ``data_uri``, ``eval``, ``eval_layout`` or
-    ``ladder``) and
-    ``reason``."""
+    (``model_revision``, ``data_uri_scheme``, ``data_uri``, ``tokenizer_uri_scheme``,
+    ``tokenizer_uri``, ``eval``, ``eval_layout`` or ``ladder``) and ``reason``."""
     found: list[dict[str, str]] = []
     if manifest.model.revision != "scratch":
         # Accepted by the schema for what is to come; the engine builds every model from its
@@ -66,27 +68,13 @@ def unsupported_parts(manifest: Manifest, pipeline_stages: int = 1) -> list[dict
             }
         )
     found += _ladder_parts(manifest)
-    # Data preparation reads every data reference of the manifest, whatever uses it.
+    # Data preparation reads every data reference of the manifest, whatever uses it, and the
+    # tokenizer the manifest names.
     for i, ref in enumerate(manifest.data):
-        parts = urlsplit(ref.uri)
-        path = f"$.data[{i}].uri"
-        if parts.scheme not in READABLE_SCHEMES:
-            found.append(
-                {
-                    "path": path,
-                    "capability": "data_uri_scheme",
-                    "reason": f"this runtime reads data from file:// URIs only, not "
-                    f"{parts.scheme}://",
-                }
-            )
-        elif parts.netloc not in ("", "localhost") or not posixpath.isabs(unquote(parts.path)):
-            found.append(
-                {
-                    "path": path,
-                    "capability": "data_uri",
-                    "reason": "a file:// URI must name an absolute path on the training node",
-                }
-            )
+        found += _uri_parts(ref.uri, f"$.data[{i}].uri", "data")
+    tokenizer = manifest.model.tokenizer
+    if tokenizer is not None and not tokenizer.uri.startswith("/"):
+        found += _uri_parts(tokenizer.uri, "$.model.tokenizer.uri", "tokenizer")
     # The batteries that gate a stage the runtime runs: the curriculum's. (Post-training stages
     # are not run by this runtime version; the plan says so in its warnings.)
     checked: set[str] = set()
@@ -115,6 +103,29 @@ def unsupported_parts(manifest: Manifest, pipeline_stages: int = 1) -> list[dict
                     }
                 )
     return found
+
+
+def _uri_parts(uri: str, path: str, what: str) -> list[dict[str, str]]:
+    """``uri`` (of the data or the tokenizer) if this runtime cannot read it."""
+    parts = urlsplit(uri)
+    if parts.scheme not in READABLE_SCHEMES:
+        return [
+            {
+                "path": path,
+                "capability": f"{what}_uri_scheme",
+                "reason": f"this runtime reads the {what} from file:// URIs only, not "
+                f"{parts.scheme}://",
+            }
+        ]
+    if parts.netloc not in ("", "localhost") or not posixpath.isabs(unquote(parts.path)):
+        return [
+            {
+                "path": path,
+                "capability": f"{what}_uri",
+                "reason": "a file:// URI must name an absolute path on the training node",
+            }
+        ]
+    return []
 
 
 def _ladder_parts(manifest: Manifest) -> list[dict[str, str]]:

@@ -3,11 +3,13 @@
 Guarantees:
 
 - The held-out split is a pure function of each document's bytes (a digest bucket), so every
-  stage that trains on a data id skips exactly the documents every eval on that id uses.
+  stage that trains on a data id skips exactly the documents every eval on that id uses
+  (:mod:`ito.pipeline.heldout`).
 - The order is a pure function of (seed, stage index, epoch): the batch of stage step ``k`` on
   rank ``r`` is computed, never iterated to, so the data position of a checkpoint is the step.
 - Raw files are read only from ``file://`` URIs and must match the manifest's sha256; a file
-  that data preparation wrote to ``<workdir>/prepared/<id>.jsonl`` is used in its place.
+  that data preparation wrote to ``<workdir>/prepared/<id>.jsonl`` is used in its place, and the
+  tokenizer it wrote beside them is used only with the digest its report lists.
 - A document is :attr:`Row.text <ito.pipeline.rows.Row.text>` of a row read by
   :func:`ito.pipeline.rows.read_rows`: the same text data preparation deduplicated and
   decontaminated.
@@ -25,20 +27,19 @@ import torch
 from tokenizers import Tokenizer
 
 from ito.core.manifest import DataRef
+from ito.pipeline.heldout import HELDOUT_EVERY, split_heldout
 from ito.pipeline.rows import Row, read_rows
 
 __all__ = [
     "HELDOUT_EVERY",
     "PackedData",
     "check_shard",
+    "prepared_tokenizer",
     "read_data_rows",
     "read_documents",
     "seed_from",
     "split_heldout",
 ]
-
-HELDOUT_EVERY = 20
-"""One document in this many (by digest bucket) is held out of training for evaluation."""
 
 
 def seed_from(run_id: str) -> int:
@@ -75,15 +76,9 @@ def check_shard(workdir: Path, data_id: str, raw: bytes, provenance_sha256: str)
     """Refuse (``provenance_mismatch``) a prepared shard unless ``provenance.json`` is the
     report bound to the run and lists exactly these bytes' digest for ``data_id``."""
     from ito.core.errors import ItoError
-    from ito.core.provenance import parse_provenance, provenance_digest
+    from ito.core.provenance import parse_provenance
 
-    report_raw = (workdir / "prepared" / "provenance.json").read_bytes()
-    if provenance_digest(report_raw) != provenance_sha256:
-        raise ItoError(
-            "provenance_mismatch",
-            "provenance.json is not the report bound to the run",
-            bound=provenance_sha256,
-        )
+    report_raw = _bound_report(workdir, provenance_sha256)
     expected = parse_provenance(report_raw).shard_digests().get(data_id)
     if expected != hashlib.sha256(raw).hexdigest():
         raise ItoError(
@@ -93,20 +88,54 @@ def check_shard(workdir: Path, data_id: str, raw: bytes, provenance_sha256: str)
         )
 
 
-def _digest(text: str) -> int:
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+def prepared_tokenizer(
+    workdir: Path, provenance_sha256: str | None, model_vocab: int
+) -> Tokenizer | None:
+    """The tokenizer data preparation wrote to ``<workdir>/prepared/``; ``None`` when there was
+    no preparation, or its report names no tokenizer (a report of an earlier version).
+
+    Refuses (``provenance_mismatch``) a file whose digest is not the one the report lists — a
+    tokenizer swapped after preparation — and, when ``provenance_sha256`` is given, a report
+    that is not the one bound to the run; ``tokenizer_invalid`` if the file does not fit the
+    model (:func:`ito.pipeline.tokenizer.check_tokenizer`)."""
+    from ito.core.errors import ItoError
+    from ito.core.provenance import parse_provenance
+    from ito.pipeline.tokenizer import TOKENIZER_FILE, check_tokenizer
+
+    if not (workdir / "prepared" / "provenance.json").exists():
+        return None
+    report_raw = _bound_report(workdir, provenance_sha256)
+    listed = parse_provenance(report_raw).tokenizer
+    if listed is None:
+        return None
+    try:
+        raw = (workdir / "prepared" / TOKENIZER_FILE).read_bytes()
+    except FileNotFoundError:
+        raw = None
+    if raw is None or hashlib.sha256(raw).hexdigest() != listed.sha256:
+        raise ItoError(
+            "provenance_mismatch",
+            "the prepared tokenizer is not the one the provenance report lists",
+            expected=listed.sha256,
+            actual=None if raw is None else hashlib.sha256(raw).hexdigest(),
+        )
+    return check_tokenizer(raw, model_vocab)
 
 
-def split_heldout(docs: Sequence[str], role: str) -> tuple[list[str], list[str]]:
-    """(train, held-out). Eval data is all held out; other data loses one bucket in
-    ``HELDOUT_EVERY`` (at least one document when there are two or more)."""
-    if role == "eval":
-        return [], list(docs)
-    heldout = {i for i, d in enumerate(docs) if _digest(d) % HELDOUT_EVERY == 0}
-    if not heldout and len(docs) > 1:
-        heldout = {min(range(len(docs)), key=lambda i: _digest(docs[i]))}
-    held = set(docs[i] for i in heldout)
-    return [d for d in docs if d not in held], [d for d in docs if d in held]
+def _bound_report(workdir: Path, provenance_sha256: str | None) -> bytes:
+    """The bytes of ``provenance.json``, refused (``provenance_mismatch``) unless they are the
+    report bound to the run (when ``provenance_sha256`` says which that is)."""
+    from ito.core.errors import ItoError
+    from ito.core.provenance import provenance_digest
+
+    report_raw = (workdir / "prepared" / "provenance.json").read_bytes()
+    if provenance_sha256 is not None and provenance_digest(report_raw) != provenance_sha256:
+        raise ItoError(
+            "provenance_mismatch",
+            "provenance.json is not the report bound to the run",
+            bound=provenance_sha256,
+        )
+    return report_raw
 
 
 def pack(tokenizer: Tokenizer, docs: Sequence[str], seq_len: int) -> torch.Tensor:

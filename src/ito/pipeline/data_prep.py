@@ -5,21 +5,30 @@ reads the bytes, checks them against the manifest's sha256, reads its rows (JSON
 :mod:`ito.pipeline.rows` defines them for the data's role) and normalises their fields; then it
 removes exact duplicates in every data set, every training row that overlaps an item of the
 manifest's eval data (:mod:`ito.pipeline.decontam`), and near duplicates in every training data
-set — in that order. It writes one prepared shard per data set and a provenance report to
-``<workdir>/prepared/``.
+set — in that order. It writes one prepared shard per data set, the run's tokenizer and a
+provenance report to ``<workdir>/prepared/``.
+
+The tokenizer (:mod:`ito.pipeline.tokenizer`) is the ``tokenizer.json`` the manifest names
+(``model.tokenizer``): read before any data, its bytes checked against the manifest's sha256
+and its vocabulary against the model's, then copied as it is. Without one, a byte-level BPE is
+trained on the training split of the curriculum's prepared data (what training reads), with the
+model's vocabulary. The report records where it came from, its digest and its vocabulary;
+training refuses a tokenizer file whose digest is not the report's.
 
 Guarantees:
 
 * Every check happens before anything is written: a digest mismatch, an unreadable file, a row
-  that does not fit its role (``data_invalid``), a licence outside the policy or contamination
-  above ``data_policy.max_contamination`` refuses with an :class:`ItoError` and leaves the work
+  that does not fit its role (``data_invalid``), a licence outside the policy, contamination
+  above ``data_policy.max_contamination`` or a tokenizer that does not match the manifest or fit
+  the model (``tokenizer_invalid``) refuses with an :class:`ItoError` and leaves the work
   directory untouched.
 * Each file is written to a temporary name and renamed into place. ``provenance.json`` is removed
-  first and written last, so its presence means every shard it lists is complete; the output
-  digests it records are those of the bytes written.
+  first and written last, so its presence means every shard it lists, and the tokenizer, is
+  complete; the output digests it records are those of the bytes written.
 * The output depends only on the input bytes and the parameters: rows keep their input order and
-  are serialised as canonical JSON of their role's fields only, so two runs give byte-identical
-  shards and reports, and a Parquet file gives the same shard as the JSONL file of its rows.
+  are serialised as canonical JSON of their role's fields only, and the tokenizer's training is
+  deterministic, so two runs give byte-identical shards, tokenizers and reports, and a Parquet
+  file gives the same shard as the JSONL file of its rows.
 * Deduplication and decontamination compare :attr:`Row.text <ito.pipeline.rows.Row.text>`, the
   text training and evaluation read from the shard.
 """
@@ -33,16 +42,27 @@ import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import unquote, urlsplit
 
-from ito.core.errors import ItoError
+from ito.core.errors import ErrorCode, ItoError
+from ito.core.model_sizes import SIZES
 from ito.core.provenance import PROVENANCE_SCHEMA
 from ito.pipeline.decontam import DEFAULT_NGRAM, EvalIndex
 from ito.pipeline.dedup import NearDedup, exact_duplicates, near_duplicates
+from ito.pipeline.heldout import split_heldout
 from ito.pipeline.rows import Row, data_format, normalise_text, read_rows, rows_to_jsonl
+from ito.pipeline.tokenizer import (
+    TOKENIZER_FILE,
+    check_tokenizer,
+    tokenizer_bytes,
+    train_tokenizer,
+    vocab_size,
+)
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
     from ito.core.manifest import DataRef, Manifest
 
 __all__ = [
@@ -53,6 +73,8 @@ __all__ = [
     "EvalContamination",
     "NearDedup",
     "PrepReport",
+    "TokenizerReport",
+    "named_tokenizer",
     "normalise_text",
     "prepare_data",
     "prepared_dir",
@@ -62,6 +84,8 @@ __all__ = [
 PREPARED_DIR = "prepared"
 MAX_DATA_FILE_BYTES = 2 << 30
 """Largest data file one preparation reads (it is held in memory to be hashed and parsed)."""
+MAX_TOKENIZER_FILE_BYTES = 256 << 20
+"""Largest tokenizer file read (Llama 3's ``tokenizer.json`` is 9 MB)."""
 PROVENANCE_FILE = "provenance.json"
 MAX_MATCHES_LISTED = 1000
 """Contaminated eval items listed by name in the report, per eval set (all are counted)."""
@@ -165,6 +189,21 @@ class EvalContamination:
 
 
 @dataclass(frozen=True)
+class TokenizerReport:
+    """The tokenizer prepared with the shards (``prepared/tokenizer.json``)."""
+
+    source: Literal["trained", "manifest"]
+    """``manifest``: the file ``model.tokenizer`` names; ``trained``: trained here."""
+    sha256: str
+    """Digest of the file written (for ``manifest``, verified equal to the manifest's)."""
+    vocab: int
+    """Embedding rows its ids need (largest id + 1), at most the model's vocabulary."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "sha256": self.sha256, "vocab": self.vocab}
+
+
+@dataclass(frozen=True)
 class PrepReport:
     """The provenance report; :meth:`to_dict` is exactly what ``provenance.json`` holds."""
 
@@ -175,6 +214,7 @@ class PrepReport:
     max_contamination: float
     datasets: tuple[DatasetReport, ...]
     evals: tuple[EvalContamination, ...]
+    tokenizer: TokenizerReport
     schema: str = field(default=PROVENANCE_SCHEMA)
 
     @property
@@ -218,6 +258,7 @@ class PrepReport:
             "datasets": [d.to_dict() for d in self.datasets],
             "evals": [e.to_dict() for e in self.evals],
             "eval_contaminated_fraction": self.eval_contaminated_fraction,
+            "tokenizer": self.tokenizer.to_dict(),
         }
 
 
@@ -248,9 +289,9 @@ def prepare_data(
     ``ngram`` forces one n-gram size on every data set instead of each data's
     ``decontamination.n`` (13 where it has none). Refuses with ``data_policy_violation`` (reason
     ``license``, ``unreadable``, ``sha256_mismatch`` or ``contamination``), ``data_invalid`` (a
-    row that does not fit its role) or ``capability_unavailable`` (a URI scheme other than
-    ``file://``; refused at plan already, :mod:`ito.core.runtime_support`), having written
-    nothing.
+    row that does not fit its role), ``tokenizer_invalid`` (:func:`named_tokenizer`) or
+    ``capability_unavailable`` (a URI scheme other than ``file://``; refused at plan already,
+    :mod:`ito.core.runtime_support`), having written nothing.
     """
     if ngram is not None and ngram < 1:
         raise ValueError("ngram must be ≥ 1")
@@ -265,6 +306,8 @@ def prepare_data(
                 data_id=ref.id,
                 license=ref.license,
             )
+    # The named tokenizer first: a wrong one refuses before any data is read or tokenized.
+    named = named_tokenizer(manifest)
     loaded = [_load(ref) for ref in manifest.data]
 
     eval_sets = [d for d in loaded if d.ref.role == "eval"]
@@ -337,6 +380,9 @@ def prepare_data(
             )
 
     shards = {d.ref.id: rows_to_jsonl(d.rows) for d in loaded}
+    tokenizer, tokenizer_report = (
+        _trained_tokenizer(manifest, shards) if named is None else _copied(*named)
+    )
     report = PrepReport(
         manifest_name=manifest.name,
         near_dedup=settings,
@@ -346,9 +392,60 @@ def prepare_data(
             _dataset_report(d, shards[d.ref.id], ngram_of.get(d.ref.id), eval_ids) for d in loaded
         ),
         evals=evals,
+        tokenizer=tokenizer_report,
     )
-    _write(workdir, shards, report)
+    _write(workdir, shards, tokenizer, report)
     return report
+
+
+def named_tokenizer(manifest: Manifest) -> tuple[bytes, Tokenizer] | None:
+    """The bytes of the tokenizer ``model.tokenizer`` names and the tokenizer they hold
+    (``None`` when it names none). Refused with ``tokenizer_invalid`` when they are unreadable
+    (``unreadable``, ``not_regular_file``, ``too_large``), not the manifest's sha256
+    (``sha256_mismatch``), not a ``tokenizer.json``, or do not fit the model's vocabulary
+    (:func:`ito.pipeline.tokenizer.check_tokenizer`); ``capability_unavailable`` for a URI
+    scheme other than ``file://``."""
+    ref = manifest.model.tokenizer
+    if ref is None:
+        return None
+    raw = _read_local(ref.uri, "the tokenizer", "tokenizer_invalid", MAX_TOKENIZER_FILE_BYTES)
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != ref.sha256:
+        raise ItoError(
+            "tokenizer_invalid",
+            "the bytes of the tokenizer do not match the manifest's sha256",
+            reason="sha256_mismatch",
+            expected=ref.sha256,
+            actual=digest,
+        )
+    return raw, check_tokenizer(raw, SIZES[manifest.model.size].vocab)
+
+
+def _copied(raw: bytes, tokenizer: Tokenizer) -> tuple[bytes, TokenizerReport]:
+    digest = hashlib.sha256(raw).hexdigest()
+    return raw, TokenizerReport(source="manifest", sha256=digest, vocab=vocab_size(tokenizer))
+
+
+def _trained_tokenizer(
+    manifest: Manifest, shards: dict[str, bytes]
+) -> tuple[bytes, TokenizerReport]:
+    """BPE trained on the training split of the curriculum's data, read back from the shards
+    exactly as training reads them, in the curriculum's order."""
+    refs = manifest.data_by_id()
+    ids = dict.fromkeys(d for stage in manifest.curriculum for d in stage.data)
+    texts = (
+        text
+        for i in ids
+        for text in split_heldout(
+            [row.text for row in read_rows(shards[i], refs[i].role, data_id=i)], refs[i].role
+        )[0]
+    )
+    raw = tokenizer_bytes(train_tokenizer(texts, SIZES[manifest.model.size].vocab))
+    # Read back as training will: the bytes written are the ones whose ids were counted.
+    vocab = vocab_size(check_tokenizer(raw, SIZES[manifest.model.size].vocab))
+    return raw, TokenizerReport(
+        source="trained", sha256=hashlib.sha256(raw).hexdigest(), vocab=vocab
+    )
 
 
 def _dataset_report(
@@ -414,23 +511,34 @@ def _load(ref: DataRef) -> _Loaded:
 
 
 def _read(ref: DataRef) -> bytes:
-    parts = urlsplit(ref.uri)
-    if parts.scheme != "file":
+    return _read_local(
+        ref.uri, f"data {ref.id!r}", "data_policy_violation", MAX_DATA_FILE_BYTES, data_id=ref.id
+    )
+
+
+def _read_local(uri: str, what: str, code: ErrorCode, max_bytes: int, **details: Any) -> bytes:
+    """The bytes of the local file ``uri`` names (``file://`` or, for a tokenizer, an absolute
+    path); ``code`` with a ``reason`` when it cannot be read."""
+    parts = urlsplit(uri)
+    if uri.startswith("/"):
+        path = uri
+    elif parts.scheme != "file":
         raise ItoError(
             "capability_unavailable",
-            f"data {ref.id!r}: only file:// URIs can be read by this runtime",
+            f"{what}: only file:// URIs can be read by this runtime",
             reason="uri_scheme",
-            data_id=ref.id,
             scheme=parts.scheme,
+            **details,
         )
-    path = unquote(parts.path)
-    if parts.netloc not in ("", "localhost") or not os.path.isabs(path):
-        raise ItoError(
-            "data_policy_violation",
-            f"data {ref.id!r}: a file URI must name an absolute local path",
-            reason="unreadable",
-            data_id=ref.id,
-        )
+    else:
+        path = unquote(parts.path)
+        if parts.netloc not in ("", "localhost") or not os.path.isabs(path):
+            raise ItoError(
+                code,
+                f"{what}: a file URI must name an absolute local path",
+                reason="unreadable",
+                **details,
+            )
     try:
         # Never a device, FIFO or socket (``/dev/zero`` never ends, a FIFO never answers), and
         # never more than the bound: the whole file is held to be hashed and parsed.
@@ -439,45 +547,41 @@ def _read(ref: DataRef) -> bytes:
             info = os.fstat(handle.fileno())
             if not stat.S_ISREG(info.st_mode):
                 raise ItoError(
-                    "data_policy_violation",
-                    f"data {ref.id!r} is not a regular file",
-                    reason="not_regular_file",
-                    data_id=ref.id,
+                    code, f"{what} is not a regular file", reason="not_regular_file", **details
                 )
-            if info.st_size > MAX_DATA_FILE_BYTES:
-                raise ItoError(
-                    "data_policy_violation",
-                    f"data {ref.id!r} is larger than {MAX_DATA_FILE_BYTES} bytes",
-                    reason="too_large",
-                    data_id=ref.id,
-                    max_bytes=MAX_DATA_FILE_BYTES,
-                )
-            raw = handle.read(MAX_DATA_FILE_BYTES + 1)
+            if info.st_size > max_bytes:
+                raise _too_large(code, what, max_bytes, details)
+            raw = handle.read(max_bytes + 1)
     except OSError as exc:
         raise ItoError(
-            "data_policy_violation",
-            f"data {ref.id!r} cannot be read ({exc.strerror or type(exc).__name__})",
+            code,
+            f"{what} cannot be read ({exc.strerror or type(exc).__name__})",
             reason="unreadable",
-            data_id=ref.id,
+            **details,
         ) from None
-    if len(raw) > MAX_DATA_FILE_BYTES:  # it grew while being read
-        raise ItoError(
-            "data_policy_violation",
-            f"data {ref.id!r} is larger than {MAX_DATA_FILE_BYTES} bytes",
-            reason="too_large",
-            data_id=ref.id,
-            max_bytes=MAX_DATA_FILE_BYTES,
-        )
+    if len(raw) > max_bytes:  # it grew while being read
+        raise _too_large(code, what, max_bytes, details)
     return raw
 
 
-def _write(workdir: Path, shards: dict[str, bytes], report: PrepReport) -> None:
+def _too_large(code: ErrorCode, what: str, max_bytes: int, details: dict[str, Any]) -> ItoError:
+    return ItoError(
+        code,
+        f"{what} is larger than {max_bytes} bytes",
+        reason="too_large",
+        max_bytes=max_bytes,
+        **details,
+    )
+
+
+def _write(workdir: Path, shards: dict[str, bytes], tokenizer: bytes, report: PrepReport) -> None:
     out = prepared_dir(workdir)
     out.mkdir(parents=True, exist_ok=True)
     provenance = out / PROVENANCE_FILE
     provenance.unlink(missing_ok=True)
     for data_id, data in shards.items():
         _atomic_write(shard_path(workdir, data_id), data)
+    _atomic_write(out / TOKENIZER_FILE, tokenizer)
     text = json.dumps(report.to_dict(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     _atomic_write(provenance, text.encode())
     _fsync_dir(out)

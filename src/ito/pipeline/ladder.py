@@ -13,7 +13,7 @@ The decision is a gate: one ``gate`` event (stage ``ladder``, each result with t
 value, the reference run's, the bound and the rule; the job's facts: proxy size, data, tokens,
 steps and seconds of each arm). A rejection ends the run ``gate_failed`` with
 ``ladder_rejected`` before the real training starts. The decision is also written once, as
-``ladder.json`` beside the tokenizer in the checkpoint storage (through the proven directory):
+``ladder.json`` at the root of the checkpoint storage (through the proven directory):
 an attempt restarted before the first checkpoint reads it instead of training the proxies again.
 
 The global RNG is left as it was (``fork_rng``): the run trains the same with or without a

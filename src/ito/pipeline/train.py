@@ -33,7 +33,15 @@ from ito.pipeline.checkpoint import (
     remove_uncommitted,
     restore_rng,
 )
-from ito.pipeline.data import PackedData, pack, read_data_rows, seed_from, split_heldout
+from ito.pipeline.data import (
+    PackedData,
+    pack,
+    prepared_tokenizer,
+    read_data_rows,
+    seed_from,
+    split_heldout,
+)
+from ito.pipeline.data_prep import named_tokenizer
 from ito.pipeline.events import EventWriter
 from ito.pipeline.grad_accum import accumulate
 from ito.pipeline.ladder import LadderJob
@@ -217,6 +225,16 @@ class Trainer:
         )
 
     def _tokenizer(self) -> Tokenizer:
+        """The tokenizer data preparation wrote, refused unless its digest is the one the
+        report lists (``provenance_mismatch``). Without a preparation: the one the manifest
+        names, checked as preparation checks it, or one trained here as preparation would."""
+        spec = self.spec
+        prepared = prepared_tokenizer(spec.workdir, spec.provenance_sha256, self.size.vocab)
+        if prepared is not None:
+            return prepared
+        named = named_tokenizer(spec.manifest)
+        if named is not None:
+            return named[1]
         # It lives beside the checkpoints: written and read through the proven directory.
         storage = self.spec.checkpoint_storage
         if self.rank == 0:

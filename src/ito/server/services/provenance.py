@@ -1,9 +1,10 @@
 """Provenance served and bound (DESIGN §7.4): the worker holding a run's lease uploads the
 data-preparation report; the server checks that it describes this run's manifest (the same data
-ids, prepared from the bytes the manifest names) and that its contamination is within the
-manifest's data policy, stores its exact bytes and binds their digest to the run — once: a later
-upload must carry the same digest (``provenance_mismatch`` otherwise, nothing written). The
-run's tenant reads it back; another tenant's run answers like a missing one.
+ids, prepared from the bytes the manifest names; the tokenizer the manifest names, or one trained
+on the data) and that its contamination is within the manifest's data policy, stores its exact
+bytes and binds their digest to the run — once: a later upload must carry the same digest
+(``provenance_mismatch`` otherwise, nothing written). The run's tenant reads it back; another
+tenant's run answers like a missing one.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ito.core.provenance import (
     parse_provenance,
     provenance_digest,
     unbound_data,
+    unbound_tokenizer,
 )
 from ito.server.services.credentials import AuthContext
 from ito.server.services.leases import held_lease
@@ -52,6 +54,14 @@ def bind_provenance(
             "provenance_mismatch",
             "the report does not describe this run's manifest data",
             data_ids=differing[:16],
+        )
+    named = manifest.model.tokenizer
+    if unbound_tokenizer(report, named.sha256 if named is not None else None):
+        raise ItoError(
+            "provenance_mismatch",
+            "the report's tokenizer is not the one the manifest names"
+            if named is not None
+            else "the report's tokenizer was not trained on the run's data",
         )
     limit = manifest.data_policy.max_contamination
     over = contamination_over(report, limit)
