@@ -110,7 +110,8 @@ def word_shingles(text: str, k: int) -> frozenset[str]:
     words = text.casefold().split()
     if len(words) <= k:
         return frozenset([" ".join(words)]) if words else frozenset()
-    return frozenset(" ".join(words[i : i + k]) for i in range(len(words) - k + 1))
+    # Shifted copies of the word list, zipped: the shortest (the last) ends the windows.
+    return frozenset(map(" ".join, zip(*(words[i:] for i in range(k)), strict=False)))
 
 
 def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
