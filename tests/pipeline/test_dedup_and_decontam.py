@@ -196,3 +196,32 @@ def test_an_index_without_items_matches_nothing() -> None:
     assert index.matches(LONG) == set()
     with pytest.raises(ValueError):
         EvalIndex([], 0)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 13])
+def test_matches_are_those_a_plain_search_of_every_window_finds(n: int) -> None:
+    # A small alphabet with punctuation, so windows repeat, items share n-grams and short items
+    # of every length occur; the index's hashing must change nothing the search finds.
+    rng = random.Random(n)
+    alphabet = ["a", "b", "C", "d", "+", "=", "1", "2", "x.y"]
+
+    def text(most: int) -> str:
+        return " ".join(rng.choice(alphabet) for _ in range(rng.randint(0, most)))
+
+    for _ in range(40):
+        items = [text(20) for _ in range(rng.randint(0, 6))]
+        index = EvalIndex(items, n)
+        patterns: list[tuple[tuple[str, ...], int]] = []
+        for i, item in enumerate(items):
+            tokens = match_tokens(item)
+            grams = (
+                ngrams(tokens, n) if len(tokens) >= n else ({tuple(tokens)} if tokens else set())
+            )
+            patterns.extend((gram, i) for gram in grams)
+        for _ in range(10):
+            tokens = match_tokens(text(60))
+            windows = {
+                tuple(tokens[s : s + len(g)]) for g, _ in patterns for s in range(len(tokens))
+            }
+            expected = {i for gram, i in patterns if gram in windows}
+            assert index.matches(" ".join(tokens)) == expected
