@@ -3,6 +3,8 @@ duplicates, and n-gram decontamination including whole-item matching of short ev
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from ito.pipeline.data_prep import normalise_text
@@ -106,6 +108,42 @@ def test_near_duplicates_drop_later_copies_and_keep_distinct_texts() -> None:
     assert near_duplicates([], NearDedup()) == []
 
 
+def test_short_and_empty_texts_are_one_shingle_or_none() -> None:
+    texts = ["", "", "a b", "A  b", "a b c", "x a b"]
+    # Two empty shingle sets are identical (Jaccard 1); "a b" is one shingle, "x a b" another.
+    assert near_duplicates(texts, NearDedup()) == [1, 3]
+
+
+def test_near_duplicates_are_those_an_exact_pairwise_search_finds() -> None:
+    rng = random.Random(7)
+    vocab = [f"w{i}" for i in range(400)]
+    texts: list[str] = []
+    for _ in range(60):
+        base = [rng.choice(vocab) for _ in range(rng.randint(80, 160))]
+        texts.append(" ".join(base))
+        for _ in range(rng.randint(0, 2)):
+            copy = list(base)
+            for pos in rng.sample(range(len(copy)), rng.randint(0, 1)):
+                copy[pos] = rng.choice(vocab)
+            texts.append(" ".join(copy))
+    rng.shuffle(texts)
+    settings = NearDedup(threshold=0.8)
+    shingles = [word_shingles(t, settings.shingle_words) for t in texts]
+    expected: list[int] = []
+    kept: list[int] = []
+    for i, s in enumerate(shingles):
+        if any(jaccard(s, shingles[j]) >= settings.threshold for j in kept):
+            expected.append(i)
+        else:
+            kept.append(i)
+    # Pairs well above the threshold are proposed with probability ≈ 1 and then checked exactly,
+    # so the sketch finds every one of them and nothing else.
+    pairs = [jaccard(s, shingles[j]) for i, s in enumerate(shingles) for j in range(i)]
+    assert not any(0.75 < p < 0.85 for p in pairs)  # no pair close to the threshold
+    assert len(expected) > 20
+    assert near_duplicates(texts, settings) == expected
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [{"threshold": 0.0}, {"threshold": 1.5}, {"shingle_words": 0}, {"num_perm": 1}, {"seed": -1}],
@@ -158,3 +196,32 @@ def test_an_index_without_items_matches_nothing() -> None:
     assert index.matches(LONG) == set()
     with pytest.raises(ValueError):
         EvalIndex([], 0)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 13])
+def test_matches_are_those_a_plain_search_of_every_window_finds(n: int) -> None:
+    # A small alphabet with punctuation, so windows repeat, items share n-grams and short items
+    # of every length occur; the index's hashing must change nothing the search finds.
+    rng = random.Random(n)
+    alphabet = ["a", "b", "C", "d", "+", "=", "1", "2", "x.y"]
+
+    def text(most: int) -> str:
+        return " ".join(rng.choice(alphabet) for _ in range(rng.randint(0, most)))
+
+    for _ in range(40):
+        items = [text(20) for _ in range(rng.randint(0, 6))]
+        index = EvalIndex(items, n)
+        patterns: list[tuple[tuple[str, ...], int]] = []
+        for i, item in enumerate(items):
+            tokens = match_tokens(item)
+            grams = (
+                ngrams(tokens, n) if len(tokens) >= n else ({tuple(tokens)} if tokens else set())
+            )
+            patterns.extend((gram, i) for gram in grams)
+        for _ in range(10):
+            tokens = match_tokens(text(60))
+            windows = {
+                tuple(tokens[s : s + len(g)]) for g, _ in patterns for s in range(len(tokens))
+            }
+            expected = {i for gram, i in patterns if gram in windows}
+            assert index.matches(" ".join(tokens)) == expected

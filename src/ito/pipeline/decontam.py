@@ -7,17 +7,36 @@ punctuation hides an overlap: ``"503+511=1014"`` (an eval row's prompt joined to
 :mod:`ito.pipeline.rows`), ``"503+511= 1014"`` and ``"503 + 511 = 1014"`` are the same five
 tokens. An eval item shorter than n tokens has no n-gram; it is then matched whole — its token
 sequence appearing contiguously in the training text — so that short items are still protected.
+
+Matching is exact: a window of a training text matches a pattern only when their tokens are
+equal. To find the few windows worth comparing, :class:`EvalIndex` hashes every window with numpy
+(a polynomial of random 64-bit values of its tokens, from prefix sums) and looks the hash up in a
+bitmap of the patterns' hashes; a window holding a token of no eval item is skipped outright. A
+hash collision only costs one comparison more.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from itertools import repeat
+
+import numpy as np
+import numpy.typing as npt
 
 __all__ = ["DEFAULT_NGRAM", "EvalIndex", "match_tokens", "ngrams"]
 
 DEFAULT_NGRAM = 13
 _TOKEN = re.compile(r"\w+|[^\w\s]")
+_BASE = 0x9E3779B97F4A7C15
+"""Odd base of the window polynomial (invertible modulo 2^64)."""
+_MIN_BITMAP_BITS = 16
+_MAX_BITMAP_BITS = 26
+_BITMAP_LOAD = 64
+"""Bitmap slots per pattern: about one window in 64 of a text made only of eval tokens is
+compared for nothing."""
+
+_U64 = npt.NDArray[np.uint64]
 
 
 def match_tokens(text: str) -> list[str]:
@@ -49,20 +68,77 @@ class EvalIndex:
             for gram in grams:
                 self._patterns.setdefault(len(gram), {}).setdefault(gram, []).append(index)
         self._lengths = sorted(self._patterns)
-        # Most positions of a training text start no pattern at all; a set of first tokens
-        # rejects them with one lookup instead of one per pattern length.
-        self._first = {gram[0] for table in self._patterns.values() for gram in table}
+        # Token → id ≥ 1 (0: a token of no eval item) → a fixed random 64-bit value. The values
+        # only choose which windows are compared, so any values give the same matches.
+        self._ids: dict[str, int] = {}
+        for table in self._patterns.values():
+            for gram in table:
+                for token in gram:
+                    self._ids.setdefault(token, len(self._ids) + 1)
+        rng = np.random.default_rng(0)
+        self._values: _U64 = rng.integers(
+            0, 1 << 64, size=len(self._ids) + 1, dtype=np.uint64, endpoint=False
+        )
+        self._powers: _U64 = np.ones(1, dtype=np.uint64)
+        self._inverse_powers: _U64 = np.ones(1, dtype=np.uint64)
+        count = sum(len(table) for table in self._patterns.values())
+        self._bits = min(
+            _MAX_BITMAP_BITS, max(_MIN_BITMAP_BITS, (count * _BITMAP_LOAD).bit_length())
+        )
+        self._shift = np.uint64(64 - self._bits)
+        self._bitmaps: dict[int, npt.NDArray[np.bool_]] = {}
+        for length, table in self._patterns.items():
+            ids = np.array([[self._ids[t] for t in gram] for gram in table], dtype=np.intp)
+            hashes = (self._values[ids] * self._power_table(length)[0][:length]).sum(
+                axis=1, dtype=np.uint64
+            )
+            bitmap = np.zeros(1 << self._bits, dtype=np.bool_)
+            bitmap[hashes >> self._shift] = True
+            self._bitmaps[length] = bitmap
+
+    def _power_table(self, size: int) -> tuple[_U64, _U64]:
+        """``base^i`` and ``base^-i`` modulo 2^64 for ``i < size`` (at least)."""
+        if len(self._powers) < size:
+            size = max(size, 2 * len(self._powers))
+            self._powers = _geometric(_BASE, size)
+            self._inverse_powers = _geometric(pow(_BASE, -1, 1 << 64), size)
+        return self._powers, self._inverse_powers
 
     def matches(self, text: str) -> set[int]:
         """Indices of the eval items ``text`` overlaps."""
-        tokens = match_tokens(text)
         found: set[int] = set()
-        first, patterns = self._first, self._patterns
-        for i, token in enumerate(tokens):
-            if token not in first:
-                continue
-            for length in self._lengths:
-                hit = patterns[length].get(tuple(tokens[i : i + length]))
-                if hit is not None:
-                    found.update(hit)
+        if not self._lengths:
+            return found
+        tokens = match_tokens(text)
+        size = len(tokens)
+        if size < self._lengths[0]:
+            return found
+        ids = np.fromiter(map(self._ids.get, tokens, repeat(0)), dtype=np.intp, count=size)
+        powers, inverse = self._power_table(size)
+        # prefix[i] = Σ_{j<i} value(token j)·base^j, so a window's Σ value·base^(offset) is
+        # (prefix[end] − prefix[start])·base^−start.
+        prefix = np.zeros(size + 1, dtype=np.uint64)
+        np.cumsum(self._values[ids] * powers[:size], out=prefix[1:])
+        unknown = ids == 0
+        unknown_before = np.concatenate(([0], np.cumsum(unknown))) if unknown.any() else None
+        for length in self._lengths:
+            if length > size:
+                break
+            windows = size - length + 1
+            hashes = (prefix[length:] - prefix[:windows]) * inverse[:windows]
+            hit = self._bitmaps[length][hashes >> self._shift]
+            if unknown_before is not None:
+                hit &= unknown_before[length:] == unknown_before[:windows]
+            table = self._patterns[length]
+            for start in np.flatnonzero(hit).tolist():
+                items = table.get(tuple(tokens[start : start + length]))
+                if items is not None:
+                    found.update(items)
         return found
+
+
+def _geometric(base: int, size: int) -> _U64:
+    """``base^i`` modulo 2^64 for ``i < size``."""
+    factors = np.full(size, base, dtype=np.uint64)
+    factors[0] = 1
+    return np.cumprod(factors, dtype=np.uint64)
