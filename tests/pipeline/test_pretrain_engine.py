@@ -18,10 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from tokenizers import Tokenizer
+from transformers import AutoModelForCausalLM
 
 from ito.core.manifest import parse_manifest
 from ito.core.provenance import provenance_digest
+from ito.pipeline.batteries import MAX_EVAL_SEQUENCES
 from ito.pipeline.checkpoint import COMMIT, committed_checkpoints
+from ito.pipeline.data import pack, read_data_rows, split_heldout
 from ito.pipeline.data_prep import PROVENANCE_FILE, prepare_data, prepared_dir
 from ito.pipeline.tokenizer import TOKENIZER_FILE, tokenizer_bytes, train_tokenizer
 from ito.recipes import build_recipe
@@ -114,15 +119,48 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def test_each_stage_is_exported_for_transformers_and_reproduces_its_gates_loss(
+    reference: Path,
+) -> None:
+    """``from_pretrained`` on the export, with nothing of this package, gives the held-out
+    loss the engine measured at the stage's gate (long_context's export carries its scaled
+    RoPE base)."""
+    evs = events(reference)
+    exports = {e["stage"]: e for e in evs if e["type"] == "export"}
+    gates = {e["stage"]: e for e in evs if e["type"] == "gate"}
+    assert sorted(exports) == ["long_context", "pretrain"]
+    spec = json.loads((reference / "spec.json").read_text())
+    web = parse_manifest(json.dumps(spec["manifest"]).encode()).data_by_id()["web"]
+    docs = [row.text for row in read_data_rows(web, Path(spec["workdir"]))]
+    heldout = split_heldout(docs, web.role)[1]
+    for stage, seq_len in (("pretrain", 128), ("long_context", 256)):
+        export = exports[stage]
+        directory = Path(export["path"])
+        weights = (directory / "model.safetensors").read_bytes()
+        assert hashlib.sha256(weights).hexdigest() == export["sha256"]
+        assert export["bytes"] == sum(f.stat().st_size for f in directory.iterdir())
+        model = AutoModelForCausalLM.from_pretrained(directory)
+        tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        total = sum(len(e.ids) + 1 for e in tokenizer.encode_batch(heldout))
+        sequences = pack(tokenizer, heldout, min(seq_len, total))[:MAX_EVAL_SEQUENCES]
+        with torch.no_grad():
+            loss = float(model(input_ids=sequences, labels=sequences).loss)
+        (result,) = gates[stage]["results"]
+        assert result["eval"] == "heldout_loss"
+        assert math.isclose(loss, result["value"], rel_tol=1e-4), (stage, loss, result["value"])
+
+
 def test_uninterrupted_run_lowers_the_loss_and_writes_well_formed_events(reference: Path) -> None:
     evs = events(reference)
     assert all(isinstance(e["ts"], float) for e in evs)
     assert [e["type"] for e in evs if e["type"] not in ("metric", "log", "checkpoint")] == [
         "mesh",
         "stage",
+        "export",
         "gate",
         "stage",
         "stage",
+        "export",
         "gate",
         "stage",
         "done",

@@ -4,6 +4,7 @@ separate ``ito-worker``; cancel, cleanup, a killed worker, and telemetry."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -159,8 +160,16 @@ def test_a_confirmed_run_trains_to_succeeded_through_the_in_process_worker(
     losses = t.ito("runs", "metrics", run_id, "--name", "loss").data["points"]
     assert len(losses) >= 5
     assert losses[-1]["value"] < losses[0]["value"]
-    checkpoints = t.ito("runs", "checkpoints", run_id).data["checkpoints"]
+    listed = t.ito("runs", "checkpoints", run_id).data
+    checkpoints = listed["checkpoints"]
     assert checkpoints and all(c["bytes"] > 0 for c in checkpoints)
+    # Each stage's final weights, exported as a Hugging Face directory, with their digest.
+    exports = listed["exports"]
+    assert [e["stage"] for e in exports] == ["pretrain", "midtrain", "long_context"]
+    for export in exports:
+        weights = (Path(export["path"]) / "model.safetensors").read_bytes()
+        assert hashlib.sha256(weights).hexdigest() == export["sha256"]
+        assert export["bytes"] > len(weights) and export["deleted"] is False
     logs = t.ito("runs", "logs", run_id).data
     assert logs["lines"] and logs["next_cursor"] == logs["lines"][-1]["cursor"]
     assert t.ito("runs", "logs", run_id, "--since", str(logs["next_cursor"])).data["lines"] == []
@@ -263,7 +272,10 @@ def test_cancel_reaches_the_running_job_and_cleanup_frees_its_bytes(
         if e["kind"] == "cleanup" and e["data"].get("cleanup_state") == "cleaned"
     ]
     assert freed and freed[0]["data"]["bytes_freed"] > 0
-    assert all(c["deleted"] for c in t.ito("runs", "checkpoints", run_id).data["checkpoints"])
+    listed = t.ito("runs", "checkpoints", run_id).data
+    assert all(c["deleted"] for c in listed["checkpoints"])
+    # An export made before the cancel went with the rest of the run's storage.
+    assert all(e["deleted"] and not Path(e["path"]).exists() for e in listed["exports"])
     assert t.ito("bookings", "show", t.booking_id).data == booking_before
     assert t.ito("runs", "logs", run_id).data["lines"]  # the record and logs stay
 

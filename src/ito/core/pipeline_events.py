@@ -14,6 +14,8 @@ worker itself makes):
 - ``stage``: ``stage``, ``status`` (``started`` | ``completed``)
 - ``metric``: ``stage``, ``step``, ``values`` (name → number or ``null``)
 - ``checkpoint``: ``stage``, ``step``, ``path``, ``bytes``, ``seconds``, ``blocking_seconds``
+- ``export``: ``stage``, ``step``, ``path``, ``bytes``, ``sha256``, ``seconds`` — the stage's
+  final weights written as a Hugging Face directory
 - ``gate``: ``stage``, ``battery``, ``results``, ``passed`` (and ``ladder``, the decision job's
   facts, on the ladder's gate)
 - ``restart``: ``restarts`` — torchrun restarted the ranks (an interruption)
@@ -35,6 +37,7 @@ __all__ = [
     "LOG_MESSAGE_MAX_CHARS",
     "CheckpointEvent",
     "DoneEvent",
+    "ExportEvent",
     "GateEvent",
     "GateResult",
     "LadderFacts",
@@ -107,6 +110,17 @@ class CheckpointEvent(_Event):
     """The part of it the training loop waited for."""
     productive_seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     """Productive training time that this checkpoint preserves, when the engine knows it."""
+
+
+class ExportEvent(_Event):
+    type: Literal["export"] = "export"
+    stage: StageLabel
+    step: Step
+    path: Annotated[str, Field(min_length=1, max_length=2048)]
+    bytes: Annotated[int, Field(ge=0, le=2**63 - 1)]
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    """Of the weights file (``model.safetensors``)."""
+    seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class GateResult(BaseModel):
@@ -213,6 +227,7 @@ ReportedEvent = Annotated[
     | StageEvent
     | MetricEvent
     | CheckpointEvent
+    | ExportEvent
     | GateEvent
     | RestartEvent
     | SpikeEvent
@@ -226,6 +241,7 @@ PipelineEvent = Annotated[
     | StageEvent
     | MetricEvent
     | CheckpointEvent
+    | ExportEvent
     | GateEvent
     | RestartEvent
     | SpikeEvent

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict
 __all__ = [
     "CheckpointList",
     "CheckpointView",
+    "ExportView",
     "GateList",
     "GateRecord",
     "LogLine",
@@ -149,8 +150,25 @@ class CheckpointView(_View):
     deleted: bool
 
 
+class ExportView(_View):
+    """A stage's final weights as a Hugging Face directory (``config.json``,
+    ``model.safetensors``, the tokenizer) that ``from_pretrained`` loads."""
+
+    stage: str
+    step: int
+    path: str
+    bytes: int
+    sha256: str
+    """Of ``model.safetensors``."""
+    seconds: float
+    exported_at: str
+    deleted: bool
+    """Removed by the run's cleanup."""
+
+
 class CheckpointList(_View):
     checkpoints: list[CheckpointView]
+    exports: list[ExportView]
 
 
 class GateRecord(_View):

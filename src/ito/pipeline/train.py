@@ -43,6 +43,7 @@ from ito.pipeline.data import (
 )
 from ito.pipeline.data_prep import named_tokenizer
 from ito.pipeline.events import EventWriter
+from ito.pipeline.export import export_model
 from ito.pipeline.grad_accum import accumulate
 from ito.pipeline.ladder import LadderJob
 from ito.pipeline.layout import DEFAULT_MICRO_BATCH, EngineLayout, build_mesh, mesh_dims
@@ -636,6 +637,8 @@ class Trainer:
             for spec in self.spec.manifest.eval_batteries[config.battery]
         ]
         self.checkpointer.finish()
+        if self._leading():
+            self._export(name, plan.first_step + plan.steps, base)
         self.events.emit(
             "metric",
             stage=name,
@@ -647,6 +650,31 @@ class Trainer:
         if passed:
             self.events.emit("stage", stage=name, status="completed")
         return tokens_seen, passed
+
+    def _export(self, stage: str, step: int, base: float) -> None:
+        """The stage's final weights as a Hugging Face directory (:mod:`ito.pipeline.export`),
+        written once its last checkpoint is committed."""
+        done = export_model(
+            model=self.model,
+            size=self.size,
+            rope_base=base,
+            tokenizer=self.tokenizer,
+            storage=self.spec.checkpoint_storage,
+            stage=stage,
+            step=step,
+            pipelined=self.pipeline is not None,
+            group=self.ckpt_group,
+        )
+        if done is not None:
+            self.events.emit(
+                "export",
+                stage=done.stage,
+                step=done.step,
+                path=done.path,
+                bytes=done.bytes,
+                sha256=done.sha256,
+                seconds=round(done.seconds, 3),
+            )
 
     def _trainer_state(
         self,

@@ -28,6 +28,7 @@ from ito.server.services.lifecycle import (
     apply_run_action,
     checkpoint_dict,
     list_checkpoints,
+    list_exports,
     list_logs,
     list_metrics,
 )
@@ -210,4 +211,8 @@ def runs_gates(run_id: str, caller: Requester, state: State) -> dict[str, Any]:
 def runs_checkpoints(run_id: str, caller: Requester, state: State) -> dict[str, Any]:
     with state.db.read() as session:
         rows = [checkpoint_dict(r) for r in list_checkpoints(session, caller.account_id, run_id)]
-    return ok_envelope({"checkpoints": rows}, f"{len(rows)} checkpoint(s)")
+        exports = list_exports(session, caller.account_id, run_id)
+    return ok_envelope(
+        {"checkpoints": rows, "exports": exports},
+        f"{len(rows)} checkpoint(s), {len(exports)} export(s)",
+    )

@@ -19,6 +19,7 @@ from ito.core.errors import ItoError
 from ito.core.gates import check_eligibility
 from ito.core.pipeline_events import (
     CheckpointEvent,
+    ExportEvent,
     GateEvent,
     LogEvent,
     MeshEvent,
@@ -428,6 +429,16 @@ def report(
                 f"device mesh built on {item.device}: {layout}"
                 + ("" if item.planned else " (the engine's default layout)"),
                 data=item.model_dump(exclude={"type"}),
+            )
+            counts["events"] += 1
+        elif isinstance(item, ExportEvent):
+            # Served by ``runs checkpoints`` (``exports``) from this record.
+            record_event(
+                session,
+                run,
+                "export",
+                f"stage {item.stage} exported at step {item.step} as a Hugging Face directory",
+                data=item.model_dump(exclude={"type", "ts"}),
             )
             counts["events"] += 1
         elif isinstance(item, GateEvent):

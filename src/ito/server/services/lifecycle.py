@@ -30,7 +30,7 @@ from ito.server.services.leases import lease_for
 from ito.server.services.runs import get_run, record_event, transition_run
 from ito.server.store.db import Database
 from ito.server.store.runtime_tables import CheckpointRow, RunLog, RunMetric
-from ito.server.store.tables import Booking, Run, utcnow
+from ito.server.store.tables import Booking, Run, RunEvent, utcnow
 
 __all__ = [
     "CLEANUP_TRANSITIONS",
@@ -158,6 +158,30 @@ def list_checkpoints(session: Session, account_id: str, run_id: str) -> list[Che
             .order_by(CheckpointRow.step, CheckpointRow.id)
         )
     )
+
+
+def list_exports(session: Session, account_id: str, run_id: str) -> list[dict[str, Any]]:
+    """The run's Hugging Face exports, as the engine reported them (one per stage ended)."""
+    run = get_run(session, account_id, run_id)
+    # Cleanup removes the run's whole checkpoint storage, its exports with it.
+    deleted = run.cleanup_state == CleanupState.cleaned.value
+    rows = session.scalars(
+        select(RunEvent)
+        .where(
+            RunEvent.run_id == run_id,
+            RunEvent.account_id == account_id,
+            RunEvent.kind == "export",
+        )
+        .order_by(RunEvent.id)
+    )
+    return [
+        {
+            **{k: r.data[k] for k in ("stage", "step", "path", "bytes", "sha256", "seconds")},
+            "exported_at": r.created_at.isoformat(),
+            "deleted": deleted,
+        }
+        for r in rows
+    ]
 
 
 def checkpoint_dict(row: CheckpointRow) -> dict[str, Any]:
