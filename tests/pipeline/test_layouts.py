@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from ito.core.errors import ItoError
 from ito.core.run_spec import LayoutSpec
@@ -98,6 +100,27 @@ def test_every_layout_gives_the_same_losses_for_twenty_steps(runs: dict[str, Pat
         assert evs[-1]["type"] == "done" and evs[-1]["status"] == "succeeded", name
         assert [s for s, _ in losses(evs)] == list(range(1, STEPS + 1)), name
         assert_same_losses(losses(evs), reference)
+
+
+@pytest.mark.slow
+def test_every_layout_exports_the_whole_model_with_the_same_weights(
+    runs: dict[str, Path],
+) -> None:
+    """Sharded (FSDP, TP, HSDP) or split into pipeline stages, the export holds every
+    parameter of the model, whole, and they are the one-process run's (to the losses'
+    tolerance)."""
+
+    def weights(root: Path) -> dict[str, torch.Tensor]:
+        (export,) = [e for e in events(root) if e["type"] == "export"]
+        return load_file(str(Path(export["path"]) / "model.safetensors"))
+
+    reference = weights(runs["one_process"])
+    for name, root in runs.items():
+        mine = weights(root)
+        assert sorted(mine) == sorted(reference), name
+        for key, tensor in mine.items():
+            assert tensor.shape == reference[key].shape, (name, key)
+            assert torch.allclose(tensor, reference[key], rtol=1e-3, atol=1e-5), (name, key)
 
 
 @pytest.mark.slow
