@@ -98,6 +98,7 @@ ErrorCode = Literal[
     "accelerator_unavailable",
     "eval_gate_failed",
     "ladder_rejected",
+    "dynamic_sampling_exhausted",
     "pipeline_crashed",
     "run_not_found",
     "run_not_cancellable",
@@ -228,6 +229,11 @@ REGISTRY: dict[ErrorCode, ErrorSpec] = {
         422,
         "the ladder decision job found that the custom data loses on the stage's battery by "
         "more than the manifest's margin; the run ended gate_failed before training",
+    ),
+    "dynamic_sampling_exhausted": _s(
+        422,
+        "RLVR's dynamic sampling reached its limit of generation rounds without enough prompt "
+        "groups whose rewards differ; the stage ended",
     ),
     "pipeline_crashed": _s(
         500, "the training processes exited without a result after their restarts"
