@@ -30,10 +30,8 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "ito"
 CODE_NAMES = frozenset({"code", "failure_code", "stop_code", "error_code"})
 POSITIONAL_CODE = {"ItoError": 0, "TransportFailure": 0, "Outcome": 1}
 """Callables that take a code positionally, and its position."""
-NOT_ERRORS = {
-    "post_training_not_run": "a warning of ito plan (stages this version does not run), "
-    "never a refusal",
-}
+NOT_ERRORS: dict[str, str] = {}
+"""Codes in the source that are not errors (warnings), with why."""
 
 
 def _strings(node: ast.AST | None) -> Iterator[str]:

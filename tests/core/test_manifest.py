@@ -21,8 +21,16 @@ from ito.core.manifest import (
     parse_manifest,
 )
 from ito.core.planner import Parallelism
+from tests.core.conftest import with_post_training
 
 Doc = dict[str, Any]
+
+
+@pytest.fixture
+def doc(doc: Doc) -> Doc:
+    """The test recipe's manifest with every post-training stage: the whole schema is checked
+    here, although the runtime refuses post-training at plan."""
+    return with_post_training(doc)
 
 
 def _raw(document: Any) -> bytes:

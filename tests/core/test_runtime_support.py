@@ -13,6 +13,7 @@ from ito.core.errors import ItoError
 from ito.core.manifest import parse_manifest
 from ito.core.runtime_support import check_runtime_support, unsupported_parts
 from ito.recipes import RECIPES, build_recipe
+from tests.core.conftest import with_post_training
 
 
 def _doc(recipe: str = "test") -> dict[str, Any]:
@@ -123,11 +124,16 @@ def test_every_unsupported_part_is_listed() -> None:
     ]
 
 
-def test_post_training_batteries_gate_nothing_while_post_training_is_not_run() -> None:
-    doc = _doc()
-    assert doc["post_training"]["sft"]["battery"] == "arith"
-    assert doc["eval_batteries"]["arith"][0]["eval"] == "exact_match"
-    assert _paths(doc) == []
+def test_every_post_training_stage_is_refused_while_the_runtime_does_not_run_it() -> None:
+    doc = with_post_training(_doc())
+    assert _paths(doc) == [
+        ("$.post_training.sft", "post_training"),
+        ("$.post_training.dpo", "post_training"),
+        ("$.post_training.rlvr", "post_training"),
+    ]
+    with pytest.raises(ItoError) as refused:
+        check_runtime_support(parse_manifest(json.dumps(doc).encode()))
+    assert refused.value.code == "capability_unavailable"
 
 
 def _with_custom_midtrain_data(doc: dict[str, Any]) -> dict[str, Any]:
@@ -151,9 +157,9 @@ def test_custom_data_a_later_stage_uses_again_was_judged_with_the_first() -> Non
 
 
 def test_custom_data_the_ladder_does_not_judge_is_refused() -> None:
-    doc = _with_custom_midtrain_data(_doc())
+    doc = _with_custom_midtrain_data(with_post_training(_doc()))
     doc["data"][2]["custom"] = True  # arith-sft: post-training data, never in a curriculum stage
-    assert _paths(doc) == [("$.data[2].custom", "ladder")]
+    assert ("$.data[2].custom", "ladder") in _paths(doc)
 
 
 def test_the_ladder_with_several_replica_groups_is_refused() -> None:

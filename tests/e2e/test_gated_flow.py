@@ -46,8 +46,8 @@ def test_happy_path_creates_exactly_one_queued_run_and_replays_it(tenant: Tenant
     plan = tenant.ito("plan", "--booking", tenant.booking_id, "--manifest", str(manifest))
     assert plan.rc == 0 and plan.data["ready"] is True
     assert plan.data["cost"]["cost_usd"] <= plan.data["cost"]["ceiling_usd"]
-    # Not run by this version: said, not hidden.
-    assert [w["code"] for w in plan.data["warnings"]] == ["post_training_not_run"]
+    # The recipe asks for nothing this version does not run: no warning, nothing unpriced.
+    assert plan.data["warnings"] == []
     # The CPU stand-in trains the engine's own layout, checked by the planner: FSDP2 over both
     # processes, the engine's four sequences per rank.
     parallelism = plan.data["parallelism"]

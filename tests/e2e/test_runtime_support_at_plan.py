@@ -115,12 +115,26 @@ def _hub_tokenizer(doc: dict[str, Any]) -> None:
     }
 
 
+def _post_training(doc: dict[str, Any]) -> None:
+    # Not run by this version: the run would be priced and charged for a stage it skips.
+    doc["post_training"]["sft"] = {
+        "data": ["arith-sft"],
+        "epochs": 1,
+        "max_tokens": 4000,
+        "battery": "arith",
+    }
+
+
 @pytest.mark.parametrize(
     ("edit", "path"),
-    [(_start_from_weights, "$.model.revision"), (_hub_tokenizer, "$.model.tokenizer.uri")],
-    ids=["revision", "tokenizer"],
+    [
+        (_start_from_weights, "$.model.revision"),
+        (_hub_tokenizer, "$.model.tokenizer.uri"),
+        (_post_training, "$.post_training.sft"),
+    ],
+    ids=["revision", "tokenizer", "post_training"],
 )
-def test_a_model_the_runtime_cannot_start_from_is_refused_at_plan_confirm_and_create(
+def test_what_this_version_does_not_run_is_refused_at_plan_confirm_and_create(
     tenant: Tenant, edit: Any, path: str
 ) -> None:
     spare_ref = tenant.approved_confirmation(tenant.manifest("good"))

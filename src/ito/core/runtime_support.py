@@ -1,12 +1,13 @@
 """What this runtime can do of what a valid manifest asks (DESIGN §5.8 gate 5, §7.4, §7.5).
 
 The manifest schema (v1) is designed for the stages to come, so it accepts more than the runtime
-does today: a starting revision other than ``scratch``, data or a tokenizer at ``s3://``,
-``gs://`` or ``https://`` URIs, evals on data or layouts it cannot measure them with, and custom
-data the ladder decision job cannot judge. A run asking for any of them would be created, charged
-for, and fail after its confirmation is spent — so :func:`check_runtime_support` refuses it at
-plan, confirm and create alike (``capability_unavailable``, with the JSON path of every
-unsupported part), before anything is created or consumed.
+does today: a starting revision other than ``scratch``, post-training stages, data or a
+tokenizer at ``s3://``, ``gs://`` or ``https://`` URIs, evals on data or layouts it cannot
+measure them with, and custom data the ladder decision job cannot judge. A run asking for any of
+them would be created, charged for, and fail (or skip what it asked) after its confirmation is
+spent — so :func:`check_runtime_support` refuses it at plan, confirm and create alike
+(``capability_unavailable``, with the JSON path of every unsupported part), before anything is
+created or consumed.
 
 What is checked of an eval here is what the manifest says: that the engine has the battery
 (:mod:`ito.pipeline.batteries`) and that the planned layout can run it. Generation
@@ -52,8 +53,9 @@ and not under pipeline parallelism."""
 def unsupported_parts(manifest: Manifest, pipeline_stages: int = 1) -> list[dict[str, str]]:
     """Every part of ``manifest`` this runtime cannot carry out on a layout with
     ``pipeline_stages`` pipeline stages: ``path`` (JSON path), ``capability``
-    (``model_revision``, ``data_uri_scheme``, ``data_uri``, ``tokenizer_uri_scheme``,
-    ``tokenizer_uri``, ``eval``, ``eval_layout`` or ``ladder``) and ``reason``."""
+    (``model_revision``, ``post_training``, ``data_uri_scheme``, ``data_uri``,
+    ``tokenizer_uri_scheme``, ``tokenizer_uri``, ``eval``, ``eval_layout`` or ``ladder``) and
+    ``reason``."""
     found: list[dict[str, str]] = []
     if manifest.model.revision != "scratch":
         # Accepted by the schema for what is to come; the engine builds every model from its
@@ -67,6 +69,18 @@ def unsupported_parts(manifest: Manifest, pipeline_stages: int = 1) -> list[dict
                 "(revision 'scratch'); starting from given weights is not built yet",
             }
         )
+    post = manifest.post_training
+    for name in ("sft", "dpo", "rlvr"):
+        if getattr(post, name) is not None:
+            # Not built yet: a run asking for it would be charged for a stage that never runs.
+            found.append(
+                {
+                    "path": f"$.post_training.{name}",
+                    "capability": "post_training",
+                    "reason": f"this runtime version does not run post-training ({name}); "
+                    "the run would end after its curriculum",
+                }
+            )
     found += _ladder_parts(manifest)
     # Data preparation reads every data reference of the manifest, whatever uses it, and the
     # tokenizer the manifest names.

@@ -1,5 +1,7 @@
 """The arithmetic recipes: a synthetic "web" corpus, SFT/DPO/RLVR data on integer addition, and a
-held-out evaluation set kept disjoint from all training data.
+held-out evaluation set kept disjoint from all training data. The manifests ask for no
+post-training stage (this runtime version refuses them at plan); their data is listed and
+prepared all the same.
 
 Generation is pure and seeded; :func:`build_recipe` returns file contents and the manifest
 document, and the caller writes them. The decontamination report is real: it records, for every
@@ -291,43 +293,15 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
                 "battery": "core",
             },
         ],
-        "post_training": {
-            "sft": {
-                "data": ["arith-sft"],
-                "epochs": 1,
-                "max_tokens": budgets.sft_tokens,
-                "battery": "arith",
-            },
-            "dpo": {
-                "data": ["arith-prefs"],
-                "beta": 0.1,
-                "max_tokens": budgets.dpo_tokens,
-                "battery": "arith",
-            },
-            "rlvr": {
-                "algorithm": "grpo",
-                "data": ["arith-prompts"],
-                "rewards": ["exact_match_arith"],
-                "group_size": 8,
-                "max_staleness": 1,
-                "max_tokens": budgets.rlvr_tokens,
-                "battery": "arith",
-                "dapo": {
-                    "clip_low": 0.2,
-                    "clip_high": 0.28,
-                    "dynamic_sampling": True,
-                    "token_level_loss": True,
-                    "overlong": {"max_tokens": 32, "soft_tokens": 8},
-                },
-            },
-        },
+        # Not run by this runtime version, so not asked for (plan would refuse it).
+        "post_training": {},
         "eval_batteries": {
             "core": [{"eval": "heldout_loss", "data": "web", "max_ratio": budgets.gate_ratio}],
             "mid": [
                 {"eval": "heldout_loss", "data": "web", "max_ratio": budgets.gate_ratio},
                 {"eval": "heldout_loss", "data": "arith-mid", "max_ratio": budgets.gate_ratio},
             ],
-            "arith": [{"eval": "exact_match", "data": "arith-heldout", "min": 0.0}],
+            "arith": [{"eval": "exact_match", "data": "arith-heldout", "min": 0.5}],
         },
         "ladder": {"enabled": False, "proxy_size": "tiny", "tokens": 10_000, "margin": 0.01},
         "checkpoint": {"every_steps": budgets.every_steps, "keep_last": 2, "storage": "booking"},

@@ -75,17 +75,9 @@ def plan_run(session: Session, account_id: str, booking_id: str, raw: bytes) -> 
     except PlanRefused as refused:
         parallelism = {"ok": False, "error": refused.to_error_body()}
 
+    # Post-training stages, which this version does not run, are refused above (gate 5's
+    # capability check), not warned about: nothing is planned or priced that will not run.
     warnings: list[dict[str, Any]] = []
-    post = [n for n in ("sft", "dpo", "rlvr") if getattr(manifest.post_training, n) is not None]
-    if post:
-        warnings.append(
-            {
-                "code": "post_training_not_run",
-                "stages": post,
-                "message": "these post-training stages are not run by this runtime "
-                "version; the run ends after its curriculum",
-            }
-        )
     stages = [
         {
             "stage": s.stage,
