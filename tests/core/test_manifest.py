@@ -364,6 +364,16 @@ CROSS_FIELD_CASES = [
     ),
     ("seq-len-over-model", _set(("curriculum", 1, "seq_len"), 4096), "$.curriculum[1].seq_len"),
     (
+        "post-seq-len-over-context",
+        _set(("post_training", "sft", "seq_len"), 512),
+        "$.post_training.sft.seq_len",
+    ),
+    (
+        "rlvr-completion-filling-seq-len",
+        _set(("post_training", "rlvr", "seq_len"), 32),
+        "$.post_training.rlvr.dapo.overlong.max_tokens",
+    ),
+    (
         "replica-groups-not-dividing",
         _set(("resources", "replica_groups"), 3),
         "$.resources.replica_groups",

@@ -124,8 +124,24 @@ def test_every_unsupported_part_is_listed() -> None:
     ]
 
 
-def test_every_post_training_stage_is_refused_while_the_runtime_does_not_run_it() -> None:
+def test_post_training_is_run_on_one_world_without_pipeline_stages() -> None:
     doc = with_post_training(_doc())
+    assert _paths(doc) == []
+
+
+def test_post_training_under_pipeline_parallelism_is_refused_stage_by_stage() -> None:
+    doc = with_post_training(_doc())
+    found = unsupported_parts(parse_manifest(json.dumps(doc).encode()), pipeline_stages=2)
+    assert [(f["path"], f["capability"]) for f in found if f["capability"] == "post_training"] == [
+        ("$.post_training.sft", "post_training"),
+        ("$.post_training.dpo", "post_training"),
+        ("$.post_training.rlvr", "post_training"),
+    ]
+
+
+def test_post_training_with_several_replica_groups_is_refused() -> None:
+    doc = with_post_training(_doc())
+    doc["resources"]["replica_groups"] = 2
     assert _paths(doc) == [
         ("$.post_training.sft", "post_training"),
         ("$.post_training.dpo", "post_training"),
@@ -134,6 +150,15 @@ def test_every_post_training_stage_is_refused_while_the_runtime_does_not_run_it(
     with pytest.raises(ItoError) as refused:
         check_runtime_support(parse_manifest(json.dumps(doc).encode()))
     assert refused.value.code == "capability_unavailable"
+
+
+def test_a_post_training_battery_the_engine_cannot_measure_is_refused() -> None:
+    doc = with_post_training(_doc())
+    doc["eval_batteries"]["arith"] = [{"eval": "exact_match", "data": "arith-heldout", "min": 0.5}]
+    found = unsupported_parts(parse_manifest(json.dumps(doc).encode()), pipeline_stages=2)
+    assert ("$.eval_batteries.arith[0].eval", "eval_layout") in [
+        (f["path"], f["capability"]) for f in found
+    ]
 
 
 def _with_custom_midtrain_data(doc: dict[str, Any]) -> dict[str, Any]:

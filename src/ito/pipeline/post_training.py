@@ -68,7 +68,7 @@ __all__ = [
 
 POST_STAGES = ("sft", "dpo", "rlvr")
 """Post-training stages, in the order a run takes them."""
-LR_SCALE = {"sft": 0.5, "dpo": 0.1, "rlvr": 0.1}
+LR_SCALE = {"sft": 0.2, "dpo": 0.005, "rlvr": 0.2}
 """Each post-training stage's peak learning rate as a fraction of the model size's
 pre-training peak (the same warmup-then-cosine schedule): fine-tuning moves the weights less
 than pre-training does."""
@@ -89,12 +89,19 @@ def _example(
     tokenizer: Tokenizer, prompt: str, completion: str, eos: int, seq_len: int, data_id: str
 ) -> tuple[list[int], list[int]]:
     """``prompt + completion + eos`` right-padded to ``seq_len`` and its labels (the prompt and
-    the padding ``IGNORE_INDEX``). The prompt and the completion are tokenized apart, as the
-    model is prompted at evaluation."""
+    the padding ``IGNORE_INDEX``). The completion's tokens are those of the joined text after
+    the prompt's own tokens — what the model saw in pre-training and what it generates when
+    prompted with the prompt alone — unless the join merges across the boundary; then the
+    completion is tokenized on its own (as :func:`ito.pipeline.batteries.option_loglikelihoods`
+    scores an option)."""
+    context = tokenizer.encode(prompt).ids
+    whole = tokenizer.encode(prompt + completion).ids
+    if whole[: len(context)] == context and len(whole) > len(context):
+        answer = whole[len(context) :]
+    else:
+        answer = tokenizer.encode(completion).ids
     try:
-        ids, labels = prompt_completion(
-            tokenizer.encode(prompt).ids, tokenizer.encode(completion).ids, eos, seq_len
-        )
+        ids, labels = prompt_completion(context, answer, eos, seq_len)
     except ValueError:
         raise ItoError(
             "data_invalid",

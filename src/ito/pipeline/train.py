@@ -152,6 +152,10 @@ class StageConfig:
     """Post-training keeps the last curriculum stage's (the model's context as trained)."""
     tokens: int
     """The token budget (post-training: ``max_tokens``)."""
+    eval_seq_len: int
+    """What the gate's loss evals pack held-out text into: the stage's own length; after the
+    curriculum, the last curriculum stage's (so post-training's gates measure what the
+    curriculum's measured, on the context the model was trained for)."""
 
     @property
     def post(self) -> bool:
@@ -324,7 +328,13 @@ class Trainer:
             s.stage: (
                 i,
                 StageConfig(
-                    s.stage, tuple(s.data), s.seq_len, s.battery, s.rope_base_scale, s.tokens
+                    s.stage,
+                    tuple(s.data),
+                    s.seq_len,
+                    s.battery,
+                    s.rope_base_scale,
+                    s.tokens,
+                    s.seq_len,
                 ),
             )
             for i, s in enumerate(curriculum)
@@ -342,6 +352,7 @@ class Trainer:
                         recipe.battery,
                         curriculum[-1].rope_base_scale,
                         recipe.max_tokens,
+                        curriculum[-1].seq_len,
                     ),
                 )
         if self.layout.pp > 1 and any(name in POST_STAGES for name in self.spec.stages):
@@ -760,7 +771,7 @@ class Trainer:
         # The stage's last step is always saved, so nothing is pending here.
         assert pending is None
         results = [
-            self._evaluate(spec, config.seq_len)
+            self._evaluate(spec, config.eval_seq_len)
             for spec in self.spec.manifest.eval_batteries[config.battery]
         ]
         self.checkpointer.finish()
@@ -913,7 +924,10 @@ class Trainer:
                 **(pending.extra or {}),
             },
         )
-        z = self.detector.observe(loss)
+        # Spikes are watched in pre-training only: a post-training step's figure is not a
+        # language-modelling loss (RLVR's is a signed policy-gradient surrogate, DPO's a
+        # preference loss) and its small batches of short examples swing far more.
+        z = None if stage in POST_STAGES else self.detector.observe(loss)
         if z is not None:
             self._propose_restart(stage, pending.step, loss, z)
         return bool(flag > 0)
@@ -1088,7 +1102,7 @@ class Trainer:
         battery the layout cannot run, or eval data without items, is refused here, before
         any training)."""
         specs = [
-            (plan.config.seq_len, spec)
+            (plan.config.eval_seq_len, spec)
             for plan in self.plans
             for spec in self.spec.manifest.eval_batteries[plan.config.battery]
         ]
