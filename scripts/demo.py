@@ -205,7 +205,7 @@ def main() -> None:
 
         step(
             "6. The in-process worker trains it: data prep, pretrain, midtrain, long context, "
-            "each behind its gate"
+            "SFT, DPO, RLVR, each behind its gate"
         )
         print(f"$ ito runs watch {created['run_id']}", flush=True)
         subprocess.run(

@@ -116,13 +116,14 @@ def _hub_tokenizer(doc: dict[str, Any]) -> None:
 
 
 def _post_training(doc: dict[str, Any]) -> None:
-    # Not run by this version: the run would be priced and charged for a stage it skips.
+    # Post-training needs the whole model in each forward: not on a two-stage pipeline.
     doc["post_training"]["sft"] = {
         "data": ["arith-sft"],
         "epochs": 1,
         "max_tokens": 4000,
-        "battery": "arith",
+        "battery": "core",
     }
+    doc["resources"]["parallelism"] = {"pp": 2, "dp_shard": 1}
 
 
 @pytest.mark.parametrize(

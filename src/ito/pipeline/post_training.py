@@ -68,7 +68,7 @@ __all__ = [
 
 POST_STAGES = ("sft", "dpo", "rlvr")
 """Post-training stages, in the order a run takes them."""
-LR_SCALE = {"sft": 0.2, "dpo": 0.005, "rlvr": 0.2}
+LR_SCALE = {"sft": 0.2, "dpo": 0.005, "rlvr": 0.02}
 """Each post-training stage's peak learning rate as a fraction of the model size's
 pre-training peak (the same warmup-then-cosine schedule): fine-tuning moves the weights less
 than pre-training does."""

@@ -62,14 +62,14 @@ RECIPES: dict[str, Budgets] = {
         pretrain_tokens=400_000,
         midtrain_tokens=60_000,
         long_context_tokens=60_000,
-        sft_tokens=400_000,
+        sft_tokens=800_000,
         dpo_tokens=20_000,
         rlvr_tokens=80_000,
         web_docs=3000,
         every_steps=50,
         gate_ratio=0.5,
         post_training=True,
-        post_gates=(0.1, 0.1, 0.1),
+        post_gates=(0.5, 0.5, 0.5),
         post_web_ratio=0.6,
     ),
     "test": Budgets(
@@ -219,19 +219,15 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
             else:
                 parts.append(_sentence(rng))
         mid.append({"text": " ".join(parts)})
-    sft = []
-    for _ in range(800):
-        a, b = train_pair()
-        sft.append({"prompt": f"{a}+{b}=", "completion": f"{a + b}"})
+    # Each training pair once (exact deduplication would drop repeats), in a seeded order.
+    train_pairs = [pair for pair in pairs if pair not in held]
+    rng.shuffle(train_pairs)
+    sft = [{"prompt": f"{a}+{b}=", "completion": f"{a + b}"} for a, b in train_pairs]
     prefs = []
-    for _ in range(300):
-        a, b = train_pair()
+    for a, b in train_pairs[:300]:
         wrong = a + b + rng.choice([-10, -1, 1, 10])
         prefs.append({"prompt": f"{a}+{b}=", "chosen": f"{a + b}", "rejected": f"{wrong}"})
-    prompts = []
-    for _ in range(300):
-        a, b = train_pair()
-        prompts.append({"prompt": f"{a}+{b}=", "answer": f"{a + b}"})
+    prompts = [{"prompt": f"{a}+{b}=", "answer": f"{a + b}"} for a, b in train_pairs[300:600]]
     evals = [{"prompt": f"{a}+{b}=", "answer": f"{a + b}"} for a, b in heldout]
     custom: list[dict[str, Any]] = []
     if budgets.ladder == "helpful":

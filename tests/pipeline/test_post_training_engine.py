@@ -1,0 +1,183 @@
+"""Post-training on the engine end to end: real ``torchrun`` with two gloo processes on the
+``post`` recipe — a few pre-training steps, then SFT → DPO → RLVR — with checkpoints, resume,
+gates and exports as in pre-training.
+
+One uninterrupted run (module fixture) is the reference; crashed and resumed runs are compared
+with it step by step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from ito.recipes import build_recipe
+from tests.pipeline.test_pretrain_engine import (
+    assert_same_losses,
+    events,
+    losses,
+    torchrun,
+)
+
+pytestmark = pytest.mark.slow
+
+STEPS = 6
+"""Steps of every stage."""
+STAGES = ["pretrain", "sft", "dpo", "rlvr"]
+FIRST = {stage: i * STEPS + 1 for i, stage in enumerate(STAGES)}
+"""Each stage's first global step."""
+
+
+def make_post_spec(root: Path, **overrides: Any) -> Path:
+    data = root / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    recipe = build_recipe("post", str(data))
+    for name, content in recipe.files.items():
+        (data / name).write_bytes(content)
+    manifest = recipe.manifest
+    manifest["checkpoint"] = {"every_steps": 2, "keep_last": 2, "storage": "booking"}
+    spec = {
+        "run_id": "run-post-1",
+        "attempt": 1,
+        "manifest": manifest,
+        "workdir": str(root / "work"),
+        "checkpoint_dir": str(root / "ckpt"),
+        "events_path": str(root / "events.jsonl"),
+        "stages": STAGES,
+        "max_steps_per_stage": STEPS,
+    }
+    spec.update(overrides)
+    path = root / "spec.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def edit_manifest(spec: Path, edit: Any) -> None:
+    doc = json.loads(spec.read_text())
+    edit(doc["manifest"])
+    spec.write_text(json.dumps(doc))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("post-reference")
+    result = torchrun(make_post_spec(root))
+    assert result.returncode == 0, result.stdout[-4000:]
+    return root
+
+
+def test_sft_dpo_and_rlvr_run_after_the_curriculum_with_their_own_figures(
+    reference: Path,
+) -> None:
+    evs = events(reference)
+    assert evs[-1]["type"] == "done" and evs[-1]["status"] == "succeeded"
+    started = [(e["stage"], e["steps"]) for e in evs if e["type"] == "stage" and "steps" in e]
+    assert started == [(stage, STEPS) for stage in STAGES]
+    assert [e["stage"] for e in evs if e["type"] == "gate"] == STAGES
+    assert [e["stage"] for e in evs if e["type"] == "export"] == STAGES
+
+    metrics = [e for e in evs if e["type"] == "metric" and "loss" in e["values"]]
+    assert [m["step"] for m in metrics] == list(range(1, len(STAGES) * STEPS + 1))
+    by_stage: dict[str, list[dict[str, Any]]] = {}
+    for m in metrics:
+        by_stage.setdefault(m["stage"], []).append(m["values"])
+    assert all(math.isfinite(v["loss"]) for vs in by_stage.values() for v in vs)
+    assert {"dpo_margin", "dpo_accuracy"} <= set(by_stage["dpo"][0])
+    # At DPO's first step the policy is its own reference: every pair's loss is −log σ(0).
+    assert by_stage["dpo"][0]["loss"] == pytest.approx(math.log(2), rel=1e-5)
+    assert by_stage["dpo"][0]["dpo_margin"] == pytest.approx(0.0, abs=1e-5)
+    for values in by_stage["rlvr"]:
+        assert 0 < values["kept_group_fraction"] <= 1
+        assert values["generation_rounds"] >= 1
+        assert 1 <= values["response_length"] <= 6  # the recipe's completion budget
+        assert 0 <= values["truncated_fraction"] <= 1
+        assert -1 <= values["reward_mean"] <= 1
+    # Post-training's peak rates are fractions of pre-training's.
+    peak = max(v["lr"] for v in by_stage["pretrain"])
+    assert max(v["lr"] for v in by_stage["sft"]) < peak
+    assert max(v["lr"] for v in by_stage["dpo"]) < max(v["lr"] for v in by_stage["sft"])
+
+    # Each post-training gate measured held-out exact match and web loss.
+    for gate in [e for e in evs if e["type"] == "gate" and e["stage"] != "pretrain"]:
+        assert [(r["eval"], r["data"]) for r in gate["results"]] == [
+            ("exact_match", "arith-heldout"),
+            ("heldout_loss", "web"),
+        ]
+
+
+def test_the_last_post_training_export_loads_in_transformers(reference: Path) -> None:
+    (export,) = [e for e in events(reference) if e["type"] == "export" and e["stage"] == "rlvr"]
+    model = AutoModelForCausalLM.from_pretrained(Path(export["path"]))
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([[1, 2, 3]])).logits
+    assert logits.shape[-1] == 512 and bool(torch.isfinite(logits).all())
+
+
+@pytest.mark.parametrize("stage", ["sft", "dpo", "rlvr"])
+def test_a_rank_killed_in_the_middle_of_a_post_training_stage_resumes_the_same_curve(
+    reference: Path, tmp_path: Path, stage: str
+) -> None:
+    fail = FIRST[stage] + STEPS // 2
+    spec = make_post_spec(tmp_path, fail_at={"rank": 1, "step": fail})
+    result = torchrun(spec, "--max-restarts=1")
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert "exitcode: 137" in result.stdout
+
+    evs = events(tmp_path)
+    assert evs[-1]["type"] == "done" and evs[-1]["status"] == "succeeded"
+    (resumed,) = [e for e in evs if e["type"] == "log" and e["message"].startswith("resumed from")]
+    assert f"/{stage}/" in resumed["message"]
+    steps = [s for s, _ in losses(evs)]
+    assert len(steps) > len(set(steps)), "the steps after the commit ran twice"
+    assert_same_losses(losses(evs), dict(losses(events(reference))))
+    if stage == "dpo":
+        # The reference scores came from the checkpoint, not from the resumed policy.
+        dpo_gates = [e for e in evs if e["type"] == "gate" and e["stage"] == "dpo"]
+        ref_gates = [e for e in events(reference) if e["type"] == "gate" and e["stage"] == "dpo"]
+        assert dpo_gates[0]["results"] == ref_gates[0]["results"]
+
+
+def test_a_post_training_gate_that_fails_ends_the_run_before_the_next_stage(
+    tmp_path: Path,
+) -> None:
+    spec = make_post_spec(tmp_path, stages=["pretrain", "sft", "dpo"], max_steps_per_stage=2)
+
+    def unreachable(manifest: dict[str, Any]) -> None:
+        manifest["eval_batteries"]["arith-sft"][0]["min"] = 0.99
+
+    edit_manifest(spec, unreachable)
+    result = torchrun(spec)
+    assert result.returncode == 0, result.stdout[-4000:]
+    evs = events(tmp_path)
+    assert evs[-1]["type"] == "done" and evs[-1]["status"] == "gate_failed"
+    assert evs[-1]["stage"] == "sft"
+    (gate,) = [e for e in evs if e["type"] == "gate" and e["stage"] == "sft"]
+    assert gate["passed"] is False and gate["results"][0]["passed"] is False
+    assert gate["results"][0]["value"] < 0.99
+    assert "dpo" not in {e.get("stage") for e in evs}
+
+
+def test_dynamic_sampling_that_runs_out_of_rounds_ends_the_run_with_its_code(
+    tmp_path: Path,
+) -> None:
+    """An untrained model never answers a sum: with no length shaping every reward is 0, no
+    group is informative, and the stage ends at its round limit."""
+    spec = make_post_spec(tmp_path, stages=["rlvr"], max_steps_per_stage=2)
+
+    def flat_rewards(manifest: dict[str, Any]) -> None:
+        dapo = manifest["post_training"]["rlvr"]["dapo"]
+        dapo["overlong"]["soft_tokens"] = 0
+        dapo["max_generation_rounds"] = 2
+
+    edit_manifest(spec, flat_rewards)
+    result = torchrun(spec)
+    evs = events(tmp_path)
+    assert evs[-1]["type"] == "done", result.stdout[-4000:]
+    assert evs[-1]["status"] == "failed" and evs[-1]["code"] == "dynamic_sampling_exhausted"
+    assert not [e for e in evs if e["type"] == "metric" and "loss" in e["values"]]
