@@ -173,12 +173,19 @@ def build_scheduler(
     *,
     anneal: bool = False,
     scale: float = 1.0,
+    peak: float | None = None,
 ) -> LambdaLR:
     """The stage's schedule: warmup then cosine (each stage restarts its own warmup from the
     peak rate, not from where the last stage decayed to); with ``anneal``, warmup then a
     linear anneal to zero (:func:`anneal_factor`). ``scale``: the stage's peak as a fraction
-    of the optimizer's (post-training's smaller rates)."""
+    of ``peak`` (post-training's smaller rates).
+
+    ``peak``: the rate every stage's schedule is a fraction of. Give it whenever the optimizer
+    may have been loaded from a checkpoint: a loaded optimizer's ``lr`` is where the last
+    stage's schedule ended, not its peak. ``None``: the optimizer's rate as it was built."""
     for group in optimizer.param_groups:
+        if peak is not None:
+            group["initial_lr"] = peak
         group["lr"] = group.setdefault("initial_lr", group["lr"])
     factor = anneal_factor if anneal else lr_factor
     return LambdaLR(optimizer, lambda step: scale * factor(step, total_steps))

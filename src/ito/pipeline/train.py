@@ -50,6 +50,7 @@ from ito.pipeline.grad_accum import accumulate
 from ito.pipeline.ladder import LadderJob
 from ito.pipeline.layout import DEFAULT_MICRO_BATCH, EngineLayout, build_mesh, mesh_dims
 from ito.pipeline.model import (
+    PEAK_LR,
     build_model,
     build_optimizer,
     build_scheduler,
@@ -637,6 +638,7 @@ class Trainer:
             plan.steps,
             anneal=name == "midtrain",
             scale=LR_SCALE.get(name, 1.0),
+            peak=PEAK_LR[self.spec.manifest.model.size],
         )
         base = rope_base(llama_config(self.size)) * config.rope_base_scale
         set_rope_base(self.model, base)

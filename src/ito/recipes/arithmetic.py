@@ -85,7 +85,7 @@ RECIPES: dict[str, Budgets] = {
     ),
 }
 RECIPES["post"] = replace(
-    RECIPES["test"], post_training=True, sft_tokens=2_048, dpo_tokens=2_048, rlvr_tokens=1_024
+    RECIPES["test"], post_training=True, sft_tokens=2_048, dpo_tokens=2_048, rlvr_tokens=2_048
 )
 for _kind in ("helpful", "harmful"):
     RECIPES[f"ladder-{_kind}"] = replace(RECIPES["test"], ladder=_kind, ladder_tokens=20_000)
