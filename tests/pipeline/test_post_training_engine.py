@@ -123,7 +123,9 @@ def test_the_last_post_training_export_loads_in_transformers(reference: Path) ->
 def test_a_rank_killed_in_the_middle_of_a_post_training_stage_resumes_the_same_curve(
     reference: Path, tmp_path: Path, stage: str
 ) -> None:
-    fail = FIRST[stage] + STEPS // 2
+    # At the stage's last step: the save two steps before it waited for the one before that,
+    # so a checkpoint inside the stage is committed when the rank dies.
+    fail = FIRST[stage] + STEPS - 1
     spec = make_post_spec(tmp_path, fail_at={"rank": 1, "step": fail})
     result = torchrun(spec, "--max-restarts=1")
     assert result.returncode == 0, result.stdout[-4000:]
@@ -131,10 +133,16 @@ def test_a_rank_killed_in_the_middle_of_a_post_training_stage_resumes_the_same_c
 
     evs = events(tmp_path)
     assert evs[-1]["type"] == "done" and evs[-1]["status"] == "succeeded"
-    (resumed,) = [e for e in evs if e["type"] == "log" and e["message"].startswith("resumed from")]
-    assert f"/{stage}/" in resumed["message"]
-    steps = [s for s, _ in losses(evs)]
-    assert len(steps) > len(set(steps)), "the steps after the commit ran twice"
+    (at,) = [
+        i
+        for i, e in enumerate(evs)
+        if e["type"] == "log" and e["message"].startswith("resumed from")
+    ]
+    assert f"/{stage}/" in evs[at]["message"]
+    resumed_step = int(evs[at]["message"].rsplit("step ", 1)[1].rstrip(")"))
+    assert resumed_step == max(e["step"] for e in evs[:at] if e["type"] == "checkpoint")
+    after = [s for s, _ in losses(evs[at:])]
+    assert after == list(range(resumed_step + 1, len(STAGES) * STEPS + 1))
     assert_same_losses(losses(evs), dict(losses(events(reference))))
     if stage == "dpo":
         # The reference scores came from the checkpoint, not from the resumed policy.
