@@ -233,6 +233,24 @@ def test_request_cancel_needs_csrf_makes_one_pending_confirmation_and_another_ap
         == 422
     )
 
+    # A restart names its checkpoint, and only a proposed one: refused as the API refuses it.
+    no_step = web.post(f"/ui/runs/{run_id}/requests", {"action": "restart", "csrf_token": csrf})
+    assert no_step.status_code == 422
+    api_restart = tenant.api(
+        "POST",
+        "/v1/confirmations",
+        json={"action": "run.restart_from_checkpoint", "run_id": run_id, "checkpoint_step": 1},
+    )
+    assert not api_restart["ok"]
+    web_restart = web.post(
+        f"/ui/runs/{run_id}/requests",
+        {"action": "restart", "checkpoint_step": "1", "csrf_token": csrf},
+    )
+    assert web_restart.status_code == 409
+    assert api_restart["error"]["code"] == "invalid_transition"
+    assert 'name="action" value="restart"' not in page.text  # no button without a proposal
+    assert tenant.counts()["confirmations"] == before
+
     requested = web.post(f"/ui/runs/{run_id}/requests", {"action": "cancel", "csrf_token": csrf})
     assert requested.status_code == 303
     ref = re.search(r"requested=(cfr_[A-Za-z0-9_]+)", requested.headers["location"])

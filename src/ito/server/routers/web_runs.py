@@ -175,7 +175,10 @@ def run_request(
     act = REQUESTABLE.get(action)
     step: int | None = None
     if act is ConfirmationAction.run_restart:
-        step = int(checkpoint_step) if checkpoint_step.isdigit() else None
+        digits = (
+            checkpoint_step.isascii() and checkpoint_step.isdigit() and len(checkpoint_step) < 19
+        )
+        step = int(checkpoint_step) if digits else None  # a step fits 63 bits, like the API's
     if act is None or (act is ConfirmationAction.run_restart and step is None):
         return error_page(
             ItoError("invalid_arguments", "action is cancel, cleanup or restart (with its step)"),

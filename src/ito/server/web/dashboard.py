@@ -46,17 +46,22 @@ def _planned_stages(run: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _progress(run: dict[str, Any], completed: int | None = None) -> dict[str, Any]:
-    """Stages done of the stages planned (a succeeded run is whole)."""
+    """Stages completed of the stages planned: counted from the stage events when given
+    (the run's page), else (the runs list) the stages before the current one — all of them
+    for a run that succeeded, which ran every planned stage."""
     planned = [s["stage"] for s in _planned_stages(run)]
     total = len(planned)
     if completed is None:
-        # Without the events: the stages before the current one are done.
         current = run.get("stage")
-        completed = planned.index(current) if current in planned else 0
-    if run["state"] == RunState.succeeded.value:
-        completed = total
-    fraction = completed / total if total else (1.0 if run["state"] == "succeeded" else 0.0)
-    return {"completed": completed, "total": total, "percent": round(100 * fraction)}
+        if run["state"] == RunState.succeeded.value:
+            completed = total
+        else:
+            completed = planned.index(current) if current in planned else 0
+    return {
+        "completed": completed,
+        "total": total,
+        "percent": round(100 * completed / total) if total else 0,
+    }
 
 
 def runs_page(session: Session, account_id: str, state: str | None, limit: int) -> dict[str, Any]:
@@ -181,7 +186,8 @@ def run_page(
         if p["name"] == "loss":
             steps.setdefault(p["stage"], []).append(p["step"])
     timeline = _timeline(run, events, gates["gates"], steps)
-    completed = sum(1 for t in timeline if t["status"] == "completed" and t["planned_tokens"])
+    planned = {s["stage"] for s in _planned_stages(run)}
+    completed = sum(1 for t in timeline if t["status"] == "completed" and t["stage"] in planned)
     try:
         provenance: dict[str, Any] | None = provenance_of(session, account_id, run_id)
     except ItoError as error:
