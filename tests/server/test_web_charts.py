@@ -78,3 +78,14 @@ def test_names_and_titles_are_escaped() -> None:
     assert "<script>" not in html and "<img" not in html
     assert re.search(r"&lt;script&gt;", html)
     _parse(html)  # still well-formed
+
+
+def test_stage_marks_inside_the_steps_are_drawn_with_their_label() -> None:
+    loss = Series("loss", [(float(s), 1.0 / s) for s in range(1, 31)])
+    marks = [(1.0, "pretrain"), (20.0, "midtrain"), (99.0, "later")]
+    figure = _parse(str(line_chart("loss", "Training loss", [loss], marks=marks)))
+    lines = figure.findall(f".//{SVG}line")
+    assert len(lines) == 1  # the first stage starts at the left edge; 99 is past the end
+    labels = [t.text for t in figure.findall(f".//{SVG}text")]
+    assert "midtrain" in labels and "pretrain" not in labels and "later" not in labels
+    assert figure.attrib["data-points"] == "30"  # marks are not points

@@ -46,8 +46,17 @@ def _number(value: float) -> str:
     return f"{value:.4g}"
 
 
-def line_chart(key: str, title: str, series: Sequence[Series], *, unit: str = "") -> Markup:
-    """The figure for ``series`` (non-finite points are not drawn, nor counted)."""
+def line_chart(
+    key: str,
+    title: str,
+    series: Sequence[Series],
+    *,
+    unit: str = "",
+    marks: Sequence[tuple[float, str]] = (),
+) -> Markup:
+    """The figure for ``series`` (non-finite points are not drawn, nor counted), with a dashed
+    vertical line and its label at each of ``marks`` inside the steps drawn (where a stage
+    begins)."""
     clean = [
         Series(s.name, [(x, y) for x, y in s.points if math.isfinite(x) and math.isfinite(y)])
         for s in series
@@ -98,6 +107,22 @@ def line_chart(key: str, title: str, series: Sequence[Series], *, unit: str = ""
                 "step {v}</text>"
             ).format(x=px(x), y=HEIGHT - 8, anchor=anchor, v=_number(x))
         )
+    for x, label in marks:
+        if x0 < x <= x1:
+            parts.append(
+                Markup(
+                    '<line class="mark" x1="{x}" x2="{x}" y1="{top}" y2="{bottom}" '
+                    'stroke="#9aa3b0" stroke-dasharray="4 3"/>'
+                    '<text x="{tx}" y="{ty}" font-size="10" fill="#667">{label}</text>'
+                ).format(
+                    x=px(x),
+                    top=_TOP,
+                    bottom=_TOP + plot_h,
+                    tx=f"{float(px(x)) + 3:.1f}",
+                    ty=_TOP + 11,
+                    label=label,
+                )
+            )
     legend = []
     for i, s in enumerate(clean):
         colour = PALETTE[i % len(PALETTE)]

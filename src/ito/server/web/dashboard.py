@@ -33,7 +33,14 @@ from ito.server.services.runs import event_dict, get_run, list_events, list_runs
 from ito.server.services.telemetry import booking_telemetry, run_telemetry
 from ito.server.web.charts import Series, line_chart
 
-__all__ = ["LOG_TAIL_LINES", "bookings_page", "run_page", "runs_page"]
+__all__ = [
+    "LOG_TAIL_LINES",
+    "bookings_page",
+    "progress_of",
+    "run_page",
+    "runs_page",
+    "timeline_of",
+]
 
 LOG_TAIL_LINES = 100
 _PAGE = 5000
@@ -45,7 +52,7 @@ def _planned_stages(run: dict[str, Any]) -> list[dict[str, Any]]:
     return [s for s in stages if isinstance(s, dict) and s.get("stage")]
 
 
-def _progress(run: dict[str, Any], completed: int | None = None) -> dict[str, Any]:
+def progress_of(run: dict[str, Any], completed: int | None = None) -> dict[str, Any]:
     """Stages completed of the stages planned: counted from the stage events when given
     (the run's page), else (the runs list) the stages before the current one — all of them
     for a run that succeeded, which ran every planned stage."""
@@ -69,7 +76,7 @@ def runs_page(session: Session, account_id: str, state: str | None, limit: int) 
     for row in list_runs(session, account_id, state=state, limit=limit):
         run = run_dict(row)
         figures = run_telemetry(session, account_id, row.id)
-        runs.append(run | {"progress": _progress(run), "cost_usd": figures["cost_usd"]})
+        runs.append(run | {"progress": progress_of(run), "cost_usd": figures["cost_usd"]})
     return {"runs": runs, "states": [s.value for s in RunState], "state_filter": state or ""}
 
 
@@ -93,7 +100,7 @@ def _all_metrics(session: Session, account_id: str, run_id: str) -> list[dict[st
             return points
 
 
-def _timeline(
+def timeline_of(
     run: dict[str, Any],
     events: list[dict[str, Any]],
     gates: list[dict[str, Any]],
@@ -139,7 +146,7 @@ def _timeline(
     return list(entries.values())
 
 
-def _charts(points: list[dict[str, Any]]) -> list[Markup]:
+def _charts(points: list[dict[str, Any]], stage_starts: list[tuple[float, str]]) -> list[Markup]:
     by_name: dict[str, list[tuple[float, float]]] = {}
     for p in points:
         if p["value"] is not None:
@@ -151,15 +158,24 @@ def _charts(points: list[dict[str, Any]]) -> list[Markup]:
     evals = sorted(n for n in by_name if n.startswith("eval/"))
     rewards = sorted(n for n in by_name if "reward" in n)
     charts = [
-        line_chart("loss", "Training loss", series(["loss"])),
+        line_chart("loss", "Training loss", series(["loss"]), marks=stage_starts),
         line_chart(
-            "eval", "Eval results", [Series(n.removeprefix("eval/"), by_name[n]) for n in evals]
+            "eval",
+            "Eval results",
+            [Series(n.removeprefix("eval/"), by_name[n]) for n in evals],
+            marks=stage_starts,
         ),
-        line_chart("tokens_per_s", "Throughput", series(["tokens_per_s"]), unit="tokens/s"),
-        line_chart("mfu", "MFU", series(["mfu"]), unit="fraction of peak"),
+        line_chart(
+            "tokens_per_s",
+            "Throughput",
+            series(["tokens_per_s"]),
+            unit="tokens/s",
+            marks=stage_starts,
+        ),
+        line_chart("mfu", "MFU", series(["mfu"]), unit="fraction of peak", marks=stage_starts),
     ]
     if rewards:
-        charts.append(line_chart("reward", "Reward", series(rewards)))
+        charts.append(line_chart("reward", "Reward", series(rewards), marks=stage_starts))
     return charts
 
 
@@ -185,7 +201,7 @@ def run_page(
     for p in points:
         if p["name"] == "loss":
             steps.setdefault(p["stage"], []).append(p["step"])
-    timeline = _timeline(run, events, gates["gates"], steps)
+    timeline = timeline_of(run, events, gates["gates"], steps)
     planned = {s["stage"] for s in _planned_stages(run)}
     completed = sum(1 for t in timeline if t["status"] == "completed" and t["stage"] in planned)
     try:
@@ -200,11 +216,13 @@ def run_page(
     last_step = max((p["step"] for p in points if p["name"] == "loss"), default=None)
     return {
         "run": run,
-        "progress": _progress(run, completed),
+        "progress": progress_of(run, completed),
         "last_step": last_step,
         "timeline": timeline,
         "ladder": gates["ladder"],
-        "charts": _charts(points),
+        "charts": _charts(
+            points, [(float(t["steps"][0]), t["stage"]) for t in timeline if t["steps"]]
+        ),
         "loss_points": sum(1 for p in points if p["name"] == "loss" and p["value"] is not None),
         "logs": log_tail(session, account_id, run_id, limit=LOG_TAIL_LINES),
         "events": events[-15:],
