@@ -6,8 +6,8 @@ serves, a gate's numbers show), requests a cancel that then waits for approval, 
 same 404 page for another tenant's run as for a missing one. No key, token or secret reaches
 a page, a URL or the browser's storage, and the pages fit a 375 px wide phone screen.
 
-With ``ITO_SCREENSHOTS_DIR`` set, the run page and the approval page are saved there as PNGs
-(``scripts/screenshots`` writes the README's, under ``docs/``).
+With ``ITO_SCREENSHOTS_DIR`` set, the run page (laptop and phone width) and the approval page
+are saved there as PNGs (``scripts/screenshots`` writes the README's, under ``docs/``).
 """
 
 from __future__ import annotations
@@ -212,6 +212,8 @@ def test_a_run_is_watched_to_success_on_its_page_without_a_reload(
         assert phone.goto(path).status == 200
         assert fits_width(phone.page), path
         assert storage_is_empty(phone.page)
+        if path == f"/ui/runs/{run_id}":
+            screenshot(phone.page, "run-page-phone.png")
 
 
 def test_a_cancel_requested_on_the_page_waits_for_approval(

@@ -113,12 +113,15 @@ def line_chart(
                 Markup(
                     '<line class="mark" x1="{x}" x2="{x}" y1="{top}" y2="{bottom}" '
                     'stroke="#9aa3b0" stroke-dasharray="4 3"/>'
-                    '<text x="{tx}" y="{ty}" font-size="10" fill="#667">{label}</text>'
+                    '<text x="{tx}" y="{ty}" text-anchor="{anchor}" font-size="10" fill="#667">'
+                    "{label}</text>"
                 ).format(
                     x=px(x),
                     top=_TOP,
                     bottom=_TOP + plot_h,
-                    tx=f"{float(px(x)) + 3:.1f}",
+                    # Near the right edge the label goes left of its line, inside the plot.
+                    anchor="end" if float(px(x)) > WIDTH - 90 else "start",
+                    tx=f"{float(px(x)) + (-3 if float(px(x)) > WIDTH - 90 else 3):.1f}",
                     ty=_TOP + 11,
                     label=label,
                 )
