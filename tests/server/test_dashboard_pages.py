@@ -265,6 +265,9 @@ def test_request_cancel_needs_csrf_makes_one_pending_confirmation_and_another_ap
     assert tenant.counts()["confirmations"] == before | {"pending": 1}
 
     # The page says it waits for approval; the run is untouched.
+    assert 'id="requested"' in web.get(requested.headers["location"]).text
+    bogus = web.get(f"/ui/runs/{run_id}", params={"requested": "cfr_not_this_runs"})
+    assert 'id="requested"' not in bogus.text  # only a confirmation of this run is announced
     waiting = web.get(f"/ui/runs/{run_id}")
     assert f'data-ref="{ref_id}" data-state="pending"' in waiting.text
     assert 'id="run-state">queued<' in waiting.text
