@@ -110,7 +110,12 @@ def test_run_page_shows_the_runs_stages_gate_charts_logs_and_checkpoints_as_the_
     assert "script-src 'self'" in csp and "unsafe-inline" not in csp.split("script-src")[1][:30]
     html = page.text
     assert 'id="run-state">running<' in html
-    assert '<script src="/ui/static/dashboard.js"' in html
+    # One script, ours, served from the package; no inline script at all.
+    assert re.findall(r"<script[^>]*>", html) == ['<script src="/ui/static/dashboard.js" defer>']
+    script = web.get("/ui/static/dashboard.js")
+    assert script.status_code == 200
+    assert script.headers["content-type"].startswith("text/javascript")
+    assert "part" in script.text and "localStorage" not in script.text
 
     # The loss chart holds every loss point the API serves, the eval chart the gate's.
     loss = tenant.api("GET", f"/v1/runs/{run_id}/metrics", params={"name": "loss"})["data"]
@@ -159,7 +164,10 @@ def test_runs_list_shows_state_stage_progress_and_cost_and_filters_by_state(
     row = re.search(rf'<tr data-run="{running}">.*?</tr>', everything.text, re.S)
     assert row is not None
     assert ">running<" in row.group(0) and "pretrain" in row.group(0)
-    assert "USD" in row.group(0) and "stages" in row.group(0)
+    assert "stages" in row.group(0)
+    # Cost so far: the run's telemetry figure, as the API answers it.
+    cost = tenant.api("GET", "/v1/telemetry", params={"run_id": running})["data"]["cost_usd"]
+    assert f"{cost:.4f} USD" in row.group(0)
     assert f'data-run="{queued}"' in everything.text
 
     only_queued = web.get("/ui/runs", params={"state": "queued"})

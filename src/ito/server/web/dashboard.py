@@ -30,7 +30,7 @@ from ito.server.services.lifecycle import (
 )
 from ito.server.services.provenance import provenance_of
 from ito.server.services.runs import event_dict, get_run, list_events, list_runs, run_dict
-from ito.server.services.telemetry import booking_telemetry, run_telemetry
+from ito.server.services.telemetry import booking_telemetry, run_costs, run_telemetry
 from ito.server.web.charts import Series, line_chart
 
 __all__ = [
@@ -72,11 +72,12 @@ def progress_of(run: dict[str, Any], completed: int | None = None) -> dict[str, 
 
 
 def runs_page(session: Session, account_id: str, state: str | None, limit: int) -> dict[str, Any]:
-    runs = []
-    for row in list_runs(session, account_id, state=state, limit=limit):
-        run = run_dict(row)
-        figures = run_telemetry(session, account_id, row.id)
-        runs.append(run | {"progress": progress_of(run), "cost_usd": figures["cost_usd"]})
+    rows = list_runs(session, account_id, state=state, limit=limit)
+    costs = run_costs(session, account_id, [r.id for r in rows])
+    runs = [
+        run | {"progress": progress_of(run), "cost_usd": costs[run["run_id"]]}
+        for run in map(run_dict, rows)
+    ]
     return {"runs": runs, "states": [s.value for s in RunState], "state_filter": state or ""}
 
 
