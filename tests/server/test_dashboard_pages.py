@@ -19,6 +19,8 @@ from ito.core.pipeline_events import (
     GateResult,
     LogEvent,
     MetricEvent,
+    ReportedEvent,
+    SpikeEvent,
     StageEvent,
 )
 from ito.worker.api import WorkerApi
@@ -61,14 +63,15 @@ def _worker(tenant: Tenant) -> WorkerApi:
     return WorkerApi(tenant.server.url, str(key))
 
 
-def _running_run(tenant: Tenant, name: str) -> str:
-    """A run leased by a real worker key and fed what an engine reports in its first stage."""
+def _running_run(tenant: Tenant, name: str, *more: ReportedEvent) -> str:
+    """A run leased by a real worker key and fed what an engine reports in its first stage
+    (then ``more``)."""
     run_id = tenant.train(tenant.manifest(name=name), name)
     api = _worker(tenant)
     try:
         lease = api.lease()
         assert lease is not None and lease.run_id == run_id
-        events: list[object] = [StageEvent(stage="pretrain", status="started")]
+        events: list[ReportedEvent] = [StageEvent(stage="pretrain", status="started")]
         for step in range(1, STEPS + 1):
             events.append(
                 MetricEvent(
@@ -87,7 +90,7 @@ def _running_run(tenant: Tenant, name: str) -> str:
                 stage="pretrain", step=STEPS, path="ckpt/step_12", bytes=4 << 20, seconds=0.5
             )
         )
-        api.report(run_id, lease.attempt, events)  # type: ignore[arg-type]
+        api.report(run_id, lease.attempt, [*events, *more])
     finally:
         api.close()
     return run_id
@@ -328,3 +331,50 @@ def test_bookings_page_shows_this_accounts_bookings_with_their_telemetry(
     for column in ("Goodput", "Interruptions", "Checkpoint bandwidth", "Cost"):
         assert column in section.group(0)
     assert_no_secret([page.text], _secrets(tenant, web))
+
+
+def test_a_proposed_restart_and_a_finished_runs_cleanup_are_requested_from_the_page(
+    tenant: Tenant, web: Browser
+) -> None:
+    spike = SpikeEvent(
+        stage="pretrain", step=STEPS, loss=9.5, z=8.0, checkpoint_step=STEPS, skip_steps=2
+    )
+    run_id = _running_run(tenant, "spiked", spike)
+    page = web.get(f"/ui/runs/{run_id}")
+    assert 'id="run-state">awaiting_approval<' in page.text
+    assert f'name="checkpoint_step" value="{STEPS}"' in page.text
+    csrf = csrf_field(page.text)
+    # Another checkpoint than the proposed one is refused, as by the API.
+    other = web.post(
+        f"/ui/runs/{run_id}/requests",
+        {"action": "restart", "checkpoint_step": "3", "csrf_token": csrf},
+    )
+    assert other.status_code == 422
+    asked = web.post(
+        f"/ui/runs/{run_id}/requests",
+        {"action": "restart", "checkpoint_step": str(STEPS), "csrf_token": csrf},
+    )
+    assert asked.status_code == 303
+    ref = asked.headers["location"].split("requested=")[1].split("#")[0]
+    shown = tenant.api("GET", f"/v1/confirmations/{ref}", key="approver")["data"]
+    assert (shown["action"], shown["state"]) == ("run.restart_from_checkpoint", "pending")
+    assert shown["details"]["checkpoint_step"] == STEPS
+
+    # Once the run has ended (here: a cancel approved and applied through the API), the page
+    # offers cleanup instead, and its request is a pending run.cleanup confirmation.
+    cancel = tenant.ito("confirm", "--action", "cancel", "--run", run_id).data["confirmation_ref"]
+    assert tenant.ito("approve", cancel, key="approver").rc == 0
+    cancelled = tenant.ito(
+        "runs", "cancel", run_id, "--confirmation-ref", cancel, "--idempotency-key", "c-1"
+    )
+    assert cancelled.rc == 0, cancelled.stdout
+    # The spike released the lease: nothing holds the run, so the cancel ends it at once.
+    assert tenant.api("GET", f"/v1/runs/{run_id}")["data"]["state"] == "cancelled"
+    ended = web.get(f"/ui/runs/{run_id}").text
+    assert 'id="run-state">cancelled<' in ended
+    assert 'name="action" value="cleanup"' in ended
+    assert 'name="action" value="cancel"' not in ended
+    cleanup = web.post(f"/ui/runs/{run_id}/requests", {"action": "cleanup", "csrf_token": csrf})
+    assert cleanup.status_code == 303
+    cref = cleanup.headers["location"].split("requested=")[1].split("#")[0]
+    assert tenant.api("GET", f"/v1/confirmations/{cref}")["data"]["action"] == "run.cleanup"
