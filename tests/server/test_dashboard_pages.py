@@ -177,6 +177,11 @@ def test_runs_list_shows_state_stage_progress_and_cost_and_filters_by_state(
     assert f'data-run="{queued}"' in only_queued.text
     assert f'data-run="{running}"' not in only_queued.text
     assert web.get("/ui/runs", params={"state": "nonsense"}).status_code == 422
+    other_booking = tenant.booking()
+    on_it = tenant.train(tenant.manifest(name="elsewhere"), "elsewhere", booking_id=other_booking)
+    by_booking = web.get("/ui/runs", params={"booking": other_booking}).text
+    assert f'data-run="{on_it}"' in by_booking
+    assert f'data-run="{running}"' not in by_booking and f'data-run="{queued}"' not in by_booking
     assert web.get("/ui/runs", params={"part": "live"}).text.count("<html") == 0
 
 

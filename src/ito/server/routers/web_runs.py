@@ -86,6 +86,7 @@ def runs_list_page(
     request: Request,
     state: State,
     run_state: Annotated[str | None, Query(alias="state", max_length=40)] = None,
+    booking: Annotated[str | None, Query(max_length=64)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     part: Annotated[str | None, Query(max_length=10)] = None,
 ) -> Response:
@@ -100,7 +101,13 @@ def runs_list_page(
         )
     assert user is not None
     with state.db.read() as session:
-        view = runs_page(session, user.account_id, run_state or None, limit)
+        view = runs_page(
+            session,
+            user.account_id,
+            state=run_state or None,
+            booking_id=booking or None,
+            limit=limit,
+        )
     return _render("runs", part, user=user, csrf_token=csrf, **view)
 
 

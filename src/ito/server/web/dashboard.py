@@ -71,14 +71,22 @@ def progress_of(run: dict[str, Any], completed: int | None = None) -> dict[str, 
     }
 
 
-def runs_page(session: Session, account_id: str, state: str | None, limit: int) -> dict[str, Any]:
-    rows = list_runs(session, account_id, state=state, limit=limit)
+def runs_page(
+    session: Session, account_id: str, *, state: str | None, booking_id: str | None, limit: int
+) -> dict[str, Any]:
+    rows = list_runs(session, account_id, state=state, booking_id=booking_id, limit=limit)
     costs = run_costs(session, account_id, [r.id for r in rows])
     runs = [
         run | {"progress": progress_of(run), "cost_usd": costs[run["run_id"]]}
         for run in map(run_dict, rows)
     ]
-    return {"runs": runs, "states": [s.value for s in RunState], "state_filter": state or ""}
+    return {
+        "runs": runs,
+        "states": [s.value for s in RunState],
+        "bookings": [b.id for b in list_bookings(session, account_id)],
+        "state_filter": state or "",
+        "booking_filter": booking_id or "",
+    }
 
 
 def _all_events(session: Session, account_id: str, run_id: str) -> list[dict[str, Any]]:
