@@ -44,6 +44,7 @@ __all__ = [
     "manifest_json_schema",
     "manifest_summary",
     "parse_manifest",
+    "post_stage_seq_len",
 ]
 
 SCHEMA_ID = "ito.training.manifest.v1"
@@ -206,6 +207,9 @@ class SftRecipe(_Strict):
     max_tokens: Annotated[int, Field(ge=1, le=10**13)]
     """Upper bound of tokens processed, used for the cost estimate and enforced at run time."""
     battery: Ident
+    seq_len: Annotated[int, Field(ge=8, le=1 << 20)] | None = None
+    """Length every example is padded (or its prompt cut) to; absent: the last curriculum
+    stage's. At most that stage's (the context the model was trained on)."""
 
 
 class DpoRecipe(_Strict):
@@ -213,6 +217,9 @@ class DpoRecipe(_Strict):
     beta: Annotated[float, Field(gt=0, le=10)]
     max_tokens: Annotated[int, Field(ge=1, le=10**13)]
     battery: Ident
+    seq_len: Annotated[int, Field(ge=8, le=1 << 20)] | None = None
+    """Length every example is padded (or its prompt cut) to; absent: the last curriculum
+    stage's. At most that stage's (the context the model was trained on)."""
 
 
 class Overlong(_Strict):
@@ -227,6 +234,9 @@ class Dapo(_Strict):
     dynamic_sampling: bool
     token_level_loss: bool
     overlong: Overlong
+    max_generation_rounds: Annotated[int, Field(ge=1, le=64)] = 8
+    """Generation rounds dynamic sampling may take to fill one step's batch; past them the
+    stage ends with ``dynamic_sampling_exhausted``."""
 
 
 class RlvrRecipe(_Strict):
@@ -239,6 +249,9 @@ class RlvrRecipe(_Strict):
     max_tokens: Annotated[int, Field(ge=1, le=10**13)]
     battery: Ident
     dapo: Dapo
+    seq_len: Annotated[int, Field(ge=8, le=1 << 20)] | None = None
+    """Prompt plus completion (``dapo.overlong.max_tokens``); absent: the last curriculum
+    stage's. At most that stage's."""
 
 
 class PostTraining(_Strict):
@@ -368,6 +381,12 @@ class Manifest(_Strict):
 
 def manifest_digest(raw: bytes) -> str:
     return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+def post_stage_seq_len(m: Manifest, recipe: SftRecipe | DpoRecipe | RlvrRecipe) -> int:
+    """The sequence length a post-training stage trains on: its own, else the last curriculum
+    stage's."""
+    return recipe.seq_len if recipe.seq_len is not None else m.curriculum[-1].seq_len
 
 
 def manifest_json_schema() -> dict[str, Any]:
@@ -594,8 +613,24 @@ def _cross_field_problems(m: Manifest) -> list[tuple[str, str]]:
         path = f"$.post_training.{name}"
         problems += _check_data(by_id, recipe.data, {role}, f"{path}.data")
         problems += _check_battery(m, recipe.battery, f"{path}.battery")
+        context = m.curriculum[-1].seq_len
+        if recipe.seq_len is not None and recipe.seq_len > context:
+            problems.append(
+                (
+                    f"{path}.seq_len",
+                    f"must be at most the last curriculum stage's seq_len ({context}): the "
+                    "context the model was trained on",
+                )
+            )
     if post.rlvr is not None:
         dapo = post.rlvr.dapo
+        if dapo.overlong.max_tokens >= post_stage_seq_len(m, post.rlvr):
+            problems.append(
+                (
+                    "$.post_training.rlvr.dapo.overlong.max_tokens",
+                    "must be smaller than the stage's seq_len (the prompt needs room)",
+                )
+            )
         if dapo.clip_low > dapo.clip_high:
             problems.append(("$.post_training.rlvr.dapo.clip_high", "must be ≥ clip_low"))
         if dapo.overlong.soft_tokens >= dapo.overlong.max_tokens:

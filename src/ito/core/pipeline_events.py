@@ -85,6 +85,8 @@ class StageEvent(_Event):
     type: Literal["stage"] = "stage"
     stage: StageLabel
     status: Literal["started", "completed"]
+    steps: Annotated[int, Field(ge=1)] | None = None
+    """With ``started``: the optimizer steps the stage will take."""
 
 
 class MetricEvent(_Event):
@@ -93,8 +95,10 @@ class MetricEvent(_Event):
     step: Step
     values: Annotated[dict[MetricName, FiniteFloat | None], Field(max_length=64)]
     """``loss``, ``lr``, ``grad_norm``, ``tokens_per_s``, ``mfu``, ``step_seconds`` (and
-    ``replicas`` with several replica groups); ``eval/<eval>/<data>`` at a gate (and at step 0,
-    the untrained model's); ``None`` for a figure that is not finite or not known (MFU without
+    ``replicas`` with several replica groups; post-training's ``dpo_margin``, ``dpo_accuracy``,
+    ``reward_mean``, ``kept_group_fraction``, ``generation_rounds``, ``response_length``,
+    ``truncated_fraction``); ``eval/<eval>/<data>`` at a gate (and at step 0, the untrained
+    model's); ``None`` for a figure that is not finite or not known (MFU without
     a known peak)."""
 
 

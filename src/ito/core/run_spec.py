@@ -121,7 +121,9 @@ class RunSpecDocument(_Spec):
         Annotated[list[Annotated[str, Field(min_length=1, max_length=30)]], Field(max_length=64)]
         | None
     ) = None
-    """Curriculum stages to run, in order; ``None``: the whole curriculum."""
+    """Stages to run, in order: curriculum stages, then post-training ones (``sft``, ``dpo``,
+    ``rlvr``) the manifest asks for; ``None``: the whole curriculum and every post-training
+    stage the manifest asks for."""
     max_steps_per_stage: PositiveStep | None = None
     fail_at: FailAtSpec | None = None
     loss_spike_at: PositiveStep | None = None

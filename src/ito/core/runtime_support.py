@@ -1,11 +1,12 @@
 """What this runtime can do of what a valid manifest asks (DESIGN §5.8 gate 5, §7.4, §7.5).
 
 The manifest schema (v1) is designed for the stages to come, so it accepts more than the runtime
-does today: a starting revision other than ``scratch``, post-training stages, data or a
-tokenizer at ``s3://``, ``gs://`` or ``https://`` URIs, evals on data or layouts it cannot
-measure them with, and custom data the ladder decision job cannot judge. A run asking for any of
-them would be created, charged for, and fail (or skip what it asked) after its confirmation is
-spent — so :func:`check_runtime_support` refuses it at plan, confirm and create alike
+does today: a starting revision other than ``scratch``, post-training on a pipeline-parallel
+layout or with several replica groups, data or a tokenizer at ``s3://``, ``gs://`` or
+``https://`` URIs, evals on data or layouts it cannot measure them with, and custom data the
+ladder decision job cannot judge. A run asking for any of them would be created, charged for,
+and fail (or skip what it asked) after its confirmation is spent — so
+:func:`check_runtime_support` refuses it at plan, confirm and create alike
 (``capability_unavailable``, with the JSON path of every unsupported part), before anything is
 created or consumed.
 
@@ -71,14 +72,27 @@ def unsupported_parts(manifest: Manifest, pipeline_stages: int = 1) -> list[dict
         )
     post = manifest.post_training
     for name in ("sft", "dpo", "rlvr"):
-        if getattr(post, name) is not None:
-            # Not built yet: a run asking for it would be charged for a stage that never runs.
+        if getattr(post, name) is None:
+            continue
+        # Post-training runs on the engine's own FSDP/TP layouts inside one torchrun world:
+        # generation and per-example losses need the whole model in each forward, and its
+        # batches are gathered over that world only.
+        if pipeline_stages > 1:
             found.append(
                 {
                     "path": f"$.post_training.{name}",
                     "capability": "post_training",
-                    "reason": f"this runtime version does not run post-training ({name}); "
-                    "the run would end after its curriculum",
+                    "reason": f"{name} needs the whole model in each forward; the planned "
+                    f"layout splits it into {pipeline_stages} pipeline stages",
+                }
+            )
+        if manifest.resources.replica_groups > 1:
+            found.append(
+                {
+                    "path": f"$.post_training.{name}",
+                    "capability": "post_training",
+                    "reason": f"this runtime runs {name} inside one torchrun world, not with "
+                    "several replica groups",
                 }
             )
     found += _ladder_parts(manifest)
@@ -89,20 +103,24 @@ def unsupported_parts(manifest: Manifest, pipeline_stages: int = 1) -> list[dict
     tokenizer = manifest.model.tokenizer
     if tokenizer is not None and not tokenizer.uri.startswith("/"):
         found += _uri_parts(tokenizer.uri, "$.model.tokenizer.uri", "tokenizer")
-    # The batteries that gate a stage the runtime runs: the curriculum's. (Post-training stages
-    # are not run by this runtime version; the plan says so in its warnings.)
+    # The batteries that gate a stage the runtime runs: the curriculum's and post-training's.
     checked: set[str] = set()
-    for stage in manifest.curriculum:
-        if stage.battery in checked:
+    gated = [(s.stage, s.battery) for s in manifest.curriculum] + [
+        (name, recipe.battery)
+        for name in ("sft", "dpo", "rlvr")
+        if (recipe := getattr(post, name)) is not None
+    ]
+    for stage_name, battery in gated:
+        if battery in checked:
             continue
-        checked.add(stage.battery)
-        for j, spec in enumerate(manifest.eval_batteries.get(stage.battery, [])):
+        checked.add(battery)
+        for j, spec in enumerate(manifest.eval_batteries.get(battery, [])):
             if spec.eval not in MEASURABLE_EVALS:
                 found.append(
                     {
-                        "path": f"$.eval_batteries.{stage.battery}[{j}].eval",
+                        "path": f"$.eval_batteries.{battery}[{j}].eval",
                         "capability": "eval",
-                        "reason": f"{spec.eval!r} cannot be measured at the {stage.stage} "
+                        "reason": f"{spec.eval!r} cannot be measured at the {stage_name} "
                         f"stage's gate by this runtime (it measures "
                         f"{', '.join(sorted(MEASURABLE_EVALS))}); the gate would always fail",
                     }
@@ -110,7 +128,7 @@ def unsupported_parts(manifest: Manifest, pipeline_stages: int = 1) -> list[dict
             elif spec.eval in ITEM_EVALS and pipeline_stages > 1:
                 found.append(
                     {
-                        "path": f"$.eval_batteries.{stage.battery}[{j}].eval",
+                        "path": f"$.eval_batteries.{battery}[{j}].eval",
                         "capability": "eval_layout",
                         "reason": f"{spec.eval!r} needs the whole model in each forward; the "
                         f"planned layout splits it into {pipeline_stages} pipeline stages",

@@ -168,15 +168,20 @@ def lr_factor(step: int, total_steps: int) -> float:
 
 
 def build_scheduler(
-    optimizer: torch.optim.Optimizer, total_steps: int, *, anneal: bool = False
+    optimizer: torch.optim.Optimizer,
+    total_steps: int,
+    *,
+    anneal: bool = False,
+    scale: float = 1.0,
 ) -> LambdaLR:
     """The stage's schedule: warmup then cosine (each stage restarts its own warmup from the
     peak rate, not from where the last stage decayed to); with ``anneal``, warmup then a
-    linear anneal to zero (:func:`anneal_factor`)."""
+    linear anneal to zero (:func:`anneal_factor`). ``scale``: the stage's peak as a fraction
+    of the optimizer's (post-training's smaller rates)."""
     for group in optimizer.param_groups:
         group["lr"] = group.setdefault("initial_lr", group["lr"])
     factor = anneal_factor if anneal else lr_factor
-    return LambdaLR(optimizer, lambda step: factor(step, total_steps))
+    return LambdaLR(optimizer, lambda step: scale * factor(step, total_steps))
 
 
 def set_rope_base(model: torch.nn.Module, base: float) -> int:

@@ -74,7 +74,8 @@ class RunSpec:
     checkpoint_dir: Path
     events_path: Path
     stages: tuple[str, ...]
-    """Curriculum stages to run, in order; each must be in the manifest's curriculum."""
+    """Stages to run, in order: the manifest's curriculum stages, then its post-training
+    ones."""
     max_steps_per_stage: int | None = None
     """Caps each stage's step count (test hook)."""
     fail_at: FailAt | None = None
@@ -136,11 +137,18 @@ def load_spec(path: Path) -> RunSpec:
         where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
         raise ValueError(f"spec{where}: {first['msg']}") from None
     manifest = parse_manifest(json.dumps(doc.manifest).encode())
-    stages = tuple(doc.stages or [s.stage for s in manifest.curriculum])
-    known = {s.stage for s in manifest.curriculum}
+    post = [n for n in ("sft", "dpo", "rlvr") if getattr(manifest.post_training, n) is not None]
+    stages = tuple(doc.stages or [*(s.stage for s in manifest.curriculum), *post])
+    known = [s.stage for s in manifest.curriculum] + post
     for i, name in enumerate(stages):
         if name not in known:
-            raise ValueError(f"spec.stages[{i}]: {name!r} is not a curriculum stage")
+            raise ValueError(
+                f"spec.stages[{i}]: {name!r} is not a curriculum or post-training stage of "
+                "the manifest"
+            )
+    order = [known.index(name) for name in stages]
+    if order != sorted(set(order)):
+        raise ValueError("spec.stages: stages must be distinct and in the manifest's order")
     fail_at = None
     if doc.fail_at is not None:
         fail_at = FailAt(

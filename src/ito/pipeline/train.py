@@ -1,5 +1,7 @@
-"""The pretrain engine: the curriculum stages of a run, each trained to its token budget and
-gated by its eval battery, resumable from the newest committed checkpoint.
+"""The training engine: the curriculum stages of a run, each trained to its token budget and
+gated by its eval battery, then its post-training stages (SFT, DPO, RLVR:
+:mod:`ito.pipeline.post_training`) in the same loop, resumable from the newest committed
+checkpoint.
 
 Determinism is the point: the model init and data order are functions of the run id, the batch
 of a step is computed from the step, and a checkpoint restores everything that changes between
@@ -21,7 +23,7 @@ from tokenizers import Tokenizer
 
 from ito.core.errors import ItoError
 from ito.core.ladder import ladder_plan, proxy_size
-from ito.core.manifest import CurriculumStage, EvalSpec
+from ito.core.manifest import EvalSpec, post_stage_seq_len
 from ito.core.model_sizes import SIZES, ModelSize
 from ito.core.spikes import SpikeDetector
 from ito.pipeline.batteries import BATTERIES, EvalContext
@@ -58,11 +60,22 @@ from ito.pipeline.model import (
 )
 from ito.pipeline.parallelize import clip_grad_norm
 from ito.pipeline.pipeline_stages import PipelineRunner
+from ito.pipeline.post_training import (
+    LR_SCALE,
+    POST_STAGES,
+    DpoExamples,
+    RlvrStep,
+    dpo_reference,
+    dpo_step,
+    post_step_rows,
+    sft_examples,
+    sft_step,
+)
 from ito.pipeline.replicas import ReplicaSync, local, to_local_tree
 from ito.pipeline.rows import Row
 from ito.pipeline.spec import RunSpec
 from ito.pipeline.storage_fs import proven_dir
-from ito.pipeline.tokenizer import TOKENIZER_FILE, build_tokenizer, load_tokenizer
+from ito.pipeline.tokenizer import EOS, TOKENIZER_FILE, build_tokenizer, load_tokenizer
 
 __all__ = ["MICRO_BATCH", "LossSpike", "Trainer"]
 
@@ -123,16 +136,50 @@ class PendingStep:
     """Tokens the step trained on, over every rank of every participating group."""
     replicas: int | None = None
     """Replica groups that took part (runs with several)."""
+    extra: dict[str, float] | None = None
+    """Post-training figures of the step (rewards, DPO margins, …), the same on every rank."""
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    """What the stage loop reads of a stage, curriculum or post-training."""
+
+    stage: str
+    data: tuple[str, ...]
+    seq_len: int
+    battery: str
+    rope_base_scale: float
+    """Post-training keeps the last curriculum stage's (the model's context as trained)."""
+    tokens: int
+    """The token budget (post-training: ``max_tokens``)."""
+
+    @property
+    def post(self) -> bool:
+        return self.stage in POST_STAGES
 
 
 @dataclass(frozen=True)
 class StagePlan:
-    config: CurriculumStage
+    config: StageConfig
     index: int
-    """Position in the manifest's curriculum (seeds the stage's data order)."""
+    """Position in the manifest's stages: curriculum, then sft, dpo, rlvr (seeds the stage's
+    data order)."""
     steps: int
     first_step: int
     """Global step count before the stage's first step."""
+    rows: int
+    """Sequences (rows of ``seq_len``) one data-parallel rank trains on per step."""
+
+
+@dataclass(frozen=True)
+class PostData:
+    """A post-training stage's examples and their seeded order (one of the three)."""
+
+    order: PackedData
+    """Example indices in the stage's order (:class:`PackedData` over ``arange(n)``)."""
+    sft: torch.Tensor | None = None
+    examples: DpoExamples | None = None
+    prompts: list[Row] | None = None
 
 
 class Trainer:
@@ -198,6 +245,8 @@ class Trainer:
         """Batches skipped by approved restarts; the batch of stage step k is k + offset."""
         self.apply_restart = False
         self.detector = SpikeDetector()
+        self.stage_state: dict[str, object] = {}
+        """What a post-training stage carries in its checkpoints (DPO's reference scores)."""
 
     # ---- set-up -------------------------------------------------------------------------------
 
@@ -269,19 +318,59 @@ class Trainer:
         return self._splits[data_id]
 
     def _plans(self) -> list[StagePlan]:
-        by_name: dict[str, tuple[int, CurriculumStage]] = {
-            s.stage: (i, s) for i, s in enumerate(self.spec.manifest.curriculum)
+        manifest = self.spec.manifest
+        curriculum = manifest.curriculum
+        by_name: dict[str, tuple[int, StageConfig]] = {
+            s.stage: (
+                i,
+                StageConfig(
+                    s.stage, tuple(s.data), s.seq_len, s.battery, s.rope_base_scale, s.tokens
+                ),
+            )
+            for i, s in enumerate(curriculum)
         }
+        post = manifest.post_training
+        for j, name in enumerate(POST_STAGES):
+            recipe = getattr(post, name)
+            if recipe is not None:
+                by_name[name] = (
+                    len(curriculum) + j,
+                    StageConfig(
+                        name,
+                        tuple(recipe.data),
+                        post_stage_seq_len(manifest, recipe),
+                        recipe.battery,
+                        curriculum[-1].rope_base_scale,
+                        recipe.max_tokens,
+                    ),
+                )
+        if self.layout.pp > 1 and any(name in POST_STAGES for name in self.spec.stages):
+            # Refused at plan (ito.core.runtime_support); fail closed all the same.
+            raise ItoError(
+                "capability_unavailable", "post-training does not run under pipeline parallelism"
+            )
         plans, first = [], 0
         for name in self.spec.stages:
             index, config = by_name[name]
-            sequences = self.layout.sequences_per_rank * self.dp_world
-            steps = max(1, config.tokens // (sequences * config.seq_len))
+            rows = self.layout.sequences_per_rank
+            if config.post:
+                group = post.rlvr.group_size if name == "rlvr" and post.rlvr else 1
+                rows = post_step_rows(name, rows, group)
+            steps = max(1, config.tokens // (rows * self.dp_world * config.seq_len))
+            if name == "sft" and post.sft is not None:
+                # Never more passes over the examples than the recipe's epochs.
+                examples = len(self._post_rows(config.data))
+                steps = min(steps, max(1, post.sft.epochs * examples // (rows * self.dp_world)))
             if self.spec.max_steps_per_stage is not None:
                 steps = min(steps, self.spec.max_steps_per_stage)
-            plans.append(StagePlan(config, index, steps, first))
+            plans.append(StagePlan(config, index, steps, first, rows))
             first += steps
         return plans
+
+    def _post_rows(self, data_ids: tuple[str, ...]) -> list[tuple[str, Row]]:
+        """Every row of a post-training stage's data, with its data id (no held-out split:
+        post-training is gated on eval data)."""
+        return [(i, row) for i in data_ids for row in self._data_rows(i)]
 
     def _latest(self) -> tuple[str, int, Path] | None:
         found: list[tuple[str, int, Path] | None] = [None]
@@ -525,9 +614,19 @@ class Trainer:
     ) -> tuple[int, bool]:
         config = plan.config
         name = config.stage
-        data = PackedData(self._packed(config.data, config.seq_len), self.seed, plan.index)
+        self.stage_state = dict(resume.get("post") or {}) if resume is not None else {}  # type: ignore[call-overload]
+        data = (
+            self._post_data(plan)
+            if config.post
+            else PackedData(self._packed(list(config.data), config.seq_len), self.seed, plan.index)
+        )
         # Midtrain anneals its own mix linearly to zero (after the warmup every stage has).
-        scheduler = build_scheduler(self.optimizer, plan.steps, anneal=name == "midtrain")
+        scheduler = build_scheduler(
+            self.optimizer,
+            plan.steps,
+            anneal=name == "midtrain",
+            scale=LR_SCALE.get(name, 1.0),
+        )
         base = rope_base(llama_config(self.size)) * config.rope_base_scale
         set_rope_base(self.model, base)
         if config.rope_base_scale != 1.0 and resume is None:
@@ -538,12 +637,26 @@ class Trainer:
             for group, peak in zip(self.optimizer.param_groups, scheduler.base_lrs, strict=True):
                 group["lr"] = peak * factor
         if not self.in_quorum:  # a healed rank re-enters a stage its leader already began
-            self.events.emit("stage", stage=name, status="started")
+            self.events.emit("stage", stage=name, status="started", steps=plan.steps)
+        rlvr = self._rlvr(plan) if name == "rlvr" else None
+        if name == "dpo" and "dpo_reference" not in self.stage_state:
+            # The reference policy is the policy at the start of DPO: scored once, here, and
+            # carried by the stage's checkpoints.
+            assert isinstance(data, PostData) and data.examples is not None
+            reference = dpo_reference(
+                self.model,
+                data.examples,
+                self.group_dp_rank,
+                self.layout.dp,
+                max(1, self.layout.micro_batch // 2),
+                self.device,
+            )
+            self.stage_state["dpo_reference"] = reference.tolist()
         self.detector.reset()
         if resume is not None and isinstance(resume.get("spike_window"), list):
             self.detector.restore(resume["spike_window"])  # type: ignore[arg-type]
         every = self.spec.manifest.checkpoint.every_steps
-        step_tokens = self.layout.sequences_per_rank * self.layout.dp * config.seq_len
+        step_tokens = plan.rows * self.layout.dp * config.seq_len
         flops_per_token = self.size.flops_per_token(config.seq_len)
         pending: PendingStep | None = None
         if self.replica is not None and resume is None:
@@ -576,24 +689,38 @@ class Trainer:
                     self.in_quorum = True
                     raise Rejoin(self.position)
             start = time.perf_counter()
-            batch = data.batch(
-                k + self.data_offset, self.dp_rank, self.dp_world, self.layout.sequences_per_rank
-            )
-            if self.spike_armed and step == self.spec.loss_spike_at:
-                batch = torch.randint(
-                    0, self.size.vocab, batch.shape, generator=torch.Generator().manual_seed(step)
-                )
-            batch = batch.to(self.device)
             lr = scheduler.get_last_lr()[0]
-            current = self._train_step(batch, step, float(lr))
+            extra: dict[str, float] | None = None
+            if config.post:
+                backward, extra, post_tokens = self._post_step(
+                    plan, data, k + self.data_offset, rlvr
+                )
+            else:
+                post_tokens = None
+                batch = data.batch(  # type: ignore[union-attr]
+                    k + self.data_offset,
+                    self.dp_rank,
+                    self.dp_world,
+                    self.layout.sequences_per_rank,
+                )
+                if self.spike_armed and step == self.spec.loss_spike_at:
+                    batch = torch.randint(
+                        0,
+                        self.size.vocab,
+                        batch.shape,
+                        generator=torch.Generator().manual_seed(step),
+                    )
+                backward = self._pretrain_backward(batch.to(self.device))
+            current = self._train_step(backward, step, float(lr))
             if current is None:
                 continue  # a replica group failed during the step: retried with the others
             scheduler.step()
+            current.extra = extra
             if self.sync is not None:
                 current.replicas = self.sync.participants
                 current.tokens = step_tokens // self.dp_world * self.layout.dp * current.replicas
             else:
-                current.tokens = step_tokens
+                current.tokens = step_tokens if post_tokens is None else post_tokens
             tokens_seen += current.tokens
             if self.spec.min_step_seconds is not None:
                 time.sleep(max(0.0, self.spec.min_step_seconds - (time.perf_counter() - start)))
@@ -693,6 +820,8 @@ class Trainer:
             "data_offset": self.data_offset,
             "initial": dict(self.initial),
         }
+        if self.stage_state:
+            state["post"] = dict(self.stage_state)
         if self.replica is not None:
             state["spike_window"] = self.detector.history()
         return state
@@ -781,6 +910,7 @@ class Trainer:
                 "mfu": mfu,
                 "step_seconds": pending.seconds,
                 **({"replicas": pending.replicas} if pending.replicas is not None else {}),
+                **(pending.extra or {}),
             },
         )
         z = self.detector.observe(loss)
@@ -818,13 +948,96 @@ class Trainer:
         docs = [d for i in data_ids for d in self._split(i)[0]]
         return pack(self.tokenizer, docs, seq_len)
 
-    def _train_step(self, batch: torch.Tensor, step: int, lr: float) -> PendingStep | None:
+    def _pretrain_backward(self, batch: torch.Tensor) -> Callable[[], torch.Tensor]:
+        if self.pipeline is not None:
+            pipeline = self.pipeline
+            return lambda: pipeline.train_step(batch)
+        return lambda: accumulate(self.model, batch, self.layout)
+
+    # ---- post-training ------------------------------------------------------------------------
+
+    def _post_data(self, plan: StagePlan) -> PostData:
+        config = plan.config
+        rows = self._post_rows(config.data)
+        eos = self.tokenizer.token_to_id(EOS)
+        if eos is None:
+            raise ValueError("the tokenizer has no end-of-text token")
+        order = PackedData(torch.arange(len(rows)), self.seed, plan.index)
+        if config.stage == "sft":
+            return PostData(order, sft=sft_examples(self.tokenizer, rows, eos, config.seq_len))
+        if config.stage == "dpo":
+            return PostData(
+                order, examples=DpoExamples.build(self.tokenizer, rows, eos, config.seq_len)
+            )
+        return PostData(order, prompts=[row for _, row in rows])
+
+    def _rlvr(self, plan: StagePlan) -> RlvrStep:
+        recipe = self.spec.manifest.post_training.rlvr
+        assert recipe is not None
+        rows = self._post_rows(plan.config.data)
+        eos = self.tokenizer.token_to_id(EOS)
+        assert eos is not None
+        return RlvrStep(
+            recipe=recipe,
+            tokenizer=self.tokenizer,
+            rows=[row for _, row in rows],
+            eos=eos,
+            seed=self.seed,
+            stage_index=plan.index,
+            dp_rank=self.group_dp_rank,
+            dp_world=self.layout.dp,
+            groups_per_rank=plan.rows // recipe.group_size,
+            micro_batch=self.layout.micro_batch,
+            device=self.device,
+        )
+
+    def _post_step(
+        self, plan: StagePlan, data: PackedData | PostData, position: int, rlvr: RlvrStep | None
+    ) -> tuple[Callable[[], torch.Tensor], dict[str, float] | None, int | None]:
+        """The backward of a post-training step, its figures, and the tokens it trains on
+        (every rank; ``None``: the stage's rows × ``seq_len``)."""
+        assert isinstance(data, PostData)
+        name = plan.config.stage
+        micro = self.layout.micro_batch
+        if name == "rlvr":
+            assert rlvr is not None
+            groups, rollout = rlvr.rollout(self.model, position)
+            width = max(len(s.prompt) + len(s.completion) for g in groups for s in g.samples)
+            tokens = sum(len(g.samples) for g in groups) * width
+            return (lambda: rlvr.train(self.model, groups)), rollout, tokens
+        if name == "dpo":
+            pairs = plan.rows // 2
+            index = data.order.batch(position, self.dp_rank, self.dp_world, pairs)
+            assert data.examples is not None
+            batch = data.examples.pairs[index].to(self.device)
+            reference = torch.tensor(self.stage_state["dpo_reference"])[index]
+            beta = self.spec.manifest.post_training.dpo.beta  # type: ignore[union-attr]
+            figures: dict[str, float] = {}
+
+            def dpo() -> torch.Tensor:
+                loss, found = dpo_step(self.model, batch, reference, beta, micro)
+                figures.update(self._mean_over_ranks(found))
+                return loss
+
+            return dpo, figures, None
+        index = data.order.batch(position, self.dp_rank, self.dp_world, plan.rows)
+        assert data.sft is not None
+        sft_batch = data.sft[index].to(self.device)
+        return (lambda: sft_step(self.model, sft_batch, micro)), None, None
+
+    def _mean_over_ranks(self, values: dict[str, float]) -> dict[str, float]:
+        """The mean of each figure over the ranks of this world (the same on each)."""
+        names = sorted(values)
+        reduced = torch.tensor([values[n] for n in names], dtype=torch.float64, device=self.device)
+        dist.all_reduce(reduced)
+        return {n: float(v) / self.world for n, v in zip(names, reduced.tolist(), strict=True)}
+
+    def _train_step(
+        self, backward: Callable[[], torch.Tensor], step: int, lr: float
+    ) -> PendingStep | None:
         """One optimizer step over ``grad_accum`` micro-batches; ``None`` if the replica groups'
         quorum discarded it."""
-        if self.pipeline is not None:
-            loss = self.pipeline.train_step(batch)
-        else:
-            loss = accumulate(self.model, batch, self.layout)
+        loss = backward()
         stop = 1.0 if self.rank == 0 and self.spec.stop_path.exists() else 0.0
         figures = torch.stack([loss.detach().float(), torch.tensor(stop, device=loss.device)])
         if self.sync is not None:

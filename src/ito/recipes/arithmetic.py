@@ -1,7 +1,7 @@
 """The arithmetic recipes: a synthetic "web" corpus, SFT/DPO/RLVR data on integer addition, and a
-held-out evaluation set kept disjoint from all training data. The manifests ask for no
-post-training stage (this runtime version refuses them at plan); their data is listed and
-prepared all the same.
+held-out evaluation set kept disjoint from all training data. ``demo`` and ``post`` ask for
+SFT → DPO → RLVR after the curriculum; the others list and prepare that data without training
+on it.
 
 Generation is pure and seeded; :func:`build_recipe` returns file contents and the manifest
 document, and the caller writes them. The decontamination report is real: it records, for every
@@ -46,6 +46,11 @@ class Budgets:
     times its size) against a battery of held-out web text."""
     ladder_tokens: int = 0
     """Tokens each of the ladder's two proxy runs trains on."""
+    post_training: bool = False
+    """Whether the manifest asks for SFT → DPO → RLVR on the arithmetic data after the
+    curriculum, each gated by held-out exact match."""
+    post_gates: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """The minimum held-out exact match after SFT, DPO and RLVR."""
 
 
 RECIPES: dict[str, Budgets] = {
@@ -59,6 +64,8 @@ RECIPES: dict[str, Budgets] = {
         web_docs=3000,
         every_steps=50,
         gate_ratio=0.5,
+        post_training=True,
+        post_gates=(0.2, 0.2, 0.2),
     ),
     "test": Budgets(
         pretrain_tokens=20_000,
@@ -72,6 +79,9 @@ RECIPES: dict[str, Budgets] = {
         gate_ratio=0.95,
     ),
 }
+RECIPES["post"] = replace(
+    RECIPES["test"], post_training=True, sft_tokens=2_048, dpo_tokens=2_048, rlvr_tokens=1_024
+)
 for _kind in ("helpful", "harmful"):
     RECIPES[f"ladder-{_kind}"] = replace(RECIPES["test"], ladder=_kind, ladder_tokens=20_000)
 
@@ -126,6 +136,44 @@ def _sentence(rng: random.Random) -> str:
     if rng.random() < 0.35:
         return f"we know that {a} plus {b} makes {a + b} ."
     return f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)} ."
+
+
+def _post_training(budgets: Budgets) -> dict[str, Any]:
+    """SFT → DPO → RLVR on the sums: examples of at most 16 tokens (``a+b=`` and the sum)."""
+    return {
+        "sft": {
+            "data": ["arith-sft"],
+            "epochs": 3,
+            "max_tokens": budgets.sft_tokens,
+            "battery": "arith-sft",
+            "seq_len": 16,
+        },
+        "dpo": {
+            "data": ["arith-prefs"],
+            "beta": 0.1,
+            "max_tokens": budgets.dpo_tokens,
+            "battery": "arith-dpo",
+            "seq_len": 16,
+        },
+        "rlvr": {
+            "algorithm": "grpo",
+            "data": ["arith-prompts"],
+            "rewards": ["exact_match_arith"],
+            "group_size": 4,
+            "max_staleness": 0,
+            "max_tokens": budgets.rlvr_tokens,
+            "battery": "arith-rlvr",
+            "seq_len": 16,
+            "dapo": {
+                "clip_low": 0.2,
+                "clip_high": 0.28,
+                "dynamic_sampling": True,
+                "token_level_loss": True,
+                "overlong": {"max_tokens": 6, "soft_tokens": 2},
+                "max_generation_rounds": 8,
+            },
+        },
+    }
 
 
 def _jsonl(rows: list[dict[str, Any]]) -> bytes:
@@ -293,8 +341,7 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
                 "battery": "core",
             },
         ],
-        # Not run by this runtime version, so not asked for (plan would refuse it).
-        "post_training": {},
+        "post_training": _post_training(budgets) if budgets.post_training else {},
         "eval_batteries": {
             "core": [{"eval": "heldout_loss", "data": "web", "max_ratio": budgets.gate_ratio}],
             "mid": [
@@ -311,6 +358,13 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
         },
         "budget": {"ceiling_usd": 5.0, "max_incremental_cost_usd": 2.0},
     }
+    if budgets.post_training:
+        for stage, gate in zip(("sft", "dpo", "rlvr"), budgets.post_gates, strict=True):
+            manifest["eval_batteries"][f"arith-{stage}"] = [
+                {"eval": "exact_match", "data": "arith-heldout", "min": gate},
+                # Post-training must not undo what pre-training learned.
+                {"eval": "heldout_loss", "data": "web", "max_ratio": budgets.gate_ratio},
+            ]
     if custom:
         item = ref("custom", "custom.jsonl", "pretrain", "cc-by-4.0", True)
         item["custom"] = True

@@ -150,20 +150,6 @@ class Supervisor:
         bound = self._bind_provenance(run_id, attempt, workdir, lease.provenance_sha256)
         if isinstance(bound, Outcome):
             return bound
-        skipped = [s for s in POST_TRAINING if (document.get("post_training") or {}).get(s)]
-        if skipped:
-            self.api.report(
-                run_id,
-                attempt,
-                [
-                    LogEvent(
-                        level="warning",
-                        message=f"post-training stages {skipped} are not run by this runtime "
-                        "version; the run ends after its curriculum",
-                    )
-                ],
-            )
-
         events_path = workdir / f"events-{attempt}.jsonl"
         restart = lease.restart_from
         fields: dict[str, Any] = {
@@ -174,7 +160,9 @@ class Supervisor:
             "checkpoint_dir": str(checkpoints),
             "storage_root": str(real_root),
             "events_path": str(events_path),
-            "stages": [s["stage"] for s in document["curriculum"]],
+            # The curriculum, then the post-training stages the manifest asks for.
+            "stages": [s["stage"] for s in document["curriculum"]]
+            + [s for s in POST_TRAINING if (document.get("post_training") or {}).get(s)],
             "restart_from": restart.model_dump() if restart is not None else None,
             "accelerator": {
                 "gpu": lease.booking.gpu,
