@@ -106,7 +106,12 @@ def _secrets(tenant: Tenant, web: Browser) -> list[str]:
 def test_run_page_shows_the_runs_stages_gate_charts_logs_and_checkpoints_as_the_api_does(
     tenant: Tenant, web: Browser
 ) -> None:
-    run_id = _running_run(tenant, "dash")
+    post_training = [
+        MetricEvent(stage="dpo", step=STEPS + 1, values={"dpo_margin": 0.5, "dpo_accuracy": 0.75}),
+        MetricEvent(stage="rlvr", step=STEPS + 2, values={"reward_mean": 0.25}),
+        MetricEvent(stage="rlvr", step=STEPS + 3, values={"reward_mean": 0.5}),
+    ]
+    run_id = _running_run(tenant, "dash", *post_training)
     page = web.get(f"/ui/runs/{run_id}")
     assert page.status_code == 200, page.text
     csp = page.headers["content-security-policy"]
@@ -127,6 +132,9 @@ def test_run_page_shows_the_runs_stages_gate_charts_logs_and_checkpoints_as_the_
     assert re.search(r'data-chart="eval" data-points="1"', html)
     assert re.search(rf'data-chart="tokens_per_s" data-points="{STEPS}"', html)
     assert re.search(r'data-chart="mfu" data-points="0"', html)  # no known peak: none drawn
+    # Post-training's figures, when reported: reward, and DPO's margin and accuracy.
+    assert re.search(r'data-chart="reward" data-points="2"', html)
+    assert re.search(r'data-chart="dpo" data-points="2"', html)
 
     # The stage and its gate, with the gate's numbers.
     assert 'data-stage="pretrain" data-status="running"' in html

@@ -185,6 +185,9 @@ def _charts(points: list[dict[str, Any]], stage_starts: list[tuple[float, str]])
     ]
     if rewards:
         charts.append(line_chart("reward", "Reward", series(rewards), marks=stage_starts))
+    preference = series(["dpo_margin", "dpo_accuracy"])
+    if preference:
+        charts.append(line_chart("dpo", "Preference (DPO)", preference, marks=stage_starts))
     return charts
 
 
