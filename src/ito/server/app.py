@@ -42,6 +42,7 @@ from ito.server.routers import (
     runs,
     telemetry,
     web,
+    web_runs,
     worker,
 )
 from ito.server.settings import ServerSettings
@@ -105,6 +106,7 @@ def create_app(
     ):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     app.include_router(web.router)  # pages: a refusal is the HTML error page
+    app.include_router(web_runs.router)
     _install_error_handlers(app)
     # Outermost first: the body bound, then the text checks on the bounded body.
     app.add_middleware(TextGuard, respond=_respond, content_paths=CONTENT_PATHS)

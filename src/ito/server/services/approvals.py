@@ -16,7 +16,7 @@ from ito.server.services.bookings import booking_dict, get_booking
 from ito.server.services.confirmations import confirmation_dict, get_confirmation
 from ito.server.store.tables import Account, Confirmation, Principal
 
-__all__ = ["account_view", "confirmation_view", "pending_confirmations"]
+__all__ = ["account_view", "confirmation_view", "pending_confirmations", "run_confirmations"]
 
 
 def account_view(session: Session, account_id: str) -> dict[str, str]:
@@ -40,6 +40,31 @@ def pending_confirmations(
         .limit(limit)
     )
     return [confirmation_dict(c, public_url, now) for c in rows]
+
+
+def run_confirmations(
+    session: Session, account_id: str, run_id: str, public_url: str, now: datetime, limit: int = 20
+) -> list[dict[str, Any]]:
+    """The confirmations that target this account's run (cancel, cleanup, restart), newest
+    first, each with the principal that requested it."""
+    rows = session.scalars(
+        select(Confirmation)
+        .where(
+            Confirmation.account_id == account_id,
+            Confirmation.target_kind == "run",
+            Confirmation.target_id == run_id,
+        )
+        .order_by(Confirmation.created_at.desc(), Confirmation.id)
+        .limit(limit)
+    )
+    return [
+        confirmation_dict(c, public_url, now)
+        | {
+            "requester_id": c.requester_id,
+            "checkpoint_step": (c.details or {}).get("checkpoint_step"),
+        }
+        for c in rows
+    ]
 
 
 def confirmation_view(

@@ -39,6 +39,7 @@ __all__ = [
     "list_checkpoints",
     "list_logs",
     "list_metrics",
+    "log_tail",
     "mark_cleaned",
 ]
 
@@ -113,6 +114,30 @@ def list_logs(
         for r in rows
     ]
     return lines, rows[-1].id if rows else since
+
+
+def log_tail(
+    session: Session, account_id: str, run_id: str, *, limit: int = 100
+) -> list[dict[str, Any]]:
+    """The run's last ``limit`` log lines, oldest first (the dashboard's live tail), in the
+    shape of :func:`list_logs`."""
+    get_run(session, account_id, run_id)
+    rows = session.execute(
+        select(RunLog.id, RunLog.attempt, RunLog.level, RunLog.message, RunLog.created_at)
+        .where(RunLog.run_id == run_id)
+        .order_by(RunLog.id.desc())
+        .limit(limit)
+    ).all()
+    return [
+        {
+            "cursor": r.id,
+            "attempt": r.attempt,
+            "level": r.level,
+            "message": r.message,
+            "at": r.created_at.isoformat(),
+        }
+        for r in reversed(rows)
+    ]
 
 
 def list_metrics(

@@ -589,9 +589,12 @@ def list_runs(
     *,
     idempotency_key: str | None = None,
     booking_id: str | None = None,
+    state: str | None = None,
     limit: int = 50,
 ) -> list[Run]:
     query = select(Run).where(Run.account_id == account_id)
+    if state is not None:
+        query = query.where(Run.state == state)
     if idempotency_key is not None:
         query = query.where(Run.idempotency_key == idempotency_key)
     if booking_id is not None:

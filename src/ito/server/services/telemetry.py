@@ -29,6 +29,7 @@ __all__ = [
     "RawFigures",
     "booking_telemetry",
     "export_snapshot",
+    "run_costs",
     "run_telemetry",
 ]
 
@@ -258,3 +259,18 @@ def export_snapshot(session: Session) -> list[ExportedBooking]:
         ExportedBooking(booking.id, booking.account_id, by_booking[booking.id])
         for booking in bookings
     ]
+
+
+def run_costs(session: Session, account_id: str, run_ids: list[str]) -> dict[str, float]:
+    """``cost_usd`` of :func:`run_telemetry` for many of the account's runs in one query (the
+    runs list); a run no worker has leased yet has cost nothing."""
+    if not run_ids:
+        return {}
+    rows = session.execute(
+        select(RunLease.run_id, RunLease.cost_usd)
+        .join(Run, Run.id == RunLease.run_id)
+        .where(Run.account_id == account_id, RunLease.run_id.in_(run_ids))
+    )
+    costs = {run_id: 0.0 for run_id in run_ids}
+    costs.update({run_id: round(float(cost or 0.0), 6) for run_id, cost in rows})
+    return costs

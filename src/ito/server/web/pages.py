@@ -17,7 +17,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from ito.core.errors import ItoError
 
-__all__ = ["SECURITY_HEADERS", "error_page", "render"]
+__all__ = ["DASHBOARD_HEADERS", "SECURITY_HEADERS", "error_page", "render"]
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -30,6 +30,12 @@ SECURITY_HEADERS = {
     # /ui/device?user_code=… must not travel to another site in a Referer header.
     "referrer-policy": "no-referrer",
     "cache-control": "no-store",
+}
+DASHBOARD_HEADERS = SECURITY_HEADERS | {
+    # The dashboard's pages load one script of ours (/ui/static/dashboard.js, no inline
+    # script) that re-fetches their live part from this origin.
+    "content-security-policy": "default-src 'none'; script-src 'self'; connect-src 'self'; "
+    "style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
 }
 
 
@@ -44,11 +50,13 @@ def _environment() -> Environment:
     )
 
 
-def render(template: str, status: int = 200, **context: Any) -> HTMLResponse:
+def render(
+    template: str, status: int = 200, *, headers: dict[str, str] | None = None, **context: Any
+) -> HTMLResponse:
     context.setdefault("user", None)
     context.setdefault("csrf_token", "")
     html = _environment().get_template(template).render(**context)
-    return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
+    return HTMLResponse(html, status_code=status, headers=headers or SECURITY_HEADERS)
 
 
 def error_page(
