@@ -228,10 +228,30 @@ def main() -> None:
         losses = run(
             ["ito", "runs", "metrics", created["run_id"], "--name", "loss"], agent, show=False
         )["points"]
-        if losses:
+        # Each stage's own figure: a language-modelling loss in the curriculum and SFT, the
+        # preference loss in DPO, the policy-gradient surrogate in RLVR (not comparable).
+        by_stage: dict[str, list[dict[str, Any]]] = {}
+        for point in losses:
+            by_stage.setdefault(point["stage"], []).append(point)
+        for stage, points in by_stage.items():
             print(
-                f"    loss {losses[0]['value']:.3f} (step {losses[0]['step']}) → "
-                f"{losses[-1]['value']:.3f} (step {losses[-1]['step']})"
+                f"    {stage:<12} loss {points[0]['value']:.3f} (step {points[0]['step']}) → "
+                f"{points[-1]['value']:.3f} (step {points[-1]['step']})"
+            )
+        rewards = run(
+            ["ito", "runs", "metrics", created["run_id"], "--name", "reward_mean"],
+            agent,
+            show=False,
+        )["points"]
+        if rewards:
+            tenth = max(1, len(rewards) // 10)
+            curve = [
+                sum(p["value"] for p in rewards[i : i + tenth]) / len(rewards[i : i + tenth])
+                for i in range(0, len(rewards), tenth)
+            ]
+            print(
+                "    rlvr reward (mean per tenth of the stage): "
+                + " ".join(f"{r:.2f}" for r in curve)
             )
 
         step("7. Checkpoints and telemetry")
