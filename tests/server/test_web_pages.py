@@ -19,8 +19,8 @@ from pydantic import SecretStr
 from ito.core.manifest import manifest_summary, parse_manifest
 from ito.recipes import build_recipe
 from ito.server.app import create_app
-from ito.server.services.approvals import approval_figures
 from ito.server.services.accounts import create_account
+from ito.server.services.approvals import approval_figures
 from ito.server.services.users import create_user, hash_password
 from ito.server.settings import ServerSettings
 from ito.server.store.db import Database, migrate
