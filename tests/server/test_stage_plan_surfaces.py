@@ -180,3 +180,34 @@ def test_the_run_carries_its_plan_and_every_surface_shows_exactly_its_stages(
     assert last["to_state"] == "gate_failed"
     assert last["data"]["stages_completed"] == ["data_prep", "pretrain"]
     assert "data_prep, pretrain" in last["message"] and "long_context" not in last["message"]
+
+
+def test_a_run_created_before_plans_were_stored_still_shows_only_what_could_run(
+    tenant: Tenant,
+) -> None:
+    """Runs created before the stage plan was stored have an estimate whose stages came from
+    the manifest (post-training among them, which no engine of theirs ran): they still show,
+    their plan rebuilt from those stages without the post-training ones."""
+    from ito.server.store.db import Database
+    from ito.server.store.tables import Run
+
+    run_id = tenant.train(tenant.manifest(), "legacy-plan")
+    db = Database(tenant.server.database_url)
+    try:
+        with db.write() as session:
+            run = session.get(Run, run_id)
+            assert run is not None
+            old = {k: v for k, v in run.estimate.items() if k != "stage_plan"}
+            old["stages"] = [
+                *old["stages"],
+                {"stage": "sft", "tokens": 4000, "seq_len": 256, "flops": 1.0, "seconds": 61.0},
+            ]
+            run.estimate = old
+    finally:
+        db.dispose()
+    shown = tenant.ito("runs", "show", run_id).data
+    assert shown["stage_plan"]["exact"] is False
+    assert [s["name"] for s in shown["stage_plan"]["stages"]] == STAGES
+    assert [r["name"] for r in shown["progress"]] == STAGES
+    listed = tenant.ito("runs", "list").data["runs"]
+    assert [s["name"] for s in listed[0]["stage_plan"]["stages"]] == STAGES
