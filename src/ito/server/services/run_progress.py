@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 __all__ = ["run_progress", "stages_completed"]
 
 _STAGE_EVENTS = (
-    select(RunEvent.data)
-    .where(RunEvent.run_id == bindparam("run_id"), RunEvent.kind == "stage")
+    select(RunEvent.kind, RunEvent.data)
+    .where(RunEvent.run_id == bindparam("run_id"), RunEvent.kind.in_(("stage", "gate")))
     .order_by(RunEvent.id)
 )
 _LAST_STEPS = (
@@ -40,13 +40,15 @@ _LAST_STEP_SECONDS = (
 
 
 def _stage_events(session: Session | Connection, run_id: str) -> tuple[set[str], list[str]]:
+    """The stages that started (or reached their gate: the ladder reports only its gate) and
+    the stages that completed, in order."""
     started: set[str] = set()
     completed: list[str] = []
-    for (data,) in session.execute(_STAGE_EVENTS, {"run_id": run_id}):
+    for kind, data in session.execute(_STAGE_EVENTS, {"run_id": run_id}):
         name, status = (data or {}).get("stage"), (data or {}).get("status")
         if not isinstance(name, str):
             continue
-        if status == "started":
+        if status == "started" or kind == "gate":
             started.add(name)
         elif status == "completed" and name not in completed:
             completed.append(name)
