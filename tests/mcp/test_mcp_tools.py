@@ -413,6 +413,14 @@ def test_confirm_then_human_approval_then_train_gives_one_run_found_by_its_key(
     assert out["status"].data["run_id"] == run_id
     assert [r["run_id"] for r in out["runs"].data["runs"]] == [run_id]
     assert out["one"].data["run_id"] == run_id
+    # The run's stored stage plan and each stage's progress, the same as every other surface.
+    plan = [s["name"] for s in out["one"].data["stage_plan"]["stages"]]
+    assert plan == [
+        "data_prep",
+        *(s["stage"] for s in json.loads(manifest.read_bytes())["curriculum"]),
+    ]
+    assert [r["name"] for r in out["one"].data["progress"]] == plan
+    assert {r["status"] for r in out["one"].data["progress"]} == {"pending"}
     assert tenant.counts()["runs"] == 1
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -19,6 +20,7 @@ from ito.core.manifest import manifest_summary, parse_manifest
 from ito.recipes import build_recipe
 from ito.server.app import create_app
 from ito.server.services.accounts import create_account
+from ito.server.services.approvals import approval_figures
 from ito.server.services.users import create_user, hash_password
 from ito.server.settings import ServerSettings
 from ito.server.store.db import Database, migrate
@@ -36,6 +38,24 @@ from tests.server.web_browser import (
 from tests.support import Server, Tenant
 
 pytestmark = pytest.mark.slow
+
+
+def _utc(iso: str) -> str:
+    """An ISO instant as the pages show it: UTC, to the second."""
+    return datetime.fromisoformat(iso).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _figures(estimate: dict[str, float]) -> dict[str, object]:
+    now = datetime.now(UTC)
+    return approval_figures(
+        estimate,
+        cost_bound_usd=1.0,
+        created_at=now,
+        expires_at=now + timedelta(minutes=15),
+        decided_at=None,
+        booking=None,
+        now=now,
+    )
 
 
 def confirm(tenant: Tenant, manifest: Path, key: str = "requester") -> str:
@@ -207,20 +227,40 @@ def test_confirmation_page_shows_the_bindings_and_approving_there_lets_the_run_s
         f"{booking['nodes']} node(s) × {booking['gpus_per_node']} GPU(s)",
         booking["region"],
         booking["fabric"],
-        booking["term_start"],
-        booking["term_end"],
+        _utc(booking["term_start"]),
+        _utc(booking["term_end"]),
         details["manifest_id"],
         summary["name"],
-        f"{details['cost_usd']:.2f} USD",
         device_principal,
-        details["expires_at"],
+        _utc(details["expires_at"]),
         "pending",
         "Approve",
         "Reject",
     ]:
         assert expected in html, expected
+    # A decision, not a dump: no raw key: value lines, no ISO instants with microseconds.
+    estimate = details["details"]["estimate"]
+    assert "within_ceiling" not in html and "seconds:" not in html
+    assert details["expires_at"] not in html and booking["term_start"] not in html
+    assert not re.search(r"\d{2}:\d{2}:\d{2}\.\d", html)
+    # The cost with its unit, against the ceiling and the bound approved.
+    assert (
+        f'<strong class="cost">${estimate["cost_usd"]:.2f} of '
+        f"${estimate['ceiling_usd']:.2f} ceiling</strong>" in html
+    )
+    assert f'<strong class="bound">${details["cost_usd"]:.2f}</strong>' in html
+    # The expiry counted down beside the exact time (a fresh confirmation: 15 minutes).
+    assert re.search(r'class="expires-in">expires in 1[45] min</strong>', html)
+    # Exactly the stages of the run's plan, each with a human duration.
+    plan = estimate["stage_plan"]["stages"]
+    rows = re.findall(r'<tr class="stage"><td><strong>([a-z_]+)</strong>', html)
+    assert rows == [stage["name"] for stage in plan] and "sft" not in rows
+    durations = re.findall(r'<td class="duration">([^<]+)</td>', html)
+    assert durations and all(
+        re.fullmatch(r"\d+ (s|min( \d+ s)?|h( \d+ min)?)", d) for d in durations
+    )
     # The layout and predicted MFU of the plan the run would carry, not its raw document.
-    planned = details["details"]["estimate"]["parallelism"]["plan"]
+    planned = estimate["parallelism"]["plan"]
     assert 'id="parallelism"' in html
     assert "dp_shard=2" in html and "tp=1" in html
     assert f'predicted MFU <strong class="mfu">{planned["predicted"]["mfu"] * 100:.1f} %' in html
@@ -409,6 +449,7 @@ def test_a_confirmation_stored_before_plans_were_kept_still_renders_without_a_la
         "created_at": "then",
         "expires_at": "later",
     }
+    estimate = {"cost_usd": 0.5, "ceiling_usd": 5.0}
     page = render(
         "confirmation.html",
         c=confirmation,
@@ -417,12 +458,13 @@ def test_a_confirmation_stored_before_plans_were_kept_still_renders_without_a_la
         run=None,
         checkpoint_step=None,
         summary=None,
-        estimate={"cost_usd": 0.5, "ceiling_usd": 5.0},
+        estimate=estimate,
+        figures=_figures(estimate),
         requester={"id": "prn_1", "name": "agent"},
     )
     html = bytes(page.body).decode()
-    assert page.status_code == 200 and "cost_usd: 0.5" in html
-    assert 'id="parallelism"' not in html
+    assert page.status_code == 200 and "$0.50 of $5.00 ceiling" in html
+    assert 'id="parallelism"' not in html and 'id="stages"' not in html
 
 
 @pytest.mark.parametrize("named", [True, False])
@@ -450,6 +492,7 @@ def test_the_confirmation_page_says_which_tokenizer_the_run_trains_with(named: b
         checkpoint_step=None,
         summary=summary,
         estimate={"cost_usd": 0.5, "ceiling_usd": 5.0},
+        figures=_figures({"cost_usd": 0.5, "ceiling_usd": 5.0}),
         requester={"id": "prn_1", "name": "agent"},
     )
     html = bytes(page.body).decode()

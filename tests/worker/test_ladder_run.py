@@ -47,6 +47,18 @@ def test_noise_as_custom_data_is_rejected_before_the_run_trains(
     assert not [s for s in stages if s[0] in ("pretrain", "midtrain", "long_context")]
     (decision_event,) = [e for e in final["events"] if e["kind"] == "gate"]
     assert decision_event["data"]["ladder"]["custom_data"] == ["custom"]
+    # Every surface: the ladder ran and stopped the run, no curriculum stage ran, and the
+    # final event names only data preparation as completed.
+    statuses = {r["name"]: r["status"] for r in final["progress"]}
+    assert statuses == {
+        "data_prep": "done",
+        "ladder": "stopped",
+        "pretrain": "not_run",
+        "midtrain": "not_run",
+        "long_context": "not_run",
+    }
+    ended = next(e for e in final["events"] if e["to_state"] == "gate_failed")
+    assert ended["data"]["stages_completed"] == ["data_prep"]
 
     served = tenant.ito("runs", "gates", run_id).data
     assert served["ladder"]["passed"] is False
@@ -73,6 +85,10 @@ def test_custom_data_that_helps_the_battery_passes_and_the_run_trains(
     kinds = [(e["kind"], e["data"].get("stage"), e["data"].get("status")) for e in final["events"]]
     order = [k[1] for k in kinds if k[0] == "stage" and k[2] == "completed"]
     assert order == ["data_prep", "ladder", "pretrain", "midtrain", "long_context"]
+    assert [s["name"] for s in final["stage_plan"]["stages"]] == order
+    assert {r["status"] for r in final["progress"]} == {"done"}
+    ended = next(e for e in final["events"] if e["to_state"] == "succeeded")
+    assert ended["data"]["stages_completed"] == order
 
     served = tenant.ito("runs", "gates", run_id).data
     assert served["ladder"]["passed"] is True

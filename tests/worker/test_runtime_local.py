@@ -113,6 +113,25 @@ def _long_manifest(t: Tenant, name: str) -> Path:
     return path
 
 
+def _ran_exactly_its_plan(t: Tenant, run_id: str, final: dict[str, Any]) -> None:
+    """The engine took exactly the steps the run's stored plan says, stage by stage (the
+    plan counts them on the layout gate 5 planned); every stage is done, and the final event
+    names them all."""
+    plan = final["stage_plan"]
+    losses = t.ito("runs", "metrics", run_id, "--name", "loss").data["points"]
+    last: dict[str, int] = {}
+    for point in losses:
+        last[point["stage"]] = max(last.get(point["stage"], 0), point["step"])
+    trained = [s for s in plan["stages"] if s["steps"] is not None]
+    assert trained and set(last) == {s["name"] for s in trained}
+    for stage in trained:
+        assert last[stage["name"]] == stage["first_step"] + stage["steps"], stage
+    assert [r["name"] for r in final["progress"]] == [s["name"] for s in plan["stages"]]
+    assert {r["status"] for r in final["progress"]} == {"done"}
+    ended = next(e for e in final["events"] if e["to_state"] == "succeeded")
+    assert ended["data"]["stages_completed"] == [s["name"] for s in plan["stages"]]
+
+
 def _processes_of(run_id: str) -> list[str]:
     out = subprocess.run(["pgrep", "-af", run_id], capture_output=True, text=True, check=False)
     return [line for line in out.stdout.splitlines() if "pgrep" not in line]
@@ -137,6 +156,7 @@ def test_pinned_tensor_parallelism_is_planned_carried_and_built_by_the_engine(
     meshes = [e["data"] for e in final["events"] if e["kind"] == "mesh"]
     assert meshes and all(m["planned"] is True for m in meshes)
     assert all(m["dims"]["tp"] == 2 and m["dims"]["dp_shard"] == 1 for m in meshes)
+    _ran_exactly_its_plan(t, run_id, final)
 
 
 def test_a_confirmed_run_trains_to_succeeded_through_the_in_process_worker(
@@ -156,6 +176,7 @@ def test_a_confirmed_run_trains_to_succeeded_through_the_in_process_worker(
     # The layout the engine built is on the run's record, once per training stage.
     meshes = [e["data"] for e in final["events"] if e["kind"] == "mesh"]
     assert meshes and all(m["device"] == "cpu" and m["planned"] is False for m in meshes)
+    _ran_exactly_its_plan(t, run_id, final)
 
     losses = t.ito("runs", "metrics", run_id, "--name", "loss").data["points"]
     assert len(losses) >= 5

@@ -427,8 +427,10 @@ def runs_list(
 
 @runs_app.command("show")
 def runs_show(run: str) -> None:
-    """One run with its state events."""
-    Output.finish(_ops().runs(run))
+    """One run: its state, each stage of its plan with its progress, its events."""
+    from ito.client.run_display import render_run
+
+    Output.finish(_ops().runs(run), render_run)
 
 
 @runs_app.command("logs")

@@ -13,8 +13,9 @@ import time
 from typing import Any
 
 from ito.client.operations import Envelope, Operations
+from ito.client.run_display import stage_detail
 from ito.core.envelope import ok_envelope
-from ito.core.run_views import LogPage, MetricPage, RunView
+from ito.core.run_views import LogPage, RunView
 
 __all__ = ["follow_logs", "watch_run"]
 
@@ -51,6 +52,9 @@ def follow_logs(
 
 
 def watch_run(ops: Operations, run: str, *, interval: float, json_mode: bool) -> Envelope:
+    """Poll the run until it ends. Every change of state, stage or a stage's progress is one
+    envelope (``--json``: ``state``, ``stage``, ``step`` — the running stage's step inside it —
+    and ``progress``, each stage of the run's plan) or a redraw of the bars."""
     last: tuple[Any, ...] | None = None
     progress = None if json_mode else _Progress()
     try:
@@ -59,49 +63,39 @@ def watch_run(ops: Operations, run: str, *, interval: float, json_mode: bool) ->
             if not status["ok"]:
                 return status
             data = status["data"]
-            step = _latest_step(ops, run)
-            key = (data["state"], data["stage"], step)
+            rows: list[dict[str, Any]] = data.get("progress") or []
+            view = {
+                "run_id": run,
+                "state": data["state"],
+                "stage": data["stage"],
+                "step": _current_step(rows, data["stage"]),
+                "progress": rows,
+            }
+            key = (data["state"], data["stage"], json.dumps(rows, sort_keys=True))
             if key != last:
                 last = key
                 if json_mode:
-                    sys.stdout.write(
-                        json.dumps(
-                            ok_envelope(
-                                {
-                                    "run_id": run,
-                                    "state": data["state"],
-                                    "stage": data["stage"],
-                                    "step": step,
-                                },
-                                f"run is {data['state']}",
-                            )
-                        )
-                        + "\n"
-                    )
+                    sys.stdout.write(json.dumps(ok_envelope(view, f"run is {data['state']}")))
+                    sys.stdout.write("\n")
                     sys.stdout.flush()
                 elif progress is not None:
-                    progress.update(data, step)
+                    progress.update(rows)
             if data["state"] in TERMINAL:
-                return ok_envelope(
-                    {"run_id": run, "state": data["state"], "stage": data["stage"], "step": step},
-                    f"the run ended: {data['state']}",
-                )
+                return ok_envelope(view, f"the run ended: {data['state']}")
             time.sleep(interval)
     finally:
         if progress is not None:
             progress.close()
 
 
-def _latest_step(ops: Operations, run: str) -> int | None:
-    answer = ops.metrics(run, name="loss")
-    if not answer["ok"]:
-        return None
-    points = MetricPage.model_validate(answer["data"]).points
-    return points[-1].step if points else None
+def _current_step(rows: list[dict[str, Any]], stage: str | None) -> int | None:
+    row = next((r for r in rows if r["name"] == stage), None)
+    return None if row is None else row.get("step")
 
 
 class _Progress:
-    """Rich progress bars, one per stage, for a human at a terminal."""
+    """Rich progress bars for a human at a terminal: one per stage of the run's stored plan,
+    filled by the steps taken inside it (a stage without steps fills when done)."""
 
     def __init__(self) -> None:
         from rich.progress import BarColumn, Progress, TextColumn
@@ -112,21 +106,21 @@ class _Progress:
         self.progress.start()
         self.tasks: dict[str, Any] = {}
 
-    def update(self, data: dict[str, Any], step: int | None) -> None:
-        stage = data["stage"] or "queued"
-        stages = [s["stage"] for s in data.get("estimate", {}).get("stages", [])] or [stage]
-        for name in stages:
+    def update(self, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            name = str(row["name"])
+            total = row.get("steps") or 1
             if name not in self.tasks:
-                self.tasks[name] = self.progress.add_task(name, total=1, detail="")
-        task = self.tasks.get(stage)
-        if task is not None:
-            self.progress.update(task, detail=f"{data['state']} step {step or 0}")
-        if stage in stages:
-            for name in stages[: stages.index(stage)]:
-                self.progress.update(self.tasks[name], completed=1, detail="done")
-        if data["state"] == "succeeded":
-            for task_id in self.tasks.values():
-                self.progress.update(task_id, completed=1, detail="done")
+                self.tasks[name] = self.progress.add_task(name, total=total, detail="")
+            if row["status"] == "done":
+                completed = total
+            elif row.get("steps"):
+                completed = row.get("step") or 0
+            else:
+                completed = 0
+            self.progress.update(
+                self.tasks[name], total=total, completed=completed, detail=stage_detail(row)
+            )
 
     def close(self) -> None:
         self.progress.stop()

@@ -135,9 +135,17 @@ class ChecksRefused(_View):
 
 
 class StagePlan(_View):
+    """One stage the run would execute (:class:`ito.core.stage_plan.PlannedStage`)."""
+
     stage: str
+    kind: Literal["data_prep", "ladder", "curriculum", "post_training"]
+    steps: int | None
+    """Optimizer steps, counted as the engine counts them on the planned layout; ``None`` for
+    work not counted in steps."""
     tokens: int
+    tokens_per_step: int
     seq_len: int
+    battery: str | None
     estimated_seconds: float
 
 

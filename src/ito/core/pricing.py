@@ -13,37 +13,40 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ito.core.hardware import ACCELERATORS
-from ito.core.ladder import ladder_plan, proxy_size
 from ito.core.manifest import Manifest
-from ito.core.model_sizes import SIZES
+from ito.core.stage_plan import (
+    STAGE_OVERHEAD_SECONDS,
+    PlannedStage,
+    StagePlan,
+    build_stage_plan,
+    sequences_per_step,
+)
 
-__all__ = ["CostEstimate", "StageEstimate", "estimate_cost"]
-
-STAGE_OVERHEAD_SECONDS = 60.0
-"""Fixed time per stage for evals, checkpoint commits and process start-up."""
-DATA_PREP_SECONDS = 60.0
-
-# Work multipliers relative to plain next-token training on the same tokens.
-# DPO runs the policy forward+backward and a frozen reference forward (6N + 2N per token).
-DPO_FACTOR = 8.0 / 6.0
-# GRPO: rollouts generate every token (2N) and are trained on (6N) with a reference (2N).
-RLVR_FACTOR = 10.0 / 6.0
+__all__ = ["STAGE_OVERHEAD_SECONDS", "CostEstimate", "StageEstimate", "estimate_cost"]
 
 
 @dataclass(frozen=True)
 class StageEstimate:
+    """One priced stage as the estimate's ``stages`` list shows it (kept for readers of runs
+    stored before the stage plan; the plan itself is :attr:`CostEstimate.stage_plan`)."""
+
     stage: str
     tokens: int
     seq_len: int
     flops: float
     seconds: float
 
+    @classmethod
+    def of(cls, stage: PlannedStage) -> StageEstimate:
+        return cls(stage.name, stage.tokens, stage.seq_len, stage.flops, stage.seconds)
+
 
 @dataclass(frozen=True)
 class CostEstimate:
     accelerator: str
     accelerators: int
-    stages: list[StageEstimate]
+    stage_plan: StagePlan
+    """Exactly the stages the run executes (:mod:`ito.core.stage_plan`), what is priced."""
     seconds: float
     gpu_hours: float
     rate_usd_per_gpu_hour: float
@@ -53,6 +56,10 @@ class CostEstimate:
     parallelism: dict[str, Any] | None = None
     """The run's accepted parallelism plan (:meth:`ito.core.run_plan.RunPlan.to_dict`), set by
     gate 5; stored with the estimate so the run carries it to its engine."""
+
+    @property
+    def stages(self) -> list[StageEstimate]:
+        return [StageEstimate.of(stage) for stage in self.stage_plan.stages]
 
     @property
     def within_ceiling(self) -> bool:
@@ -67,11 +74,12 @@ class CostEstimate:
         ``dataclasses.asdict``, which deep-copies the (already plain) parallelism plan: on the
         create path that copy cost more than every database statement together."""
         data: dict[str, Any] = {
-            f.name: getattr(self, f.name) for f in fields(self) if f.name != "stages"
+            f.name: getattr(self, f.name) for f in fields(self) if f.name != "stage_plan"
         }
         data["stages"] = [
             {f.name: getattr(stage, f.name) for f in fields(stage)} for stage in self.stages
         ]
+        data["stage_plan"] = self.stage_plan.model_dump()
         if self.parallelism is None:
             del data["parallelism"]
         data["within_ceiling"] = self.within_ceiling
@@ -86,71 +94,28 @@ def estimate_cost(
     nodes: int,
     gpus_per_node: int,
     rate_usd_per_gpu_hour: float,
+    sequences_per_step: int | None = None,
 ) -> CostEstimate:
+    """The run's stage plan, priced. ``sequences_per_step``: what one optimizer step of the
+    planned layout trains on (:func:`ito.core.stage_plan.sequences_per_step`); ``None``: the
+    engine's default layout on the booked accelerators."""
     accel = ACCELERATORS[accelerator]
     count = nodes * gpus_per_node
     throughput = count * accel.peak_bf16_flops * accel.assumed_mfu
-    size = SIZES[manifest.model.size]
-    last_seq = manifest.curriculum[-1].seq_len
-
-    stages: list[StageEstimate] = []
-
-    def add(stage: str, tokens: int, seq_len: int, flops: float) -> None:
-        stages.append(
-            StageEstimate(
-                stage, tokens, seq_len, flops, flops / throughput + STAGE_OVERHEAD_SECONDS
-            )
-        )
-
-    stages.append(StageEstimate("data_prep", 0, 0, 0.0, DATA_PREP_SECONDS))
-    ladder = ladder_plan(manifest) if manifest.ladder.enabled else None
-    if ladder is not None:
-        proxy = proxy_size(manifest)
-        seq = ladder.stage.seq_len
-        # Two proxy runs: the reference mix with and without the custom data (§7.4).
-        add(
-            "ladder",
-            2 * manifest.ladder.tokens,
-            seq,
-            2 * manifest.ladder.tokens * proxy.flops_per_token(seq),
-        )
-    for stage in manifest.curriculum:
-        add(
-            stage.stage,
-            stage.tokens,
-            stage.seq_len,
-            stage.tokens * size.flops_per_token(stage.seq_len),
-        )
-    post = manifest.post_training
-    if post.sft is not None:
-        add(
-            "sft",
-            post.sft.max_tokens,
-            last_seq,
-            post.sft.max_tokens * size.flops_per_token(last_seq),
-        )
-    if post.dpo is not None:
-        add(
-            "dpo",
-            post.dpo.max_tokens,
-            last_seq,
-            post.dpo.max_tokens * size.flops_per_token(last_seq) * DPO_FACTOR,
-        )
-    if post.rlvr is not None:
-        add(
-            "rlvr",
-            post.rlvr.max_tokens,
-            last_seq,
-            post.rlvr.max_tokens * size.flops_per_token(last_seq) * RLVR_FACTOR,
-        )
-
-    seconds = sum(s.seconds for s in stages)
+    stage_plan = build_stage_plan(
+        manifest,
+        throughput_flops=throughput,
+        sequences_per_step=(
+            sequences_per_step if sequences_per_step is not None else _default_step(count)
+        ),
+    )
+    seconds = stage_plan.seconds
     gpu_hours = seconds / 3600.0 * count
     cost = round(gpu_hours * rate_usd_per_gpu_hour, 6)
     return CostEstimate(
         accelerator=accelerator,
         accelerators=count,
-        stages=stages,
+        stage_plan=stage_plan,
         seconds=round(seconds, 3),
         gpu_hours=round(gpu_hours, 6),
         rate_usd_per_gpu_hour=rate_usd_per_gpu_hour,
@@ -158,3 +123,7 @@ def estimate_cost(
         ceiling_usd=manifest.budget.ceiling_usd,
         max_incremental_cost_usd=manifest.budget.max_incremental_cost_usd,
     )
+
+
+def _default_step(accelerators: int) -> int:
+    return sequences_per_step(None, accelerators)

@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from ito.core.stage_plan import StagePlan, StageProgress
+
 __all__ = [
     "CheckpointList",
     "CheckpointView",
@@ -51,6 +53,9 @@ class RunView(_View):
     confirmation_ref: str
     estimate: dict[str, Any]
     """The cost estimate fixed at creation (cost, ceiling, hours)."""
+    stage_plan: StagePlan
+    """Exactly the stages the run executes, fixed at creation (rebuilt from the estimate for a
+    run created before plans were stored: ``exact`` is then false)."""
     checkpoint_uri: str
     failure_code: str | None
     provenance_sha256: str | None = None
@@ -100,6 +105,8 @@ class RunEventView(_View):
 
 
 class RunDetail(RunView):
+    progress: list[StageProgress]
+    """Each stage of :attr:`stage_plan` with its status and progress inside it."""
     events: list[RunEventView]
 
 

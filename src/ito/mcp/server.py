@@ -235,8 +235,9 @@ TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "ito_plan",
         "plan",
-        "What creating the run would do and cost (parallelism plan, "
-        "estimate, gates). Creates nothing.",
+        "What creating the run would do and cost (parallelism plan, the stage plan: exactly "
+        "the stages the run would execute with their steps and durations, estimate, gates). "
+        "Creates nothing.",
         _inputs("PlanArguments", {"booking": _BOOKING, "manifest": _MANIFEST}, {}),
     ),
     ToolSpec(
@@ -299,7 +300,8 @@ TOOLS: tuple[ToolSpec, ...] = (
         "ito_runs",
         "runs",
         "This account's runs, newest first (optionally of one "
-        "booking), or one run with its events.",
+        "booking), or one run with its events, its stored stage plan (exactly the stages it "
+        "executes) and each stage's progress (step / total, tokens, ETA).",
         _inputs(
             "RunsArguments",
             {},

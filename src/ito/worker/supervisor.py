@@ -475,7 +475,8 @@ def _outcome(done: DoneEvent | None, exit_code: int) -> Outcome:
     if done is not None and done.status in ("succeeded", "gate_failed"):
         status = done.status
         if status == "succeeded":
-            return Outcome(status, None, "every stage and gate passed")
+            # The server names the stages that ran (their ``completed`` events) in the event.
+            return Outcome(status, None, "every stage of the run's plan passed its gate")
         if done.code == "ladder_rejected":
             return Outcome(
                 status,

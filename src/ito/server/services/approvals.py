@@ -5,6 +5,7 @@ answers ``confirmation_not_found``."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -12,11 +13,19 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ito.core.errors import ItoError
+from ito.core.human_format import duration, expires_in, token_count, usd, utc_instant
+from ito.core.stage_plan import StagePlan
 from ito.server.services.bookings import booking_dict, get_booking
 from ito.server.services.confirmations import confirmation_dict, get_confirmation
-from ito.server.store.tables import Account, Confirmation, Principal
+from ito.server.store.tables import Account, Confirmation, Principal, utcnow
 
-__all__ = ["account_view", "confirmation_view", "pending_confirmations", "run_confirmations"]
+__all__ = [
+    "account_view",
+    "approval_figures",
+    "confirmation_view",
+    "pending_confirmations",
+    "run_confirmations",
+]
 
 
 def account_view(session: Session, account_id: str) -> dict[str, str]:
@@ -81,6 +90,15 @@ def confirmation_view(
             booking = details.get("booking")
     requester = session.get(Principal, confirmation.requester_id)
     return {
+        "figures": approval_figures(
+            details.get("estimate"),
+            cost_bound_usd=confirmation.cost_usd,
+            created_at=confirmation.created_at,
+            expires_at=confirmation.expires_at,
+            decided_at=confirmation.decided_at,
+            booking=booking,
+            now=utcnow(),
+        ),
         "c": confirmation_dict(confirmation, public_url),
         "booking": booking,
         "run": details.get("run"),
@@ -92,3 +110,71 @@ def confirmation_view(
             "name": requester.name if requester else "(unknown)",
         },
     }
+
+
+def approval_figures(
+    estimate: Mapping[str, Any] | None,
+    *,
+    cost_bound_usd: float,
+    created_at: datetime,
+    expires_at: datetime,
+    decided_at: datetime | None,
+    booking: Mapping[str, Any] | None,
+    now: datetime,
+) -> dict[str, Any]:
+    """What the approval page shows, as a person reads it: instants in UTC to the second with
+    "expires in 14 min" beside the exact time, the cost with its unit against the ceiling and
+    the cost bound, and the stages the run executes with their durations (DESIGN §5.5, §8)."""
+    figures: dict[str, Any] = {
+        "created": utc_instant(created_at),
+        "expires": utc_instant(expires_at),
+        "expires_in": expires_in(expires_at, now),
+        "decided": utc_instant(decided_at) if decided_at is not None else None,
+        "cost_bound": usd(cost_bound_usd),
+        "term": None,
+        "cost": None,
+        "stages": [],
+    }
+    if booking and booking.get("term_start") and booking.get("term_end"):
+        figures["term"] = f"{_instant(booking['term_start'])} → {_instant(booking['term_end'])}"
+    if not estimate or "cost_usd" not in estimate:
+        return figures
+    cost = float(estimate["cost_usd"])
+    ceiling = float(estimate.get("ceiling_usd", 0.0))
+    figures["cost"] = {
+        "estimate": usd(cost),
+        "ceiling": usd(ceiling),
+        "within_ceiling": cost <= ceiling,
+        "max_incremental": usd(float(estimate.get("max_incremental_cost_usd", 0.0))),
+        "within_incremental": bool(estimate.get("within_incremental", True)),
+        "within_bound": cost <= cost_bound_usd + 1e-9,
+        "duration": duration(float(estimate.get("seconds", 0.0))),
+        "gpu_hours": f"{float(estimate.get('gpu_hours', 0.0)):.3g}",
+        "rate": usd(float(estimate.get("rate_usd_per_gpu_hour", 0.0))),
+        "accelerators": estimate.get("accelerators"),
+        "accelerator": str(estimate.get("accelerator", "")).upper(),
+    }
+    stored = estimate.get("stage_plan")
+    if isinstance(stored, Mapping):
+        plan = StagePlan.model_validate(stored)
+        figures["stages"] = [
+            {
+                "name": stage.name,
+                "kind": stage.kind.replace("_", " "),
+                "steps": stage.steps,
+                "tokens": token_count(stage.tokens) if stage.tokens else None,
+                "seq_len": stage.seq_len or None,
+                "battery": stage.battery,
+                "duration": duration(stage.seconds),
+            }
+            for stage in plan.stages
+        ]
+    return figures
+
+
+def _instant(value: object) -> str:
+    """An ISO instant as the page shows it; anything else as it is."""
+    try:
+        return utc_instant(datetime.fromisoformat(str(value)))
+    except ValueError:
+        return str(value)

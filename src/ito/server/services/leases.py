@@ -32,6 +32,7 @@ from ito.core.pipeline_events import (
 from ito.core.states import RunState
 from ito.server.services.bookings import booking_view
 from ito.server.services.credentials import AuthContext
+from ito.server.services.run_progress import stages_completed
 from ito.server.services.runs import record_event, transition_run
 from ito.server.store.runtime_tables import CheckpointRow, RunLease, RunLog, RunMetric
 from ito.server.store.tables import Booking, ManifestRow, Run, utcnow
@@ -495,13 +496,17 @@ def finish_run(
     lease.updated_at = now
     if run.state == RunState.cancelling.value and target is not RunState.cancelled:
         target = RunState.cancelled
+    # The final event names what ran: the stages whose ``completed`` events came, over every
+    # attempt (DESIGN §5.9) — never the plan's or the estimate's list.
+    ran = stages_completed(session, run.id)
+    reason = message[:400] + (f" (ran: {', '.join(ran)})" if ran else " (no stage completed)")
     transition_run(
         session,
         run,
         target,
-        reason=message[:500],
+        reason=reason,
         failure_code=failure_code,
-        data={"attempt": attempt},
+        data={"attempt": attempt, "stages_completed": ran},
     )
     lease.lease_expires_at = None
     lease.worker_principal_id = None

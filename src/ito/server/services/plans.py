@@ -11,13 +11,14 @@ from ito.core.errors import ItoError
 from ito.core.gates import check_resources, eligibility_record
 from ito.core.manifest import manifest_digest, manifest_summary
 from ito.core.planner import PlanRefused
-from ito.core.pricing import estimate_cost
+from ito.core.pricing import CostEstimate, estimate_cost
 from ito.core.run_plan import RunPlan, plan_run_parallelism
+from ito.core.stage_plan import PlannedStage, sequences_per_step
 from ito.server.services.bookings import booking_view, get_booking
 from ito.server.services.manifest_cache import parsed_manifest
 from ito.server.store.tables import utcnow
 
-__all__ = ["plan_run"]
+__all__ = ["plan_run", "plan_stage_dict"]
 
 
 def plan_run(session: Session, account_id: str, booking_id: str, raw: bytes) -> dict[str, Any]:
@@ -40,6 +41,7 @@ def plan_run(session: Session, account_id: str, booking_id: str, raw: bytes) -> 
 
     checks: dict[str, Any]
     run_plan: RunPlan | None = None
+    estimate: CostEstimate | None = None
     try:
         result = check_resources(manifest, view, now)
         estimate, run_plan = result.estimate, result.plan
@@ -49,13 +51,6 @@ def plan_run(session: Session, account_id: str, booking_id: str, raw: bytes) -> 
             "checkpoint_bytes_reserved": result.checkpoint_bytes,
         }
     except ItoError as exc:
-        estimate = estimate_cost(
-            manifest,
-            accelerator=view.gpu,
-            nodes=view.nodes,
-            gpus_per_node=view.gpus_per_node,
-            rate_usd_per_gpu_hour=view.rate_usd_per_gpu_hour,
-        )
         checks = {"ok": False, "error": exc.to_error_body()}
         refusals.append(exc.to_error_body())
 
@@ -74,19 +69,23 @@ def plan_run(session: Session, account_id: str, booking_id: str, raw: bytes) -> 
         parallelism = {"ok": True} | run_plan.to_dict()
     except PlanRefused as refused:
         parallelism = {"ok": False, "error": refused.to_error_body()}
+    if estimate is None:
+        accelerators = view.nodes * view.gpus_per_node
+        estimate = estimate_cost(
+            manifest,
+            accelerator=view.gpu,
+            nodes=view.nodes,
+            gpus_per_node=view.gpus_per_node,
+            rate_usd_per_gpu_hour=view.rate_usd_per_gpu_hour,
+            sequences_per_step=sequences_per_step(
+                run_plan.plan if run_plan is not None else None, accelerators
+            ),
+        )
 
     # Post-training stages, which this version does not run, are refused above (gate 5's
     # capability check), not warned about: nothing is planned or priced that will not run.
     warnings: list[dict[str, Any]] = []
-    stages = [
-        {
-            "stage": s.stage,
-            "tokens": s.tokens,
-            "seq_len": s.seq_len,
-            "estimated_seconds": round(s.seconds, 1),
-        }
-        for s in estimate.stages
-    ]
+    stages = [plan_stage_dict(s) for s in estimate.stage_plan.stages]
     return {
         "ready": not refusals,
         "booking_id": booking.id,
@@ -97,7 +96,26 @@ def plan_run(session: Session, account_id: str, booking_id: str, raw: bytes) -> 
         "checks": checks,
         "parallelism": parallelism,
         "stage_plan": stages,
-        "cost": {k: v for k, v in estimate.to_dict().items() if k not in ("stages", "parallelism")},
+        "cost": {
+            k: v
+            for k, v in estimate.to_dict().items()
+            if k not in ("stages", "stage_plan", "parallelism")
+        },
         "refusals": refusals,
         "warnings": warnings,
+    }
+
+
+def plan_stage_dict(stage: PlannedStage) -> dict[str, Any]:
+    """A stage of the plan as ``ito plan`` (:class:`ito.core.manifest_views.StagePlan`)
+    answers it."""
+    return {
+        "stage": stage.name,
+        "kind": stage.kind,
+        "steps": stage.steps,
+        "tokens": stage.tokens,
+        "tokens_per_step": stage.tokens_per_step,
+        "seq_len": stage.seq_len,
+        "battery": stage.battery,
+        "estimated_seconds": round(stage.seconds, 1),
     }

@@ -27,6 +27,7 @@ from ito.core.gates import (
     validate_idempotency_key,
 )
 from ito.core.manifest import Manifest, manifest_digest
+from ito.core.stage_plan import stored_stage_plan
 from ito.core.states import ConfirmationAction, RunState, check_transition
 from ito.server.ids import new_id
 from ito.server.services.bookings import booking_view, get_booking
@@ -45,6 +46,7 @@ from ito.server.services.idempotency import (
 )
 from ito.server.services.manifest_cache import cached_manifest, parsed_manifest
 from ito.server.services.manifests import find_manifest, store_manifest
+from ito.server.services.run_progress import run_progress
 from ito.server.store.db import Database
 from ito.server.store.tables import (
     Booking,
@@ -619,13 +621,15 @@ def _events_of(session: Session, run: Run, *, after: int = 0, limit: int = 200) 
 
 
 def run_status(session: Session | Connection, account_id: str, run_id: str) -> dict[str, Any]:
-    """A run and its first page of events: two indexed queries, answered as plain rows (call
-    it inside one read transaction, :meth:`ito.server.store.db.Database.read_rows`)."""
+    """A run, each stage's progress and its first page of events: indexed queries, answered
+    as plain rows (call it inside one read transaction,
+    :meth:`ito.server.store.db.Database.read_rows`)."""
     params = {"run_id": run_id, "account_id": account_id}
     run = session.execute(_RUN_ROW, params).first()
     if run is None:
         raise ItoError("run_not_found")
     data = run_dict(run)
+    data["progress"] = run_progress(session, run)
     data["events"] = [event_dict(e) for e in session.execute(_EVENT_ROWS, params)]
     return data
 
@@ -642,6 +646,7 @@ def run_dict(run: Run | Row[Any]) -> dict[str, Any]:
         "terminal": RunState(run.state).is_terminal(),
         "confirmation_ref": run.confirmation_id,
         "estimate": run.estimate,
+        "stage_plan": stored_stage_plan(run.estimate).model_dump(),
         "checkpoint_uri": run.checkpoint_uri,
         "failure_code": run.failure_code,
         "provenance_sha256": run.provenance_sha256,

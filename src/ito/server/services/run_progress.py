@@ -1,0 +1,78 @@
+"""What a run has done of its stored stage plan (:mod:`ito.core.stage_plan`): the stage events
+and the latest step of each stage, read in the caller's read transaction and turned into each
+stage's progress (step / total, tokens, ETA) by :func:`ito.core.stage_plan.stage_progress`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import bindparam, func, select
+
+from ito.core.stage_plan import stage_progress, stored_stage_plan
+from ito.core.states import RunState
+from ito.server.store.runtime_tables import RunMetric
+from ito.server.store.tables import RunEvent
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection, Row
+    from sqlalchemy.orm import Session
+
+    from ito.server.store.tables import Run
+
+__all__ = ["run_progress", "stages_completed"]
+
+_STAGE_EVENTS = (
+    select(RunEvent.kind, RunEvent.data)
+    .where(RunEvent.run_id == bindparam("run_id"), RunEvent.kind.in_(("stage", "gate")))
+    .order_by(RunEvent.id)
+)
+_LAST_STEPS = (
+    select(RunMetric.stage, func.max(RunMetric.step))
+    .where(RunMetric.run_id == bindparam("run_id"), RunMetric.name == "loss")
+    .group_by(RunMetric.stage)
+)
+_LAST_STEP_SECONDS = (
+    select(RunMetric.value)
+    .where(RunMetric.run_id == bindparam("run_id"), RunMetric.name == "step_seconds")
+    .order_by(RunMetric.id.desc())
+    .limit(1)
+)
+
+
+def _stage_events(session: Session | Connection, run_id: str) -> tuple[set[str], list[str]]:
+    """The stages that started (or reached their gate: the ladder reports only its gate) and
+    the stages that completed, in order."""
+    started: set[str] = set()
+    completed: list[str] = []
+    for kind, data in session.execute(_STAGE_EVENTS, {"run_id": run_id}):
+        name, status = (data or {}).get("stage"), (data or {}).get("status")
+        if not isinstance(name, str):
+            continue
+        if status == "started" or kind == "gate":
+            started.add(name)
+        elif status == "completed" and name not in completed:
+            completed.append(name)
+    return started, completed
+
+
+def stages_completed(session: Session | Connection, run_id: str) -> list[str]:
+    """The stages whose ``completed`` event the run reported, in order."""
+    return _stage_events(session, run_id)[1]
+
+
+def run_progress(session: Session | Connection, run: Run | Row[Any]) -> list[dict[str, Any]]:
+    """Each stage of the run's plan with its status and progress inside it."""
+    plan = stored_stage_plan(run.estimate)
+    started, completed = _stage_events(session, run.id)
+    params = {"run_id": run.id}
+    last_step = {str(stage): int(step) for stage, step in session.execute(_LAST_STEPS, params)}
+    pace = session.execute(_LAST_STEP_SECONDS, params).scalar()
+    rows = stage_progress(
+        plan,
+        terminal=RunState(run.state).is_terminal(),
+        started=started,
+        completed=completed,
+        last_step=last_step,
+        step_seconds=None if pace is None else float(pace),
+    )
+    return [row.model_dump() for row in rows]
