@@ -19,7 +19,7 @@ from ito.core.model_sizes import SIZES
 from ito.core.pricing import CostEstimate, estimate_cost
 from ito.core.run_plan import RunPlan, plan_run_parallelism
 from ito.core.runtime_support import check_runtime_support
-from ito.core.stage_plan import sequences_per_step
+from ito.core.stage_plan import data_parallel, sequences_per_step
 from ito.core.storage import run_checkpoint_uri
 
 __all__ = [
@@ -161,6 +161,7 @@ def check_resources(
         rate_usd_per_gpu_hour=booking.rate_usd_per_gpu_hour,
         # The steps of the stage plan are those of the layout the engine will build.
         sequences_per_step=sequences_per_step(run_plan.plan, accelerators),
+        data_parallel=data_parallel(run_plan.plan, accelerators),
     )
     if now + timedelta(seconds=estimate.seconds) > booking.term_end:
         raise ItoError(

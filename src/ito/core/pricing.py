@@ -95,10 +95,12 @@ def estimate_cost(
     gpus_per_node: int,
     rate_usd_per_gpu_hour: float,
     sequences_per_step: int | None = None,
+    data_parallel: int | None = None,
 ) -> CostEstimate:
-    """The run's stage plan, priced. ``sequences_per_step``: what one optimizer step of the
-    planned layout trains on (:func:`ito.core.stage_plan.sequences_per_step`); ``None``: the
-    engine's default layout on the booked accelerators."""
+    """The run's stage plan, priced. ``sequences_per_step`` and ``data_parallel``: what one
+    optimizer step of the planned layout trains on and over how many data-parallel ranks
+    (:func:`ito.core.stage_plan.sequences_per_step`, :func:`~ito.core.stage_plan.data_parallel`);
+    ``None``: the engine's default layout on the booked accelerators."""
     accel = ACCELERATORS[accelerator]
     count = nodes * gpus_per_node
     throughput = count * accel.peak_bf16_flops * accel.assumed_mfu
@@ -108,6 +110,7 @@ def estimate_cost(
         sequences_per_step=(
             sequences_per_step if sequences_per_step is not None else _default_step(count)
         ),
+        data_parallel=data_parallel if data_parallel is not None else count,
     )
     seconds = stage_plan.seconds
     gpu_hours = seconds / 3600.0 * count

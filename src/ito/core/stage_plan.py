@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from ito.core.ladder import ladder_plan, proxy_size
+from ito.core.manifest import post_stage_seq_len
 from ito.core.model_sizes import SIZES
 from ito.core.run_plan import SEQUENCES_PER_RANK
 
@@ -42,7 +43,9 @@ __all__ = [
     "StageProgress",
     "StageStatus",
     "build_stage_plan",
+    "data_parallel",
     "legacy_stage_plan",
+    "post_step_rows",
     "sequences_per_step",
     "stage_progress",
     "stored_stage_plan",
@@ -119,8 +122,31 @@ def sequences_per_step(plan: Plan | None, accelerators: int) -> int:
     return plan.dp_replicate * plan.dp_shard * per_rank
 
 
+def post_step_rows(stage: str, sequences_per_rank: int, group_size: int = 1) -> int:
+    """Rows of the stage's ``seq_len`` one rank trains on per step: SFT one per sequence slot;
+    DPO two per pair, half as many pairs as slots (at least one); RLVR whole groups of samples
+    (at least one group)."""
+    if stage == "dpo":
+        return 2 * max(1, sequences_per_rank // 2)
+    if stage == "rlvr":
+        return group_size * max(1, sequences_per_rank // group_size)
+    return sequences_per_rank
+
+
+def data_parallel(plan: Plan | None, accelerators: int) -> int:
+    """Data-parallel ranks of the planned layout (without a plan, the engine's default: FSDP
+    over every accelerator)."""
+    if plan is None:
+        return accelerators
+    return plan.dp_replicate * plan.dp_shard
+
+
 def build_stage_plan(
-    manifest: Manifest, *, throughput_flops: float, sequences_per_step: int
+    manifest: Manifest,
+    *,
+    throughput_flops: float,
+    sequences_per_step: int,
+    data_parallel: int,
 ) -> StagePlan:
     """The stages the run executes, in order, priced at ``throughput_flops`` (FLOP/s of every
     booked accelerator together).
@@ -148,9 +174,11 @@ def build_stage_plan(
         flops: float,
         battery: str | None,
         counted: bool = True,
+        rows_per_rank: int | None = None,
     ) -> None:
         nonlocal first
-        per_step = sequences_per_step * seq_len
+        rows = sequences_per_step if rows_per_rank is None else rows_per_rank * data_parallel
+        per_step = rows * seq_len
         steps = max(1, tokens // per_step) if counted else None
         stages.append(
             PlannedStage(
@@ -177,29 +205,34 @@ def build_stage_plan(
     for stage in manifest.curriculum:
         flops = stage.tokens * size.flops_per_token(stage.seq_len)
         add(stage.stage, "curriculum", stage.tokens, stage.seq_len, flops, stage.battery)
-    _post_training(manifest, add)
+    _post_training(manifest, add, max(1, sequences_per_step // data_parallel))
     return StagePlan(sequences_per_step=sequences_per_step, stages=stages)
 
 
-def _post_training(manifest: Manifest, add: Callable[..., None]) -> None:
-    """SFT, DPO and RLVR, as the manifest asks for them, at the curriculum's last sequence
-    length. Gate 5 refuses them today (``capability_unavailable``) while no engine runs them:
-    no run's plan holds one yet."""
+def _post_training(manifest: Manifest, add: Callable[..., None], per_rank: int) -> None:
+    """SFT, DPO and RLVR, as the manifest asks for them, each at its own sequence length with
+    the rows per step the engine trains on (:func:`post_step_rows`). SFT's steps are a bound:
+    its ``epochs`` may end it sooner (the engine's ``stage started`` event says by how much)."""
     size = SIZES[manifest.model.size]
-    last_seq = manifest.curriculum[-1].seq_len
-    per_token = size.flops_per_token(last_seq)
     post = manifest.post_training
     if post.sft is not None:
+        seq = post_stage_seq_len(manifest, post.sft)
         tokens = post.sft.max_tokens
-        add("sft", "post_training", tokens, last_seq, tokens * per_token, post.sft.battery)
+        flops = tokens * size.flops_per_token(seq)
+        rows = post_step_rows("sft", per_rank)
+        add("sft", "post_training", tokens, seq, flops, post.sft.battery, rows_per_rank=rows)
     if post.dpo is not None:
+        seq = post_stage_seq_len(manifest, post.dpo)
         tokens = post.dpo.max_tokens
-        flops = tokens * per_token * DPO_FACTOR
-        add("dpo", "post_training", tokens, last_seq, flops, post.dpo.battery)
+        flops = tokens * size.flops_per_token(seq) * DPO_FACTOR
+        rows = post_step_rows("dpo", per_rank)
+        add("dpo", "post_training", tokens, seq, flops, post.dpo.battery, rows_per_rank=rows)
     if post.rlvr is not None:
+        seq = post_stage_seq_len(manifest, post.rlvr)
         tokens = post.rlvr.max_tokens
-        flops = tokens * per_token * RLVR_FACTOR
-        add("rlvr", "post_training", tokens, last_seq, flops, post.rlvr.battery)
+        flops = tokens * size.flops_per_token(seq) * RLVR_FACTOR
+        rows = post_step_rows("rlvr", per_rank, post.rlvr.group_size)
+        add("rlvr", "post_training", tokens, seq, flops, post.rlvr.battery, rows_per_rank=rows)
 
 
 _LEGACY_KINDS: dict[str, StageKind] = {

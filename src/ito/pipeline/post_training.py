@@ -37,6 +37,7 @@ import torch.distributed as dist
 from ito.core.errors import ItoError
 from ito.core.rewards import overlong_penalty, sample_reward
 from ito.core.rl_batches import DynamicSampler
+from ito.core.stage_plan import post_step_rows
 from ito.pipeline.data import PackedData
 from ito.pipeline.loss import IGNORE_INDEX
 from ito.pipeline.parallelize import set_requires_all_reduce
@@ -72,17 +73,6 @@ LR_SCALE = {"sft": 0.2, "dpo": 0.005, "rlvr": 0.02}
 """Each post-training stage's peak learning rate as a fraction of the model size's
 pre-training peak (the same warmup-then-cosine schedule): fine-tuning moves the weights less
 than pre-training does."""
-
-
-def post_step_rows(stage: str, sequences_per_rank: int, group_size: int = 1) -> int:
-    """Rows of the stage's ``seq_len`` one rank trains on per step: SFT one per sequence slot;
-    DPO two per pair, half as many pairs as slots (at least one); RLVR whole groups of samples
-    (at least one group)."""
-    if stage == "dpo":
-        return 2 * max(1, sequences_per_rank // 2)
-    if stage == "rlvr":
-        return group_size * max(1, sequences_per_rank // group_size)
-    return sequences_per_rank
 
 
 def _example(

@@ -13,7 +13,7 @@ from ito.core.manifest import manifest_digest, manifest_summary
 from ito.core.planner import PlanRefused
 from ito.core.pricing import CostEstimate, estimate_cost
 from ito.core.run_plan import RunPlan, plan_run_parallelism
-from ito.core.stage_plan import PlannedStage, sequences_per_step
+from ito.core.stage_plan import PlannedStage, data_parallel, sequences_per_step
 from ito.server.services.bookings import booking_view, get_booking
 from ito.server.services.manifest_cache import parsed_manifest
 from ito.server.store.tables import utcnow
@@ -80,10 +80,13 @@ def plan_run(session: Session, account_id: str, booking_id: str, raw: bytes) -> 
             sequences_per_step=sequences_per_step(
                 run_plan.plan if run_plan is not None else None, accelerators
             ),
+            data_parallel=data_parallel(
+                run_plan.plan if run_plan is not None else None, accelerators
+            ),
         )
 
-    # Post-training stages, which this version does not run, are refused above (gate 5's
-    # capability check), not warned about: nothing is planned or priced that will not run.
+    # What this version cannot run is refused above (gate 5's capability check), not warned
+    # about: nothing is planned or priced that will not run.
     warnings: list[dict[str, Any]] = []
     stages = [plan_stage_dict(s) for s in estimate.stage_plan.stages]
     return {
