@@ -1,0 +1,183 @@
+"""Loading a run's initial weights onto its sharded model before step 0 (DESIGN §7.6).
+
+Called once per run, right after the model is built and only when the run has no checkpoint of
+its own to resume (a resumed run continues from its own weights). What to load comes from the
+spec (:class:`ito.core.run_spec.InitialWeightsSpec`), resolved by the server; it is verified
+here before any rank reads a weight — by rank 0, the verdict broadcast so every rank refuses
+alike (``revision_unresolvable``):
+
+- ``run``: a committed DCP checkpoint directory of an earlier run. Its ``COMMIT`` must be
+  there and its digest (:func:`ito.core.revisions.checkpoint_digest` of ``.metadata`` and
+  ``COMMIT``) the one the server recorded; every parameter of the model must be in its metadata
+  with the model's shape. Only the model part is loaded, by DCP on the sharded state dict: each
+  rank reads the byte ranges of its own shards (resharded if the earlier run's layout differed).
+  The optimizer, scheduler, data position and RNG start fresh: this run's step 0.
+- ``hf``: a Hugging Face directory (what :mod:`ito.pipeline.export` writes): ``config.json``
+  must describe the manifest's architecture, ``model.safetensors`` must have the recorded
+  sha256 and hold every parameter with its shape. Each rank then reads, per parameter, only the
+  slice its shard covers (``safe_open(...).get_slice``, at the offsets DTensor computes for the
+  local shard), so no rank ever holds the whole model, nor even a whole sharded parameter.
+
+The names are the model's fully qualified parameter names (``get_model_state_dict``), which
+are exactly the export's tensor names and the checkpoint's ``model.`` keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from safetensors import safe_open
+from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+from torch.distributed.checkpoint.state_dict_loader import load
+
+from ito.core.errors import ItoError
+from ito.core.revisions import architecture_mismatch, checkpoint_digest, unresolvable
+from ito.pipeline.checkpoint import COMMIT, METADATA
+from ito.pipeline.storage_fs import StoragePath, proven_dir
+
+if TYPE_CHECKING:
+    from ito.core.model_sizes import ModelSize
+    from ito.core.run_spec import InitialWeightsSpec
+
+__all__ = ["load_initial_weights"]
+
+WEIGHTS_FILE = "model.safetensors"
+_HASH_CHUNK = 1 << 20
+
+
+def load_initial_weights(
+    weights: InitialWeightsSpec,
+    model: torch.nn.Module,
+    *,
+    size: ModelSize,
+    storage_root: Path | None,
+    group: dist.ProcessGroup,
+) -> None:
+    """Verify ``weights`` (rank 0, the verdict shared over ``group``) and load them into the
+    sharded ``model`` in place; every rank calls it. ``storage_root``: the booking's storage,
+    which a ``run`` checkpoint directory must lie below (proven on disk without following a
+    link); ``None`` (the engine run alone, in tests): the directory is its own root."""
+    where = _location(weights, storage_root)
+    verdict: list[tuple[str, str] | None] = [None]
+    if dist.get_rank() == 0:
+        try:
+            _verify(weights, where, size)
+        except ItoError as exc:
+            verdict[0] = (str(exc.details.get("reason", "weights_unreadable")), exc.message)
+        except (OSError, ValueError) as exc:
+            verdict[0] = ("weights_unreadable", f"cannot read the initial weights: {exc}")
+    dist.broadcast_object_list(verdict, src=0, group=group)
+    if verdict[0] is not None:
+        reason, message = verdict[0]
+        raise unresolvable(reason, message)  # type: ignore[arg-type]
+    state = get_model_state_dict(model)
+    if weights.kind == "run":
+        with proven_dir(where) as step_dir:
+            loaded: dict[str, Any] = {"model": state}
+            load(loaded, checkpoint_id=str(step_dir.handle), process_group=group)
+            state = loaded["model"]
+    else:
+        _read_shards(Path(weights.path) / WEIGHTS_FILE, state)
+    set_model_state_dict(model, state)
+
+
+def _location(weights: InitialWeightsSpec, storage_root: Path | None) -> StoragePath:
+    path = Path(weights.path)
+    if weights.kind != "run" or storage_root is None:
+        return StoragePath(path)
+    try:
+        parts = path.relative_to(storage_root).parts
+    except ValueError:
+        raise unresolvable(
+            "outside_booking_storage", "the checkpoint is outside the booking's storage"
+        ) from None
+    return StoragePath(storage_root, parts)
+
+
+def _expected_shapes(size: ModelSize) -> dict[str, tuple[int, ...]]:
+    """Every parameter of the whole model of ``size`` and its shape (built on ``meta``)."""
+    from transformers import LlamaForCausalLM
+
+    from ito.pipeline.model import llama_config
+
+    with torch.device("meta"):
+        whole = LlamaForCausalLM(llama_config(size))
+    return {name: tuple(t.shape) for name, t in whole.state_dict().items()}
+
+
+def _verify(weights: InitialWeightsSpec, where: StoragePath, size: ModelSize) -> None:
+    expected = _expected_shapes(size)
+    if weights.kind == "run":
+        try:
+            with proven_dir(where) as step_dir:
+                commit = step_dir.read(COMMIT)
+                metadata = step_dir.read(METADATA)
+                handle = str(step_dir.handle)
+                saved = FileSystemReader(handle).read_metadata().state_dict_metadata
+        except FileNotFoundError:
+            raise unresolvable(
+                "checkpoint_not_committed", "the checkpoint directory has no COMMIT"
+            ) from None
+        if checkpoint_digest(metadata, commit) != weights.sha256:
+            raise unresolvable("digest_mismatch", "the checkpoint's digest is not the recorded one")
+        shapes = {
+            key.removeprefix("model."): tuple(meta.size)
+            for key, meta in saved.items()
+            if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
+        }
+    else:
+        directory = Path(weights.path)
+        config = json.loads((directory / "config.json").read_bytes())
+        wrong = architecture_mismatch(config, size) if isinstance(config, dict) else "config.json"
+        if wrong is not None:
+            raise unresolvable(
+                "architecture_mismatch", f"config.json's {wrong} is not the manifest's model's"
+            )
+        if _sha256(directory / WEIGHTS_FILE) != weights.sha256:
+            raise unresolvable("digest_mismatch", "model.safetensors does not have that sha256")
+        with safe_open(str(directory / WEIGHTS_FILE), framework="pt", device="cpu") as f:
+            shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
+    for name, shape in expected.items():
+        if shapes.get(name) != shape:
+            raise unresolvable(
+                "architecture_mismatch",
+                f"the weights' {name} is {shapes.get(name)}, the model's is {shape}",
+            )
+
+
+def _read_shards(file: Path, state: dict[str, Any]) -> None:
+    """Copy, for each entry of the sharded ``state``, the slice of the file's tensor that this
+    rank's shard covers into the shard."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    with safe_open(str(file), framework="pt", device="cpu") as f, torch.no_grad():
+        for name, value in state.items():
+            if not isinstance(value, torch.Tensor):
+                continue
+            if isinstance(value, DTensor):
+                shape, offset = compute_local_shape_and_global_offset(
+                    value.shape, value.device_mesh, value.placements
+                )
+                local = value.to_local()
+                if local.numel() == 0:
+                    continue
+                index = tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))
+                local.copy_(f.get_slice(name)[index])
+            else:
+                value.copy_(f.get_tensor(name))
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
