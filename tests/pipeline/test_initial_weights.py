@@ -9,7 +9,9 @@ refuses the run before it trains.
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -124,4 +126,29 @@ def test_weights_whose_digest_differs_refuse_the_run_before_it_trains(
     done = started[-1]
     assert done["type"] == "done" and done["status"] == "failed"
     assert done["code"] == "revision_unresolvable"
+    assert not [e for e in started if e["type"] == "metric" and "loss" in e["values"]]
+
+
+def test_weights_trained_with_another_vocabulary_refuse_the_run(
+    source: Path, tmp_path: Path
+) -> None:
+    """The export's own tokenizer with two tokens' ids swapped: the weights would be read with
+    the wrong ids, so the run is refused instead of learning from garbage."""
+    (export,) = [e for e in events(source) if e["type"] == "export"]
+    directory = tmp_path / "export"
+    shutil.copytree(export["path"], directory)
+    document = json.loads((directory / "tokenizer.json").read_text())
+    vocab = document["model"]["vocab"]
+    first, second = sorted(vocab, key=vocab.get)[300:302]
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    (directory / "tokenizer.json").write_text(json.dumps(document))
+    weights = {
+        "kind": "hf",
+        "path": str(directory),
+        "sha256": export["sha256"],
+        "revision": f"hf:{directory}@sha256:{export['sha256']}",
+    }
+    started = _start_from(tmp_path / "run", weights, refused=True)
+    done = started[-1]
+    assert done["type"] == "done" and done["code"] == "revision_unresolvable"
     assert not [e for e in started if e["type"] == "metric" and "loss" in e["values"]]

@@ -18,6 +18,10 @@ alike (``revision_unresolvable``):
   slice its shard covers (``safe_open(...).get_slice``, at the offsets DTensor computes for the
   local shard), so no rank ever holds the whole model, nor even a whole sharded parameter.
 
+Where the weights' own tokenizer lies beside them (the directory's ``tokenizer.json``; a
+checkpoint's run's export), the run's tokenizer must have its vocabulary: the same ids for the
+same tokens (``tokenizer_mismatch``).
+
 The names are the model's fully qualified parameter names (``get_model_state_dict``), which
 are exactly the export's tensor names and the checkpoint's ``model.`` keys.
 """
@@ -32,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from safetensors import safe_open
+from tokenizers import Tokenizer
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
@@ -40,7 +45,9 @@ from torch.distributed.checkpoint.state_dict_loader import load
 from ito.core.errors import ItoError
 from ito.core.revisions import architecture_mismatch, checkpoint_digest, unresolvable
 from ito.pipeline.checkpoint import COMMIT, METADATA
+from ito.pipeline.export import EXPORTS_DIR
 from ito.pipeline.storage_fs import StoragePath, proven_dir
+from ito.pipeline.tokenizer import TOKENIZER_FILE
 
 if TYPE_CHECKING:
     from ito.core.model_sizes import ModelSize
@@ -57,22 +64,27 @@ def load_initial_weights(
     model: torch.nn.Module,
     *,
     size: ModelSize,
+    tokenizer: Tokenizer,
     storage_root: Path | None,
     group: dist.ProcessGroup,
 ) -> None:
     """Verify ``weights`` (rank 0, the verdict shared over ``group``) and load them into the
-    sharded ``model`` in place; every rank calls it. ``storage_root``: the booking's storage,
-    which a ``run`` checkpoint directory must lie below (proven on disk without following a
-    link); ``None`` (the engine run alone, in tests): the directory is its own root."""
+    sharded ``model`` in place; every rank calls it. ``tokenizer``: the run's, which must have
+    the vocabulary of the weights' own tokenizer where one is beside them. ``storage_root``:
+    the booking's storage, which a ``run`` checkpoint directory must lie below (proven on disk
+    without following a link); ``None`` (the engine run alone, in tests): the directory is its
+    own root."""
     where = _location(weights, storage_root)
     verdict: list[tuple[str, str] | None] = [None]
     if dist.get_rank() == 0:
         try:
             _verify(weights, where, size)
+            _check_tokenizer(weights, tokenizer)
         except ItoError as exc:
             verdict[0] = (str(exc.details.get("reason", "weights_unreadable")), exc.message)
-        except (OSError, ValueError) as exc:
-            verdict[0] = ("weights_unreadable", f"cannot read the initial weights: {exc}")
+        except Exception as exc:  # safetensors and tokenizers raise bare Exception
+            # Converted where it enters: every rank must learn the verdict, never wait on it.
+            verdict[0] = ("weights_unreadable", f"cannot read the initial weights: {exc}"[:500])
     dist.broadcast_object_list(verdict, src=0, group=group)
     if verdict[0] is not None:
         reason, message = verdict[0]
@@ -150,6 +162,34 @@ def _verify(weights: InitialWeightsSpec, where: StoragePath, size: ModelSize) ->
                 "architecture_mismatch",
                 f"the weights' {name} is {shapes.get(name)}, the model's is {shape}",
             )
+
+
+def _beside_tokenizer(weights: InitialWeightsSpec) -> Path | None:
+    """The tokenizer the weights were trained with, where it lies beside them: a Hugging Face
+    directory's ``tokenizer.json``; for a checkpoint, the one of its run's newest export
+    (``<run storage>/exports/<stage>/step_N/``), the run's tokenizer whichever stage wrote it."""
+    directory = Path(weights.path)
+    if weights.kind == "hf":
+        found = directory / TOKENIZER_FILE
+        return found if found.is_file() else None
+    exports = directory.parent.parent / EXPORTS_DIR
+    candidates = sorted(
+        exports.glob(f"*/step_*/{TOKENIZER_FILE}"), key=lambda p: p.parent.name, reverse=True
+    )
+    return candidates[0] if candidates else None
+
+
+def _check_tokenizer(weights: InitialWeightsSpec, tokenizer: Tokenizer) -> None:
+    """Weights trained with another vocabulary would be read with the wrong token ids: a run
+    that would silently learn from garbage is refused instead."""
+    beside = _beside_tokenizer(weights)
+    if beside is None:
+        return
+    theirs = Tokenizer.from_file(str(beside))
+    if theirs.get_vocab(with_added_tokens=True) != tokenizer.get_vocab(with_added_tokens=True):
+        raise unresolvable(
+            "tokenizer_mismatch", "the weights were trained with another tokenizer than the run's"
+        )
 
 
 def _read_shards(file: Path, state: dict[str, Any]) -> None:

@@ -410,6 +410,7 @@ class Trainer:
             weights,
             self.model,
             size=self.size,
+            tokenizer=self.tokenizer,
             storage_root=self.spec.storage_root,
             group=self.ckpt_group,
         )
