@@ -14,6 +14,7 @@ from ito.core.revisions import (
     architecture_mismatch,
     checkpoint_digest,
     parse_revision,
+    storage_parts,
 )
 
 SHA = "0123456789abcdef" * 4
@@ -75,3 +76,17 @@ def test_the_checkpoint_digest_depends_on_both_files_and_where_they_split() -> N
     assert base != checkpoint_digest(b"meta", b"commit2")
     assert base != checkpoint_digest(b"meta2", b"commit")
     assert base != checkpoint_digest(b"metac", b"ommit")
+
+
+def test_a_directory_is_placed_by_its_names_strictly_below_the_booking_storage() -> None:
+    assert storage_parts("/srv/st/models/t", "file:///srv/st") == ("models", "t")
+    assert storage_parts("/srv/my st/m", "file:///srv/my%20st") == ("m",)
+    for path, root in (
+        ("/srv/st", "file:///srv/st"),
+        ("/srv/stx/m", "file:///srv/st"),
+        ("/etc/m", "file:///srv/st"),
+        ("/srv/st/m", None),
+    ):
+        with pytest.raises(ItoError) as refused:
+            storage_parts(path, root)
+        assert refused.value.details["reason"] == "outside_booking_storage"

@@ -144,7 +144,7 @@ def test_a_committed_checkpoint_of_the_same_account_is_resolved_recorded_and_lea
 def test_a_hugging_face_directory_with_its_digest_is_resolved_and_recorded(
     tenant: Tenant,
 ) -> None:
-    directory, sha = _hf_dir(tenant.workdir / "hf")
+    directory, sha = _hf_dir(tenant.workdir / "storage" / "models" / "tiny")
     manifest = _edited(tenant, "from-hf", _revision(f"hf:{directory}@sha256:{sha}"))
     run_id = tenant.train(manifest, "from-hf-1")
     weights = tenant.api("GET", f"/v1/runs/{run_id}")["data"]["estimate"]["initial_weights"]
@@ -210,15 +210,35 @@ def test_a_checkpoint_trained_with_another_tokenizer_is_refused(tenant: Tenant) 
 
 
 def test_a_hugging_face_directory_with_another_digest_is_refused(tenant: Tenant) -> None:
-    directory, _ = _hf_dir(tenant.workdir / "hf")
+    directory, _ = _hf_dir(tenant.workdir / "storage" / "models" / "tiny")
     manifest = _edited(tenant, "hf-digest", _revision(f"hf:{directory}@sha256:{'0' * 64}"))
     _refused_everywhere(tenant, manifest, "digest_mismatch")
 
 
 def test_a_hugging_face_directory_of_another_architecture_is_refused(tenant: Tenant) -> None:
-    directory, sha = _hf_dir(tenant.workdir / "hf", vocab=1024)
+    directory, sha = _hf_dir(tenant.workdir / "storage" / "models" / "tiny", vocab=1024)
     manifest = _edited(tenant, "hf-arch", _revision(f"hf:{directory}@sha256:{sha}"))
     _refused_everywhere(tenant, manifest, "architecture_mismatch")
+
+
+@pytest.mark.parametrize("where", ["outside", "link_out"])
+def test_a_hugging_face_directory_outside_the_bookings_storage_is_refused_or_left_unread(
+    tenant: Tenant, where: str
+) -> None:
+    """Outside the booking's storage: refused, whether this server could read it or not. A link
+    inside it to a directory outside: not read by the server (no probing of its files), left
+    to the engine, which proves the directory on disk and refuses the link."""
+    directory, sha = _hf_dir(tenant.workdir / "models" / "tiny")
+    if where == "outside":
+        manifest = _edited(tenant, "hf-out", _revision(f"hf:{directory}@sha256:{sha}"))
+        _refused_everywhere(tenant, manifest, "outside_booking_storage")
+        return
+    link = tenant.workdir / "storage" / "linked"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(directory)
+    manifest = _edited(tenant, "hf-link", _revision(f"hf:{link}@sha256:{'0' * 64}"))
+    plan = tenant.ito("plan", "--booking", tenant.booking_id, "--manifest", str(manifest))
+    assert plan.rc == 0 and plan.data["ready"] is True, plan.stdout  # nothing read, nothing told
 
 
 def test_a_path_that_is_not_normalised_is_refused(tenant: Tenant) -> None:

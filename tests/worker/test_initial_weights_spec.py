@@ -71,12 +71,13 @@ def test_a_hugging_face_directory_is_handed_on_and_scratch_is_nothing() -> None:
     hf = {
         "kind": "hf",
         "sha256": SHA,
-        "revision": f"hf:/models/t@sha256:{SHA}",
-        "path": "/models/t",
+        "revision": f"hf:{ROOT}/models/t@sha256:{SHA}",
+        "path": f"{ROOT}/models/t",
     }
-    assert initial_weights_spec(_lease(hf), ROOT) == {
+    resolved = Path("/mnt/real/storage")
+    assert initial_weights_spec(_lease(hf), resolved) == {
         "kind": "hf",
-        "path": "/models/t",
+        "path": f"{resolved}/models/t",
         "sha256": SHA,
         "revision": hf["revision"],
     }
@@ -91,8 +92,20 @@ def test_a_hugging_face_directory_is_handed_on_and_scratch_is_nothing() -> None:
         _run_weights(f"file://{ROOT}/runs/run_cccccccccccccccccccccccc"),
         {"kind": "run", "sha256": SHA, "revision": "x"},
         {"kind": "run", "sha256": SHA, "revision": "x", "unknown": 1},
+        {"kind": "hf", "sha256": SHA, "revision": "x", "path": "/models/t"},
+        {"kind": "hf", "sha256": SHA, "revision": "x", "path": str(ROOT)},
+        {"kind": "hf", "sha256": SHA, "revision": "x"},
     ],
-    ids=["outside", "escape", "another_run", "incomplete", "unknown_field"],
+    ids=[
+        "outside",
+        "escape",
+        "another_run",
+        "incomplete",
+        "unknown_field",
+        "hf_outside",
+        "hf_root",
+        "hf_no_path",
+    ],
 )
 def test_weights_the_worker_cannot_place_inside_the_booking_are_refused(
     weights: dict[str, Any],

@@ -10,8 +10,9 @@ Three forms:
   engine loads the model part of that DCP directory only (fresh optimizer, step 0).
 - ``hf:<absolute path>@sha256:<64 hex>``: a local Hugging Face directory (``config.json`` and
   ``model.safetensors``, as :mod:`ito.pipeline.export` writes one) whose ``model.safetensors``
-  has that sha256. The engine verifies the digest and the architecture before step 0 whatever
-  the server could check.
+  has that sha256, inside the booking's storage (what its worker can read; the server reads
+  nothing outside it, so a manifest cannot probe the server's files). The engine verifies the
+  digest and the architecture before step 0 whatever the server could check.
 
 The digest of a ``run:`` checkpoint (:func:`checkpoint_digest`) is the sha256 of its DCP
 ``.metadata`` followed by its ``COMMIT`` document: both small, written once, and together they
@@ -29,9 +30,11 @@ import posixpath
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
+from urllib.parse import quote, unquote, urlsplit
 
 from ito.core.errors import ItoError
 from ito.core.model_sizes import ModelSize
+from ito.core.storage import contained_storage_uri
 
 __all__ = [
     "REVISION_PATH",
@@ -42,6 +45,7 @@ __all__ = [
     "architecture_mismatch",
     "checkpoint_digest",
     "parse_revision",
+    "storage_parts",
     "unresolvable",
 ]
 
@@ -113,6 +117,25 @@ def parse_revision(revision: str) -> RunRevision | HfRevision | None:
             raise unresolvable("malformed", "the directory must be an absolute, normalised path")
         return HfRevision(path, match["sha256"])
     raise unresolvable("malformed", "the revision is scratch, run:<id>@<step> or hf:<dir>@sha256:")
+
+
+def storage_parts(path: str, storage_uri: str | None) -> tuple[str, ...]:
+    """The names from the booking's storage root (a ``file://`` URI) down to the absolute
+    ``path``, or ``revision_unresolvable`` (``outside_booking_storage``) when ``path`` is not
+    strictly inside it. Decided on the decoded segments as :mod:`ito.core.storage` decides the
+    run's own checkpoint storage."""
+    if storage_uri:
+        try:
+            contained_storage_uri("file://" + quote(path, safe="/"), storage_uri)
+            root = unquote(urlsplit(storage_uri).path).rstrip("/").split("/")
+            names = path.split("/")
+            if len(names) > len(root) and names[: len(root)] == root:
+                return tuple(names[len(root) :])
+        except ItoError:
+            pass
+    raise unresolvable(
+        "outside_booking_storage", "the initial weights are outside the booking's storage"
+    )
 
 
 def checkpoint_digest(metadata: bytes, commit: bytes) -> str:

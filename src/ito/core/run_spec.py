@@ -118,8 +118,8 @@ class InitialWeightsSpec(_Spec):
     and trainer state start fresh); ``hf``: a Hugging Face directory (``config.json``,
     ``model.safetensors``)."""
     path: AbsolutePath
-    """``run``: the checkpoint's step directory, below ``storage_root`` when that is given;
-    ``hf``: the directory."""
+    """``run``: the checkpoint's step directory; ``hf``: the directory. Below
+    ``storage_root`` when that is given (the engine proves it there on disk)."""
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
     """``run``: :func:`ito.core.revisions.checkpoint_digest` of the directory; ``hf``: sha256 of
     ``model.safetensors``."""
@@ -172,7 +172,7 @@ class RunSpecDocument(_Spec):
             if not inside:
                 raise ValueError("checkpoint_dir must lie strictly below storage_root")
             weights = self.initial_weights
-            if weights is not None and weights.kind == "run":
+            if weights is not None:
                 path = posixpath.normpath(weights.path)
                 if path != weights.path or not path.startswith(root.rstrip("/") + "/"):
                     raise ValueError("initial_weights.path must lie strictly below storage_root")

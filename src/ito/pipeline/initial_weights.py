@@ -12,8 +12,9 @@ alike (``revision_unresolvable``):
   with the model's shape. Only the model part is loaded, by DCP on the sharded state dict: each
   rank reads the byte ranges of its own shards (resharded if the earlier run's layout differed).
   The optimizer, scheduler, data position and RNG start fresh: this run's step 0.
-- ``hf``: a Hugging Face directory (what :mod:`ito.pipeline.export` writes): ``config.json``
-  must describe the manifest's architecture, ``model.safetensors`` must have the recorded
+- ``hf``: a Hugging Face directory (what :mod:`ito.pipeline.export` writes) below the booking's
+  storage, proven on disk like a checkpoint: ``config.json`` must describe the manifest's
+  architecture, ``model.safetensors`` (a regular file) must have the recorded
   sha256 and hold every parameter with its shape. Each rank then reads, per parameter, only the
   slice its shard covers (``safe_open(...).get_slice``, at the offsets DTensor computes for the
   local shard), so no rank ever holds the whole model, nor even a whole sharded parameter.
@@ -30,6 +31,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +49,7 @@ from ito.core.errors import ItoError
 from ito.core.revisions import architecture_mismatch, checkpoint_digest, unresolvable
 from ito.pipeline.checkpoint import COMMIT, METADATA
 from ito.pipeline.export import EXPORTS_DIR
-from ito.pipeline.storage_fs import StoragePath, proven_dir
+from ito.pipeline.storage_fs import ProvenDir, StoragePath, proven_dir
 from ito.pipeline.tokenizer import TOKENIZER_FILE
 
 if TYPE_CHECKING:
@@ -96,7 +99,8 @@ def load_initial_weights(
             load(loaded, checkpoint_id=str(step_dir.handle), process_group=group)
             state = loaded["model"]
     else:
-        _read_shards(Path(weights.path) / WEIGHTS_FILE, state)
+        with proven_dir(where) as directory:
+            _read_shards(_weights_file(directory), state)
     set_model_state_dict(model, state)
 
 
@@ -145,17 +149,19 @@ def _verify(weights: InitialWeightsSpec, where: StoragePath, size: ModelSize) ->
             if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
         }
     else:
-        directory = Path(weights.path)
-        config = json.loads((directory / "config.json").read_bytes())
-        wrong = architecture_mismatch(config, size) if isinstance(config, dict) else "config.json"
-        if wrong is not None:
-            raise unresolvable(
-                "architecture_mismatch", f"config.json's {wrong} is not the manifest's model's"
+        with proven_dir(where) as directory:
+            config = json.loads(directory.read("config.json"))
+            wrong = (
+                architecture_mismatch(config, size) if isinstance(config, dict) else "config.json"
             )
-        if _sha256(directory / WEIGHTS_FILE) != weights.sha256:
-            raise unresolvable("digest_mismatch", "model.safetensors does not have that sha256")
-        with safe_open(str(directory / WEIGHTS_FILE), framework="pt", device="cpu") as f:
-            shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
+            if wrong is not None:
+                raise unresolvable(
+                    "architecture_mismatch", f"config.json's {wrong} is not the manifest's model's"
+                )
+            if _sha256(directory) != weights.sha256:
+                raise unresolvable("digest_mismatch", "model.safetensors does not have that sha256")
+            with safe_open(_weights_file(directory), framework="pt", device="cpu") as f:
+                shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
     for name, shape in expected.items():
         if shapes.get(name) != shape:
             raise unresolvable(
@@ -192,13 +198,21 @@ def _check_tokenizer(weights: InitialWeightsSpec, tokenizer: Tokenizer) -> None:
         )
 
 
-def _read_shards(file: Path, state: dict[str, Any]) -> None:
+def _weights_file(directory: ProvenDir) -> str:
+    """``model.safetensors`` of the proven directory, for readers that take a path: a regular
+    file there (a link in its place is refused), named through the directory's handle."""
+    if not stat.S_ISREG(os.lstat(WEIGHTS_FILE, dir_fd=directory.fd).st_mode):
+        raise unresolvable("weights_unreadable", "model.safetensors is not a regular file")
+    return str(directory.handle / WEIGHTS_FILE)
+
+
+def _read_shards(file: str, state: dict[str, Any]) -> None:
     """Copy, for each entry of the sharded ``state``, the slice of the file's tensor that this
     rank's shard covers into the shard."""
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    with safe_open(str(file), framework="pt", device="cpu") as f, torch.no_grad():
+    with safe_open(file, framework="pt", device="cpu") as f, torch.no_grad():
         for name, value in state.items():
             if not isinstance(value, torch.Tensor):
                 continue
@@ -215,9 +229,10 @@ def _read_shards(file: Path, state: dict[str, Any]) -> None:
                 value.copy_(f.get_tensor(name))
 
 
-def _sha256(path: Path) -> str:
+def _sha256(directory: ProvenDir) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as handle:
+    fd = os.open(WEIGHTS_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory.fd)
+    with os.fdopen(fd, "rb") as handle:
         while chunk := handle.read(_HASH_CHUNK):
             h.update(chunk)
     return h.hexdigest()

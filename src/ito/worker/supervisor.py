@@ -64,10 +64,11 @@ def checkpoint_storage(uri: str, storage_root: str | None, run_id: str) -> Stora
 
 
 def initial_weights_spec(lease: Lease, storage_root: Path) -> dict[str, Any] | None:
-    """The engine's ``initial_weights`` for the lease's resolved revision: for a ``run:``
-    checkpoint, its step directory below the booking's (resolved) ``storage_root``, the source
-    run's checkpoint URI re-checked against the booking's storage as this worker's own is."""
-    from ito.core.revisions import InitialWeights
+    """The engine's ``initial_weights`` for the lease's resolved revision, below the booking's
+    (resolved) ``storage_root``: a ``run:`` checkpoint's step directory (the source run's
+    checkpoint URI re-checked against the booking's storage as this worker's own is) or the
+    Hugging Face directory (re-checked inside it)."""
+    from ito.core.revisions import InitialWeights, storage_parts
 
     if lease.initial_weights is None:
         return None
@@ -76,7 +77,10 @@ def initial_weights_spec(lease: Lease, storage_root: Path) -> dict[str, Any] | N
     except TypeError:
         raise ItoError("revision_unresolvable", "the run's initial weights are malformed") from None
     if weights.kind == "hf":
-        path = weights.path
+        if weights.path is None:
+            raise ItoError("revision_unresolvable", "the run's initial weights are malformed")
+        # Inside the booking's storage, re-checked here, below the root as this worker found it.
+        path = str(storage_root.joinpath(*storage_parts(weights.path, lease.booking.storage_uri)))
     else:
         if weights.checkpoint_uri is None or weights.run_id is None or weights.step is None:
             raise ItoError("revision_unresolvable", "the run's initial weights are malformed")

@@ -5,10 +5,11 @@ create — beside gate 5's pure checks, because it needs the store and perhaps t
 missing one), of the same family and size, with the same tokenizer reference; a checkpoint at
 that step must have been reported committed, not deleted by cleanup nor pruned (``keep_last`` of
 the source's manifest), with its digest reported; and the source's checkpoint storage must lie
-inside the new booking's storage (what its worker can read). ``hf:<dir>@sha256:<hex>``: when
-this server can read the directory, its ``config.json`` must describe the manifest's
-architecture and its ``model.safetensors`` must have that digest; when it cannot (another
-host's path), the engine checks both before step 0.
+inside the new booking's storage (what its worker can read). ``hf:<dir>@sha256:<hex>``: the
+directory must lie inside the booking's storage; when this server can read it there (no link
+out of it), its ``config.json`` must describe the manifest's architecture and its
+``model.safetensors`` must have that digest; when it cannot (another host's storage), the
+engine checks both before step 0.
 
 Any refusal is ``revision_unresolvable`` (:func:`ito.core.revisions.unresolvable`); what was
 resolved is recorded on the new run (its estimate's ``initial_weights``) for the worker.
@@ -21,6 +22,7 @@ import json
 import os
 import threading
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -35,6 +37,7 @@ from ito.core.revisions import (
     RunRevision,
     architecture_mismatch,
     parse_revision,
+    storage_parts,
     unresolvable,
 )
 from ito.core.storage import contained_storage_uri
@@ -62,7 +65,7 @@ def resolve_revision(
         return None
     if isinstance(revision, RunRevision):
         return _resolve_run(session, account_id, manifest, booking, revision)
-    return _resolve_hf(manifest, revision)
+    return _resolve_hf(manifest, booking, revision)
 
 
 def _resolve_run(
@@ -158,12 +161,18 @@ def _reported_digest(session: Session, run: Run, step: int) -> str | None:
     return None
 
 
-def _resolve_hf(manifest: Manifest, revision: HfRevision) -> InitialWeights:
+def _resolve_hf(manifest: Manifest, booking: BookingView, revision: HfRevision) -> InitialWeights:
+    parts = storage_parts(revision.path, booking.storage_uri)
     weights = InitialWeights(
         kind="hf", sha256=revision.sha256, revision=manifest.model.revision, path=revision.path
     )
-    directory = Path(revision.path)
-    if not directory.is_dir():
+    assert booking.storage_uri is not None  # storage_parts refuses a booking without one
+    root = Path(unquote(urlsplit(booking.storage_uri).path))
+    directory = root.joinpath(*parts)
+    # Read only what really lies inside the booking's storage (no link out of it): a manifest
+    # must not learn anything of this host's other files.
+    real_root = os.path.realpath(root)
+    if not directory.is_dir() or not os.path.realpath(directory).startswith(real_root + "/"):
         return weights  # not on this host: the engine checks it before step 0
     try:
         config = json.loads((directory / "config.json").read_bytes())
