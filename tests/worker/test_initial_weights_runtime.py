@@ -2,7 +2,8 @@
 through the in-process worker of ``ito-server serve``; a second run of the same account whose
 manifest says ``run:<first>@<its last step>`` is resolved at plan/create, leased with the
 checkpoint's digest, handed to the engine below the booking's storage, verified and loaded —
-and its step-0 held-out loss is the first run's last one, not a random model's."""
+and its step-0 held-out loss is the first run's last one, not a random model's; so is that of a
+third run from the first run's Hugging Face export."""
 
 from __future__ import annotations
 
@@ -72,3 +73,12 @@ def test_a_run_from_an_earlier_runs_checkpoint_starts_at_its_eval_loss(
     start = next(p["value"] for p in _eval_points(t, run_id) if p["step"] == 0)
     assert math.isclose(start, trained, rel_tol=1e-4), (start, trained)
     assert start < random_model - 1.0
+
+    # The same weights as the first run's Hugging Face export, inside the booking's storage.
+    (export,) = t.ito("runs", "checkpoints", source).data["exports"]
+    revision = f"hf:{export['path']}@sha256:{export['sha256']}"
+    from_hf = t.train(_pretrain_only(t, "from-hf", revision), "from-hf-1")
+    final = _wait_state(t, from_hf, TERMINAL)
+    assert final["state"] in ("succeeded", "gate_failed"), final
+    start = next(p["value"] for p in _eval_points(t, from_hf) if p["step"] == 0)
+    assert math.isclose(start, trained, rel_tol=1e-4), (start, trained)
