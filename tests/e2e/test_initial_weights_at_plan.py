@@ -16,7 +16,7 @@ import pytest
 
 from ito.core.model_sizes import SIZES
 from ito.pipeline.model import llama_config
-from tests.e2e.test_runtime_support_at_plan import _confirm, _edited, _rebind, _refused
+from tests.e2e.test_runtime_support_at_plan import _confirm, _edited, _rebind, _refused, _train
 from tests.support import Tenant
 
 pytestmark = pytest.mark.slow
@@ -41,9 +41,13 @@ def _source_run(tenant: Tenant) -> str:
     key = _worker_key(tenant)
     leased = tenant.api("POST", "/v1/worker/lease", key=key)
     assert leased["ok"] and leased["data"]["run_id"] == run_id, leased
-    attempt = leased["data"]["attempt"]
+    _report(tenant, run_id, key, leased["data"]["attempt"], ((3, "a" * 64), (6, SHA_6), (9, None)))
+    return run_id
+
+
+def _report(tenant: Tenant, run_id: str, key: str, attempt: int, steps: Any) -> None:
     checkpoints: list[dict[str, Any]] = []
-    for step, sha in ((3, "a" * 64), (6, SHA_6), (9, None)):
+    for step, sha in steps:
         event: dict[str, Any] = {
             "type": "checkpoint",
             "stage": "pretrain",
@@ -61,8 +65,7 @@ def _source_run(tenant: Tenant) -> str:
         key=key,
         json={"attempt": attempt, "events": checkpoints},
     )
-    assert reported["ok"] and reported["data"]["checkpoints"] == 3, reported
-    return run_id
+    assert reported["ok"] and reported["data"]["checkpoints"] == len(checkpoints), reported
 
 
 def _revision(revision: str) -> Any:
@@ -139,6 +142,22 @@ def test_a_committed_checkpoint_of_the_same_account_is_resolved_recorded_and_lea
     leased = tenant.api("POST", "/v1/worker/lease", key=_worker_key(tenant))
     assert leased["data"]["run_id"] == run_id, leased
     assert leased["data"]["initial_weights"] == weights
+
+
+def test_weights_that_changed_since_the_approval_are_refused_at_create(tenant: Tenant) -> None:
+    """The source run committed step 6 again (a restart from an earlier checkpoint) after the
+    confirmation was approved: the run would start from weights the approver never saw."""
+    run_id = tenant.train(tenant.manifest("source"), "source-1")
+    key = _worker_key(tenant)
+    attempt = tenant.api("POST", "/v1/worker/lease", key=key)["data"]["attempt"]
+    _report(tenant, run_id, key, attempt, ((6, SHA_6),))
+    manifest = _edited(tenant, "from-run", _revision(f"run:{run_id}@6"))
+    ref = tenant.approved_confirmation(manifest)
+    _report(tenant, run_id, key, attempt, ((6, "d" * 64),))
+    before = tenant.counts()
+    created = _train(tenant, manifest, ref, "changed-1")
+    _refused(created, "confirmation_mismatch")
+    assert tenant.counts() == before
 
 
 def test_a_hugging_face_directory_with_its_digest_is_resolved_and_recorded(

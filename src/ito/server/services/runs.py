@@ -401,6 +401,7 @@ def _write_run(
     the run and its event (the key was bound to them when it was reserved). The resolved
     initial weights are recorded in the run's estimate, beside its parallelism plan."""
     _check_cost_bound(checked, confirmation)
+    _check_initial_weights(initial, confirmation)
     mark_consumed(session, confirmation, run_id, now)
     if new_manifest is not None:
         store_manifest(session, ctx.account_id, new_manifest)
@@ -439,6 +440,22 @@ def _check_cost_bound(checked: ResourceCheck, confirmation: Confirmation | Row[A
             "the estimate exceeds the confirmation's cost bound",
             cost_usd=checked.estimate.cost_usd,
             bound_usd=confirmation.cost_usd,
+        )
+
+
+def _check_initial_weights(
+    initial: InitialWeights | None, confirmation: Confirmation | Row[Any]
+) -> None:
+    """The weights the run would start from are the ones the approver was shown (the source
+    run may have committed that step again since, with other weights)."""
+    approved = (confirmation.details or {}).get("initial_weights")
+    resolved = initial.to_dict() if initial is not None else None
+    if approved != resolved:
+        raise ItoError(
+            "confirmation_mismatch",
+            "the initial weights are not the ones the confirmation approved",
+            approved_sha256=(approved or {}).get("sha256"),
+            resolved_sha256=(resolved or {}).get("sha256"),
         )
 
 
