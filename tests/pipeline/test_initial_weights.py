@@ -152,3 +152,31 @@ def test_weights_trained_with_another_vocabulary_refuse_the_run(
     done = started[-1]
     assert done["type"] == "done" and done["code"] == "revision_unresolvable"
     assert not [e for e in started if e["type"] == "metric" and "loss" in e["values"]]
+
+
+def test_a_directory_reached_through_a_link_in_the_booking_storage_is_refused(
+    source: Path, tmp_path: Path
+) -> None:
+    """Below the booking's storage the engine proves the directory on disk as it proves its
+    checkpoints: a link in its place (here to the real export, elsewhere) is not followed."""
+    (export,) = [e for e in events(source) if e["type"] == "export"]
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "tiny").symlink_to(export["path"])
+    weights = {
+        "kind": "hf",
+        "path": str(tmp_path / "models" / "tiny"),
+        "sha256": export["sha256"],
+        "revision": "hf-link",
+    }
+    spec = make_spec(
+        tmp_path,
+        run_id="run-test-3",
+        stages=["pretrain"],
+        max_steps_per_stage=1,
+        initial_weights=weights,
+        storage_root=str(tmp_path),
+    )
+    result = torchrun(spec)
+    assert result.returncode != 0
+    done = events(tmp_path)[-1]
+    assert done["type"] == "done" and done["code"] == "revision_unresolvable"

@@ -74,9 +74,9 @@ def load_initial_weights(
     """Verify ``weights`` (rank 0, the verdict shared over ``group``) and load them into the
     sharded ``model`` in place; every rank calls it. ``tokenizer``: the run's, which must have
     the vocabulary of the weights' own tokenizer where one is beside them. ``storage_root``:
-    the booking's storage, which a ``run`` checkpoint directory must lie below (proven on disk
-    without following a link); ``None`` (the engine run alone, in tests): the directory is its
-    own root."""
+    the booking's storage, which the directory (checkpoint or Hugging Face) must lie below,
+    proven on disk without following a link; ``None`` (the engine run alone, in tests): the
+    directory is its own root."""
     where = _location(weights, storage_root)
     verdict: list[tuple[str, str] | None] = [None]
     if dist.get_rank() == 0:
@@ -106,13 +106,13 @@ def load_initial_weights(
 
 def _location(weights: InitialWeightsSpec, storage_root: Path | None) -> StoragePath:
     path = Path(weights.path)
-    if weights.kind != "run" or storage_root is None:
+    if storage_root is None:
         return StoragePath(path)
     try:
         parts = path.relative_to(storage_root).parts
     except ValueError:
         raise unresolvable(
-            "outside_booking_storage", "the checkpoint is outside the booking's storage"
+            "outside_booking_storage", "the initial weights are outside the booking's storage"
         ) from None
     return StoragePath(storage_root, parts)
 
