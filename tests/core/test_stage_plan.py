@@ -32,9 +32,12 @@ def _manifest(**edits: Any) -> Manifest:
     return parse_manifest(json.dumps(document).encode())
 
 
-def _plan(manifest: Manifest | None = None, per_step: int = 8) -> StagePlan:
+def _plan(manifest: Manifest | None = None, per_step: int = 8, dp: int = 2) -> StagePlan:
     return build_stage_plan(
-        manifest or _manifest(), throughput_flops=1e12, sequences_per_step=per_step
+        manifest or _manifest(),
+        throughput_flops=1e12,
+        sequences_per_step=per_step,
+        data_parallel=dp,
     )
 
 
@@ -112,6 +115,19 @@ def test_post_training_stages_come_after_the_curriculum_through_the_same_functio
     assert {s.kind for s in plan.stages[-3:]} == {"post_training"}
     assert plan.stages[-3].first_step == sum(s.steps or 0 for s in plan.stages[:-3])
     assert [s.battery for s in plan.stages[-3:]] == ["arith"] * 3
+
+
+def test_post_training_steps_are_the_rows_the_engine_trains_on_at_each_stage_s_length() -> None:
+    # The post recipe: SFT at seq_len 32, DPO and RLVR at 16, RLVR in groups of 8; 4 sequences per rank
+    # on 2 data-parallel ranks (the engine's default on 2 CPU processes).
+    manifest = parse_manifest(json.dumps(build_recipe("post", "/data").manifest).encode())
+    sft, dpo, rlvr = _plan(manifest, per_step=8, dp=2).stages[-3:]
+    assert (sft.seq_len, sft.tokens_per_step, sft.steps) == (32, 8 * 32, 2048 // (8 * 32))
+    # DPO: a chosen and a rejected row per pair, two pairs per rank.
+    assert (dpo.tokens_per_step, dpo.steps) == (8 * 16, 2048 // (8 * 16))
+    # RLVR: whole groups, so one group of 8 samples per rank although the layout has 4 slots.
+    assert (rlvr.tokens_per_step, rlvr.steps) == (16 * 16, 2048 // (16 * 16))
+    assert rlvr.first_step == dpo.first_step + (dpo.steps or 0)
 
 
 def test_a_run_stored_before_plans_shows_its_estimate_stages_without_unrun_post_training() -> None:

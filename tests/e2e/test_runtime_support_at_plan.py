@@ -103,11 +103,6 @@ def test_data_at_an_unreadable_uri_scheme_is_refused_at_plan_confirm_and_create(
     assert tenant.counts() == before
 
 
-def _start_from_weights(doc: dict[str, Any]) -> None:
-    # The engine cannot start from given weights yet: the run would train from scratch.
-    doc["model"]["revision"] = "sha256:" + "ab" * 32
-
-
 def _hub_tokenizer(doc: dict[str, Any]) -> None:
     doc["model"]["tokenizer"] = {
         "uri": "https://huggingface.co/org/model/resolve/main/tokenizer.json",
@@ -129,11 +124,10 @@ def _post_training(doc: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     ("edit", "path"),
     [
-        (_start_from_weights, "$.model.revision"),
         (_hub_tokenizer, "$.model.tokenizer.uri"),
         (_post_training, "$.post_training.sft"),
     ],
-    ids=["revision", "tokenizer", "post_training"],
+    ids=["tokenizer", "post_training"],
 )
 def test_what_this_version_does_not_run_is_refused_at_plan_confirm_and_create(
     tenant: Tenant, edit: Any, path: str

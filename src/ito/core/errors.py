@@ -92,6 +92,7 @@ ErrorCode = Literal[
     "data_invalid",
     "tokenizer_invalid",
     "checkpoint_storage_invalid",
+    "revision_unresolvable",
     "plan_refused",
     "layout_unsupported",
     "mesh_mismatch",
@@ -216,6 +217,12 @@ REGISTRY: dict[ErrorCode, ErrorSpec] = {
         "not the manifest's, or its vocabulary larger than the model's)",
     ),
     "checkpoint_storage_invalid": _s(422, "the checkpoint storage is not usable"),
+    "revision_unresolvable": _s(
+        422,
+        "the manifest's model.revision names initial weights that cannot be used (no such run "
+        "of this account, no committed checkpoint at that step, another architecture, outside "
+        "the booking's storage, or a digest that does not match)",
+    ),
     "plan_refused": _s(422, "no acceptable parallelism plan exists for this run"),
     "layout_unsupported": _s(422, "the planned layout has a degree the engine cannot apply"),
     "mesh_mismatch": _s(422, "the device mesh the engine built differs from the plan"),

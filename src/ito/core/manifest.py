@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ito.core.errors import ItoError
 from ito.core.hardware import ACCELERATORS, FABRICS
 from ito.core.model_sizes import SIZES
+from ito.core.revisions import REVISION_PATTERN
 from ito.core.rewards import REWARDS
 from ito.core.secret_scan import scan_document
 from ito.core.text import json_text_may_be_unsafe, unsafe_json_paths
@@ -115,8 +116,24 @@ class ModelRef(_Strict):
     """Architecture family. Only the Llama decoder exists in v1."""
     size: SizeName
     """A named size of the family's size table."""
-    revision: Annotated[str, Field(pattern=r"^(scratch|sha256:[0-9a-f]{64})$")]
-    """``scratch`` for random initialisation, else the digest of the initial weights."""
+    revision: Annotated[
+        str,
+        Field(
+            max_length=2100,
+            pattern=REVISION_PATTERN,
+            description="Initial weights: 'scratch' (seeded random initialisation); "
+            "'run:<run_id>@<step>' (the committed checkpoint at that global step of an earlier "
+            "run of the same account, in storage the booking can read); or "
+            "'hf:<absolute directory>@sha256:<64 hex>' (a local Hugging Face directory, "
+            "config.json and model.safetensors, the sha256 being model.safetensors'). Resolved "
+            "and checked at plan, confirm and create (revision_unresolvable).",
+        ),
+    ]
+    """Initial weights: ``scratch`` (seeded random initialisation), ``run:<run_id>@<step>`` (a
+    committed checkpoint of an earlier run of the same account) or
+    ``hf:<absolute directory>@sha256:<hex>`` (a local Hugging Face directory whose
+    ``model.safetensors`` has that sha256); see :mod:`ito.core.revisions`. Resolved and checked
+    by the server at plan, confirm and create; the engine re-verifies the digest before use."""
     tokenizer: TokenizerRef | None = None
     """The tokenizer to train with; absent, data preparation trains one on the run's data."""
 

@@ -186,6 +186,10 @@ class Plan(_View):
     parallelism: Annotated[ParallelismPlanned | ParallelismRefused, Field(discriminator="ok")]
     """The parallelism and precision plan on this booking (DESIGN §7.2), or the planner's
     refusal (``plan_refused`` with its reasons); computed even when another check refuses."""
+    initial_weights: dict[str, Any] | None = None
+    """The manifest's ``model.revision`` as the run would record it
+    (:class:`ito.core.revisions.InitialWeights`: kind, sha256, the source run, stage and step
+    or the directory); ``None`` for ``scratch`` or when it is refused (see ``refusals``)."""
     stage_plan: list[StagePlan]
     cost: PlanCost
     refusals: list[ErrorBody]

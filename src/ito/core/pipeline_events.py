@@ -13,7 +13,8 @@ worker itself makes):
 - ``log``: ``level``, ``message``
 - ``stage``: ``stage``, ``status`` (``started`` | ``completed``)
 - ``metric``: ``stage``, ``step``, ``values`` (name → number or ``null``)
-- ``checkpoint``: ``stage``, ``step``, ``path``, ``bytes``, ``seconds``, ``blocking_seconds``
+- ``checkpoint``: ``stage``, ``step``, ``path``, ``bytes``, ``seconds``, ``blocking_seconds``,
+  ``sha256``
 - ``export``: ``stage``, ``step``, ``path``, ``bytes``, ``sha256``, ``seconds`` — the stage's
   final weights written as a Hugging Face directory
 - ``gate``: ``stage``, ``battery``, ``results``, ``passed`` (and ``ladder``, the decision job's
@@ -114,6 +115,9 @@ class CheckpointEvent(_Event):
     """The part of it the training loop waited for."""
     productive_seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     """Productive training time that this checkpoint preserves, when the engine knows it."""
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+    """The checkpoint's digest (:func:`ito.core.revisions.checkpoint_digest`): what a later
+    run starting from it (``run:<id>@<step>``) is checked against."""
 
 
 class ExportEvent(_Event):

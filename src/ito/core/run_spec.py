@@ -19,6 +19,7 @@ __all__ = [
     "FAULT_INJECTION_FIELDS",
     "BookedAccelerator",
     "FailAtSpec",
+    "InitialWeightsSpec",
     "LayoutSpec",
     "RestartFromSpec",
     "RunSpecDocument",
@@ -107,6 +108,25 @@ class BookedAccelerator(_Spec):
     gpus_per_node: Annotated[int, Field(ge=1, le=1024)]
 
 
+class InitialWeightsSpec(_Spec):
+    """The weights the run starts from instead of its random initialisation (the manifest's
+    ``model.revision``, resolved by the server), verified by the engine before step 0
+    (``revision_unresolvable`` otherwise)."""
+
+    kind: Literal["run", "hf"]
+    """``run``: a committed DCP checkpoint directory (its model part is loaded; the optimizer
+    and trainer state start fresh); ``hf``: a Hugging Face directory (``config.json``,
+    ``model.safetensors``)."""
+    path: AbsolutePath
+    """``run``: the checkpoint's step directory; ``hf``: the directory. Below
+    ``storage_root`` when that is given (the engine proves it there on disk)."""
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    """``run``: :func:`ito.core.revisions.checkpoint_digest` of the directory; ``hf``: sha256 of
+    ``model.safetensors``."""
+    revision: Annotated[str, Field(min_length=1, max_length=2100)]
+    """The manifest's ``model.revision`` (for the logs)."""
+
+
 class RunSpecDocument(_Spec):
     run_id: Annotated[str, Field(min_length=1, max_length=64)]
     attempt: PositiveStep = 1
@@ -134,6 +154,8 @@ class RunSpecDocument(_Spec):
     """The planned layout; ``None``: FSDP over every rank (the engine's default)."""
     accelerator: BookedAccelerator | None = None
     """The booked accelerator; ``None`` (the engine run alone, in tests): not checked."""
+    initial_weights: InitialWeightsSpec | None = None
+    """What the run starts from; ``None``: the seeded random initialisation."""
     provenance_sha256: Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")] | None = None
     """The data-preparation report bound to the run: training reads a prepared shard only if
     ``provenance.json`` has this digest and lists the shard's digest. ``None`` (the engine run
@@ -151,4 +173,9 @@ class RunSpecDocument(_Spec):
             )
             if not inside:
                 raise ValueError("checkpoint_dir must lie strictly below storage_root")
+            weights = self.initial_weights
+            if weights is not None:
+                path = posixpath.normpath(weights.path)
+                if path != weights.path or not path.startswith(root.rstrip("/") + "/"):
+                    raise ValueError("initial_weights.path must lie strictly below storage_root")
         return self

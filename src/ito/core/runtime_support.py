@@ -1,12 +1,11 @@
 """What this runtime can do of what a valid manifest asks (DESIGN §5.8 gate 5, §7.4, §7.5).
 
 The manifest schema (v1) is designed for the stages to come, so it accepts more than the runtime
-does today: a starting revision other than ``scratch``, post-training on a pipeline-parallel
-layout or with several replica groups, data or a tokenizer at ``s3://``, ``gs://`` or
-``https://`` URIs, evals on data or layouts it cannot measure them with, and custom data the
-ladder decision job cannot judge. A run asking for any of them would be created, charged for,
-and fail (or skip what it asked) after its confirmation is spent — so
-:func:`check_runtime_support` refuses it at plan, confirm and create alike
+does today: post-training on a pipeline-parallel layout or with several replica groups, data
+or a tokenizer at ``s3://``, ``gs://`` or ``https://`` URIs, evals on data or layouts it cannot
+measure them with, and custom data the ladder decision job cannot judge. A run asking for any of
+them would be created, charged for, and fail (or skip what it asked) after its confirmation is
+spent — so :func:`check_runtime_support` refuses it at plan, confirm and create alike
 (``capability_unavailable``, with the JSON path of every unsupported part), before anything is
 created or consumed.
 
@@ -19,6 +18,10 @@ requires their data to be ``eval`` data (the role whose rows may hold ``prompt``
 first training step (``data_invalid``): the server never holds the data. Nor the tokenizer file
 the manifest names: its digest and its vocabulary (against the model's) are checked by data
 preparation, before anything is tokenized (``tokenizer_invalid``).
+
+Initial weights (``model.revision``) are not judged here: whether they resolve needs the
+store (an earlier run's committed checkpoint) or the file system, so the server resolves them
+beside this check (:mod:`ito.server.services.revisions`, ``revision_unresolvable``).
 
 Pure: the manifest in, a refusal out; no I/O.
 """
@@ -54,22 +57,10 @@ and not under pipeline parallelism."""
 def unsupported_parts(manifest: Manifest, pipeline_stages: int = 1) -> list[dict[str, str]]:
     """Every part of ``manifest`` this runtime cannot carry out on a layout with
     ``pipeline_stages`` pipeline stages: ``path`` (JSON path), ``capability``
-    (``model_revision``, ``post_training``, ``data_uri_scheme``, ``data_uri``,
+    (``post_training``, ``data_uri_scheme``, ``data_uri``,
     ``tokenizer_uri_scheme``, ``tokenizer_uri``, ``eval``, ``eval_layout`` or ``ladder``) and
     ``reason``."""
     found: list[dict[str, str]] = []
-    if manifest.model.revision != "scratch":
-        # Accepted by the schema for what is to come; the engine builds every model from its
-        # seeded random initialisation, so a run asked to fine-tune would silently train from
-        # scratch.
-        found.append(
-            {
-                "path": "$.model.revision",
-                "capability": "model_revision",
-                "reason": "this runtime version starts every run from random weights "
-                "(revision 'scratch'); starting from given weights is not built yet",
-            }
-        )
     post = manifest.post_training
     for name in ("sft", "dpo", "rlvr"):
         if getattr(post, name) is None:

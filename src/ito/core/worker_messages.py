@@ -92,6 +92,9 @@ class Lease(_Answer):
     parallelism: dict[str, Any] | None = None
     """The run's accepted parallelism plan, as gate 5 stored it with the run's estimate
     (:meth:`ito.core.run_plan.RunPlan.to_dict`); ``None`` for runs created before it was."""
+    initial_weights: dict[str, Any] | None = None
+    """The run's resolved initial weights (:class:`ito.core.revisions.InitialWeights`, as
+    plan/create recorded them in its estimate); ``None``: random initialisation."""
     provenance_sha256: Annotated[str, Field(max_length=80)] | None = None
     """The data-preparation report already bound to the run (an earlier attempt uploaded it):
     this attempt's preparation must reproduce it."""

@@ -2,7 +2,10 @@
 
 Layout: ``<root>/<stage>/step_<global step:08d>/`` holds the DCP files; ``COMMIT`` (JSON: step,
 stage, bytes, seconds, tokens_seen, …) is written by rank 0 last, by rename, after every rank's
-bytes and the DCP metadata are on disk. A directory without ``COMMIT`` is never loaded.
+bytes and the DCP metadata are on disk. A directory without ``COMMIT`` is never loaded. The
+checkpoint event carries the digest of ``.metadata`` and ``COMMIT``
+(:func:`ito.core.revisions.checkpoint_digest`), which names the checkpoint to a later run that
+starts from it.
 
 Saving is ``dcp.async_save`` with a :class:`DefaultStager` staging in a background thread, so the
 call returns at once; the one thing training must not do before staging has copied the state is
@@ -39,11 +42,13 @@ from torch.distributed.checkpoint.state_dict_loader import load
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse, async_save
 
 from ito.core.errors import ItoError
+from ito.core.revisions import checkpoint_digest
 from ito.pipeline.events import EventWriter
 from ito.pipeline.storage_fs import ProvenDir, StoragePath, open_proven, proven_dir, tree_bytes
 
 __all__ = [
     "COMMIT",
+    "METADATA",
     "Checkpointer",
     "Committed",
     "checkpoint_location",
@@ -54,6 +59,8 @@ __all__ = [
 ]
 
 COMMIT = "COMMIT"
+METADATA = ".metadata"
+"""DCP's metadata file (the shards' layout), written once every rank's bytes are on disk."""
 
 
 @dataclass(frozen=True)
@@ -334,9 +341,11 @@ class Checkpointer:
                 "world_size": dist.get_world_size(),
             }
             tmp = f".{COMMIT}.tmp"
+            commit = json.dumps(info).encode()
             again.unlink(tmp, missing_ok=True)
-            again.write_new(tmp, json.dumps(info).encode())
+            again.write_new(tmp, commit)
             again.replace(tmp, COMMIT)
+            digest = checkpoint_digest(again.read(METADATA), commit)
         self.events.emit(
             "checkpoint",
             stage=pending.stage,
@@ -345,6 +354,7 @@ class Checkpointer:
             bytes=size,
             seconds=info["seconds"],
             blocking_seconds=info["blocking_seconds"],
+            sha256=digest,
         )
         for old in committed_checkpoints(self.storage)[: -self.keep_last]:
             with proven_dir(self.storage.child(old.stage)) as stage_dir:

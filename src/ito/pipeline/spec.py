@@ -16,7 +16,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from ito.core.manifest import Manifest, parse_manifest
-from ito.core.run_spec import BookedAccelerator, LayoutSpec, RunSpecDocument
+from ito.core.run_spec import (
+    BookedAccelerator,
+    InitialWeightsSpec,
+    LayoutSpec,
+    RunSpecDocument,
+)
 from ito.pipeline.storage_fs import StoragePath
 
 __all__ = ["FailAt", "Replica", "RestartFrom", "RunSpec", "load_spec", "stop_file"]
@@ -105,6 +110,10 @@ class RunSpec:
     accelerator: BookedAccelerator | None = None
     """The booked accelerator, checked before training (:mod:`ito.pipeline.accelerator`);
     ``None``: not checked (the engine run alone, in tests)."""
+    initial_weights: InitialWeightsSpec | None = None
+    """What the run starts from, loaded before step 0 when there is no checkpoint of its own
+    to resume (:mod:`ito.pipeline.initial_weights`); ``None``: the seeded random
+    initialisation."""
     provenance_sha256: str | None = None
     """The data-preparation report bound to the run: a prepared shard is read only if
     ``provenance.json`` has this digest and lists the shard's digest
@@ -177,6 +186,7 @@ def load_spec(path: Path) -> RunSpec:
         storage_root=Path(doc.storage_root) if doc.storage_root is not None else None,
         layout=doc.layout,
         accelerator=doc.accelerator,
+        initial_weights=doc.initial_weights,
         provenance_sha256=doc.provenance_sha256,
         document=json.loads(raw),
     )

@@ -47,6 +47,7 @@ from ito.pipeline.data_prep import named_tokenizer
 from ito.pipeline.events import EventWriter
 from ito.pipeline.export import export_model
 from ito.pipeline.grad_accum import accumulate
+from ito.pipeline.initial_weights import load_initial_weights
 from ito.pipeline.ladder import LadderJob
 from ito.pipeline.layout import DEFAULT_MICRO_BATCH, EngineLayout, build_mesh, mesh_dims
 from ito.pipeline.model import (
@@ -447,6 +448,8 @@ class Trainer:
                     f"{self.spec.restart_from.skip_steps} batch(es) of data",
                 )
         else:
+            if self.spec.initial_weights is not None:
+                self._load_initial_weights()
             if not self._ladder_passes():
                 self.checkpointer.close()
                 self.events.emit(
@@ -498,6 +501,21 @@ class Trainer:
                     )
         finally:
             self.sync.shutdown()
+
+    def _load_initial_weights(self) -> None:
+        """The manifest's ``model.revision`` instead of the random initialisation, verified
+        first (:mod:`ito.pipeline.initial_weights`); only a run with no checkpoint of its own."""
+        weights = self.spec.initial_weights
+        assert weights is not None
+        load_initial_weights(
+            weights,
+            self.model,
+            size=self.size,
+            tokenizer=self.tokenizer,
+            storage_root=self.spec.storage_root,
+            group=self.ckpt_group,
+        )
+        self.events.log("info", f"initial weights loaded from {weights.revision}")
 
     def _ladder_passes(self) -> bool:
         """The ladder decision on the run's custom data (:mod:`ito.pipeline.ladder`); ``True``

@@ -63,6 +63,47 @@ def checkpoint_storage(uri: str, storage_root: str | None, run_id: str) -> Stora
     return StoragePath(Path(root), parts)
 
 
+def initial_weights_spec(lease: Lease, storage_root: Path) -> dict[str, Any] | None:
+    """The engine's ``initial_weights`` for the lease's resolved revision, below the booking's
+    (resolved) ``storage_root``: a ``run:`` checkpoint's step directory (the source run's
+    checkpoint URI re-checked against the booking's storage as this worker's own is) or the
+    Hugging Face directory (re-checked inside it)."""
+    from ito.core.revisions import InitialWeights, storage_parts
+
+    if lease.initial_weights is None:
+        return None
+    try:
+        weights = InitialWeights.from_dict(lease.initial_weights)
+    except TypeError:
+        raise ItoError("revision_unresolvable", "the run's initial weights are malformed") from None
+    if weights.kind == "hf":
+        if weights.path is None:
+            raise ItoError("revision_unresolvable", "the run's initial weights are malformed")
+        # Inside the booking's storage, re-checked here, below the root as this worker found it.
+        path = str(storage_root.joinpath(*storage_parts(weights.path, lease.booking.storage_uri)))
+    else:
+        if weights.checkpoint_uri is None or weights.run_id is None or weights.step is None:
+            raise ItoError("revision_unresolvable", "the run's initial weights are malformed")
+        try:
+            source = checkpoint_storage(
+                weights.checkpoint_uri, lease.booking.storage_uri, weights.run_id
+            )
+        except ItoError:
+            raise ItoError(
+                "revision_unresolvable",
+                "the initial weights' checkpoint is outside the booking's storage",
+            ) from None
+        path = str(
+            storage_root.joinpath(*source.parts, str(weights.stage), f"step_{weights.step:08d}")
+        )
+    return {
+        "kind": weights.kind,
+        "path": path,
+        "sha256": weights.sha256,
+        "revision": weights.revision,
+    }
+
+
 class EventTail:
     """New complete lines of a growing JSONL file, each parsed as its event model."""
 
@@ -150,6 +191,10 @@ class Supervisor:
         bound = self._bind_provenance(run_id, attempt, workdir, lease.provenance_sha256)
         if isinstance(bound, Outcome):
             return bound
+        try:
+            initial = initial_weights_spec(lease, real_root)
+        except ItoError as exc:
+            return self._finish(run_id, attempt, Outcome("failed", exc.code, exc.message))
         events_path = workdir / f"events-{attempt}.jsonl"
         restart = lease.restart_from
         fields: dict[str, Any] = {
@@ -172,6 +217,8 @@ class Supervisor:
             "layout": (lease.parallelism or {}).get("layout"),
             # Training reads only shards whose digests are those of this bound report.
             "provenance_sha256": bound,
+            # The weights it starts from (None: random); the engine verifies them first.
+            "initial_weights": initial,
         }
         try:
             spec = RunSpecDocument.model_validate(fields | self.spec_overrides)

@@ -28,6 +28,7 @@ from ito.server.services.bookings import booking_dict, booking_view, get_booking
 from ito.server.services.credentials import AuthContext, hmac_hex
 from ito.server.services.manifest_cache import parsed_manifest
 from ito.server.services.manifests import load_manifest, store_manifest
+from ito.server.services.revisions import resolve_revision
 from ito.server.store.runtime_tables import RunLease
 from ito.server.store.tables import Confirmation, Run, table_of, utcnow
 
@@ -104,6 +105,7 @@ def request_confirmation(
             row, _ = load_manifest(session, ctx.account_id, manifest_digest)
         manifest = parsed_manifest(row.content, row.digest)
         result = check_resources(manifest, view, now)
+        initial = resolve_revision(session, ctx.account_id, manifest, view)
         cost = max(0.01, math.ceil(result.estimate.cost_usd * 100) / 100)
         target_id = booking.id
         details = {
@@ -111,6 +113,8 @@ def request_confirmation(
             "manifest_summary": row.summary,
             "estimate": {k: v for k, v in result.estimate.to_dict().items() if k != "stages"},
         }
+        if initial is not None:
+            details["initial_weights"] = initial.to_dict()
     else:
         if not run_id or booking_id or manifest_digest:
             raise ItoError("invalid_arguments", "run confirmations name a run and nothing else")

@@ -209,6 +209,7 @@ def lease_next(
         "lease_ttl_s": settings.ttl.total_seconds(),
         "heartbeat_s": settings.heartbeat_seconds,
         "parallelism": (run.estimate or {}).get("parallelism"),
+        "initial_weights": (run.estimate or {}).get("initial_weights"),
         "provenance_sha256": run.provenance_sha256,
     }
 
@@ -368,6 +369,8 @@ def report(
                     "step": item.step,
                     "bytes": item.bytes,
                     "seconds": item.seconds,
+                    # What a later run's ``run:<id>@<step>`` revision is checked against.
+                    **({"sha256": item.sha256} if item.sha256 is not None else {}),
                 },
             )
             counts["checkpoints"] += 1

@@ -16,6 +16,7 @@ from ito.core.run_plan import RunPlan, plan_run_parallelism
 from ito.core.stage_plan import PlannedStage, data_parallel, sequences_per_step
 from ito.server.services.bookings import booking_view, get_booking
 from ito.server.services.manifest_cache import parsed_manifest
+from ito.server.services.revisions import resolve_revision
 from ito.server.store.tables import utcnow
 
 __all__ = ["plan_run", "plan_stage_dict"]
@@ -52,6 +53,16 @@ def plan_run(session: Session, account_id: str, booking_id: str, raw: bytes) -> 
         }
     except ItoError as exc:
         checks = {"ok": False, "error": exc.to_error_body()}
+        refusals.append(exc.to_error_body())
+
+    # The initial weights (model.revision): resolved as create will resolve them.
+    initial_weights: dict[str, Any] | None = None
+    try:
+        resolved = resolve_revision(session, account_id, manifest, view)
+        initial_weights = resolved.to_dict() if resolved is not None else None
+    except ItoError as exc:
+        if checks["ok"]:
+            checks = {"ok": False, "error": exc.to_error_body()}
         refusals.append(exc.to_error_body())
 
     # Gate 5 planned the run when its checks passed; otherwise the plan is asked for on its own,
@@ -98,6 +109,7 @@ def plan_run(session: Session, account_id: str, booking_id: str, raw: bytes) -> 
         "eligibility": eligibility,
         "checks": checks,
         "parallelism": parallelism,
+        "initial_weights": initial_weights,
         "stage_plan": stages,
         "cost": {
             k: v

@@ -27,6 +27,7 @@ from ito.core.gates import (
     validate_idempotency_key,
 )
 from ito.core.manifest import Manifest, manifest_digest
+from ito.core.revisions import InitialWeights
 from ito.core.stage_plan import stored_stage_plan
 from ito.core.states import ConfirmationAction, RunState, check_transition
 from ito.server.ids import new_id
@@ -46,6 +47,7 @@ from ito.server.services.idempotency import (
 )
 from ito.server.services.manifest_cache import cached_manifest, parsed_manifest
 from ito.server.services.manifests import find_manifest, store_manifest
+from ito.server.services.revisions import resolve_revision
 from ito.server.services.run_progress import run_progress
 from ito.server.store.db import Database
 from ito.server.store.tables import (
@@ -255,6 +257,8 @@ def _commit_prepared(
     checked = prepared.checked
     if view != prepared.view or now + timedelta(seconds=checked.estimate.seconds) > view.term_end:
         checked = check_resources(prepared.manifest, view, now, run_id_hint=prepared.run_id)
+    # The initial weights, resolved under the lock: the source run's checkpoints as they are.
+    initial = resolve_revision(session, ctx.account_id, prepared.manifest, view)
     return _write_run(
         session,
         ctx,
@@ -264,6 +268,7 @@ def _commit_prepared(
         view=view,
         confirmation=confirmation,
         checked=checked,
+        initial=initial,
         now=now,
     )
 
@@ -307,6 +312,7 @@ def _create_in_transaction(
 
     # Gate 5: fabric, capacity, data policy, checkpoint storage, term and cost.
     checked = check_resources(manifest, view, now, run_id_hint=run_id)
+    initial = resolve_revision(session, ctx.account_id, manifest, view)
     return _write_run(
         session,
         ctx,
@@ -316,6 +322,7 @@ def _create_in_transaction(
         view=view,
         confirmation=confirmation,
         checked=checked,
+        initial=initial,
         now=now,
     )
 
@@ -388,16 +395,19 @@ def _write_run(
     view: BookingView,
     confirmation: Confirmation | Row[Any],
     checked: ResourceCheck,
+    initial: InitialWeights | None,
     now: datetime,
 ) -> CreateRunResult:
     """The end of every create that passed gates 1 to 5: the cost bound, then the writes —
     the confirmation consumed, the manifest stored (``new_manifest``: bytes the store lacks),
-    the run and its event (the key was bound to them when it was reserved)."""
+    the run and its event (the key was bound to them when it was reserved). The resolved
+    initial weights are recorded in the run's estimate, beside its parallelism plan."""
     _check_cost_bound(checked, confirmation)
+    _check_initial_weights(initial, confirmation)
     mark_consumed(session, confirmation, run_id, now)
     if new_manifest is not None:
         store_manifest(session, ctx.account_id, new_manifest)
-    _insert_run(session, ctx, req, run_id, view.id, confirmation, checked, now)
+    _insert_run(session, ctx, req, run_id, view.id, confirmation, checked, initial, now)
     return CreateRunResult(data=_created(req, run_id), replayed=False)
 
 
@@ -435,6 +445,22 @@ def _check_cost_bound(checked: ResourceCheck, confirmation: Confirmation | Row[A
         )
 
 
+def _check_initial_weights(
+    initial: InitialWeights | None, confirmation: Confirmation | Row[Any]
+) -> None:
+    """The weights the run would start from are the ones the approver was shown (the source
+    run may have committed that step again since, with other weights)."""
+    approved = (confirmation.details or {}).get("initial_weights")
+    resolved = initial.to_dict() if initial is not None else None
+    if approved != resolved:
+        raise ItoError(
+            "confirmation_mismatch",
+            "the initial weights are not the ones the confirmation approved",
+            approved_sha256=(approved or {}).get("sha256"),
+            resolved_sha256=(resolved or {}).get("sha256"),
+        )
+
+
 def _insert_run(
     session: Session,
     ctx: AuthContext,
@@ -443,6 +469,7 @@ def _insert_run(
     booking_id: str,
     confirmation: Confirmation | Row[Any],
     checked: ResourceCheck,
+    initial: InitialWeights | None,
     now: datetime,
 ) -> None:
     """The run and its ``created`` event: two plain INSERTs on the session's connection (no
@@ -460,7 +487,8 @@ def _insert_run(
             "state": RunState.queued.value,
             "stage": None,
             "cleanup_state": "none",
-            "estimate": checked.estimate.to_dict(),
+            "estimate": checked.estimate.to_dict()
+            | ({"initial_weights": initial.to_dict()} if initial is not None else {}),
             "checkpoint_uri": checked.checkpoint_uri,
             "created_by": ctx.principal_id,
             "created_at": now,
