@@ -118,8 +118,8 @@ def test_post_training_stages_come_after_the_curriculum_through_the_same_functio
 
 
 def test_post_training_steps_are_the_rows_the_engine_trains_on_at_each_stage_s_length() -> None:
-    # The post recipe: SFT at seq_len 32, DPO and RLVR at 16, RLVR in groups of 8; 4 sequences per rank
-    # on 2 data-parallel ranks (the engine's default on 2 CPU processes).
+    # The post recipe: SFT at seq_len 32, DPO and RLVR at 16, RLVR in groups of 8; 4 sequences
+    # per rank on 2 data-parallel ranks (the engine's default on 2 CPU processes).
     manifest = parse_manifest(json.dumps(build_recipe("post", "/data").manifest).encode())
     sft, dpo, rlvr = _plan(manifest, per_step=8, dp=2).stages[-3:]
     assert (sft.seq_len, sft.tokens_per_step, sft.steps) == (32, 8 * 32, 2048 // (8 * 32))
