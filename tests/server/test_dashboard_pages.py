@@ -144,6 +144,12 @@ def test_run_page_shows_the_runs_stages_gate_charts_logs_and_checkpoints_as_the_
     assert gate_row is not None
     assert "3.125" in gate_row.group(0) and "5.938" in gate_row.group(0)  # value, 0.95 × 6.25
     assert "heldout_loss(web)" in gate_row.group(0)
+    # Progress inside the stage: its step of the stored plan's steps, as the API answers it.
+    progress = tenant.api("GET", f"/v1/runs/{run_id}")["data"]["progress"]
+    (pretrain,) = [p for p in progress if p["name"] == "pretrain"]
+    assert pretrain["step"] == STEPS and pretrain["steps"] > STEPS
+    row = re.search(r'<tr data-stage="pretrain" data-status="running">.*?</tr>', html, re.S)
+    assert row is not None and f"{STEPS} / {pretrain['steps']}" in row.group(0)
 
     # The log tail ends at the last line, the checkpoint is listed, telemetry is shown.
     logs = tenant.api("GET", f"/v1/runs/{run_id}/logs")["data"]["lines"]

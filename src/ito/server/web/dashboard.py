@@ -29,6 +29,7 @@ from ito.server.services.lifecycle import (
     log_tail,
 )
 from ito.server.services.provenance import provenance_of
+from ito.server.services.run_progress import run_progress
 from ito.server.services.runs import event_dict, get_run, list_events, list_runs, run_dict
 from ito.server.services.telemetry import booking_telemetry, run_costs, run_telemetry
 from ito.server.web.charts import Series, line_chart
@@ -205,7 +206,8 @@ def run_page(
     session: Session, account_id: str, run_id: str, public_url: str, now: datetime
 ) -> dict[str, Any]:
     """Everything the run's page shows; ``run_not_found`` for a missing or another tenant's."""
-    run = run_dict(get_run(session, account_id, run_id))
+    row = get_run(session, account_id, run_id)
+    run = run_dict(row)
     events = _all_events(session, account_id, run_id)
     gates = gates_of(session, account_id, run_id)
     points = _all_metrics(session, account_id, run_id)
@@ -214,6 +216,10 @@ def run_page(
         if p["name"] == "loss":
             steps.setdefault(p["stage"], []).append(p["step"])
     timeline = timeline_of(run, events, gates["gates"], steps)
+    # Step / total, tokens and ETA inside each stage of the stored plan.
+    inside = {p["name"]: p for p in run_progress(session, row)}
+    for item in timeline:
+        item["progress"] = inside.get(item["stage"])
     planned = {s["stage"] for s in _planned_stages(run)}
     completed = sum(1 for t in timeline if t["status"] == "completed" and t["stage"] in planned)
     try:
