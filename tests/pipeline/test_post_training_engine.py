@@ -17,11 +17,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from ito.recipes import build_recipe
 from tests.pipeline.test_pretrain_engine import (
     assert_same_losses,
     events,
     losses,
+    make_spec,
     torchrun,
 )
 
@@ -35,27 +35,12 @@ FIRST = {stage: i * STEPS + 1 for i, stage in enumerate(STAGES)}
 
 
 def make_post_spec(root: Path, **overrides: Any) -> Path:
-    data = root / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    recipe = build_recipe("post", str(data))
-    for name, content in recipe.files.items():
-        (data / name).write_bytes(content)
-    manifest = recipe.manifest
-    manifest["checkpoint"] = {"every_steps": 2, "keep_last": 2, "storage": "booking"}
-    spec = {
-        "run_id": "run-post-1",
-        "attempt": 1,
-        "manifest": manifest,
-        "workdir": str(root / "work"),
-        "checkpoint_dir": str(root / "ckpt"),
-        "events_path": str(root / "events.jsonl"),
-        "stages": STAGES,
-        "max_steps_per_stage": STEPS,
-    }
-    spec.update(overrides)
-    path = root / "spec.json"
-    path.write_text(json.dumps(spec))
-    return path
+    return make_spec(
+        root,
+        recipe_name="post",
+        every_steps=2,
+        **({"run_id": "run-post-1", "stages": STAGES, "max_steps_per_stage": STEPS} | overrides),
+    )
 
 
 def edit_manifest(spec: Path, edit: Any) -> None:

@@ -39,14 +39,18 @@ MAX_STEPS = 8
 DEADLINE_S = 240
 
 
-def make_spec(root: Path, **overrides: Any) -> Path:
+def make_spec(
+    root: Path, *, recipe_name: str = "test", every_steps: int = 3, **overrides: Any
+) -> Path:
+    """``spec.json`` for the engine on ``recipe_name`` (its data written under ``root``),
+    checkpointing every ``every_steps``; ``overrides`` replace top-level spec fields."""
     data = root / "data"
     data.mkdir(parents=True, exist_ok=True)
-    recipe = build_recipe("test", str(data))
+    recipe = build_recipe(recipe_name, str(data))
     for name, content in recipe.files.items():
         (data / name).write_bytes(content)
     manifest = recipe.manifest
-    manifest["checkpoint"] = {"every_steps": 3, "keep_last": 2, "storage": "booking"}
+    manifest["checkpoint"] = {"every_steps": every_steps, "keep_last": 2, "storage": "booking"}
     spec = {
         "run_id": "run-test-1",
         "attempt": 1,
