@@ -189,3 +189,62 @@ def test_dynamic_sampling_that_runs_out_of_rounds_ends_the_run_with_its_code(
     assert evs[-1]["type"] == "done", result.stdout[-4000:]
     assert evs[-1]["status"] == "failed" and evs[-1]["code"] == "dynamic_sampling_exhausted"
     assert not [e for e in evs if e["type"] == "metric" and "loss" in e["values"]]
+
+
+def rlvr_metrics(root: Path) -> list[dict[str, Any]]:
+    return [
+        e["values"]
+        for e in events(root)
+        if e["type"] == "metric" and e["stage"] == "rlvr" and "loss" in e["values"]
+    ]
+
+
+FIGURES = ["loss", "grad_norm", "reward_mean", "kept_group_fraction", "generation_rounds"]
+"""RLVR figures that a step computes from its samples and the policy (not from the clock)."""
+
+
+def test_the_separate_rollout_worker_at_max_staleness_0_gives_the_synchronous_losses(
+    reference: Path, tmp_path: Path
+) -> None:
+    # The recipe asks for max_staleness 0, for which the engine's own choice is the
+    # synchronous loop (the reference); the hook forces the separate worker.
+    result = torchrun(make_post_spec(tmp_path, rollout_worker=True))
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert events(tmp_path)[-1]["status"] == events(reference)[-1]["status"]
+    assert losses(events(tmp_path)) == losses(events(reference))
+    ours, theirs = rlvr_metrics(tmp_path), rlvr_metrics(reference)
+    assert [{k: v[k] for k in FIGURES} for v in ours] == [
+        {k: v[k] for k in FIGURES} for v in theirs
+    ]
+    assert all(v["rollout_lag_max"] == 0 and v["rollout_dropped"] == 0 for v in ours)
+    assert not (tmp_path / "work" / "rollout").exists()
+
+
+def test_a_slow_trainer_with_max_staleness_1_never_consumes_a_lag_2_sample_and_counts_drops(
+    tmp_path: Path,
+) -> None:
+    """The worker generates ahead of the trainer (up to max_staleness + 1 steps); a trainer
+    much slower than generation finds some batches two versions old, drops them and trains
+    on the batch generated again with its current weights."""
+    spec = make_post_spec(tmp_path, stages=["rlvr"], max_steps_per_stage=4, min_step_seconds=5.0)
+
+    def stale_one(manifest: dict[str, Any]) -> None:
+        manifest["post_training"]["rlvr"]["max_staleness"] = 1
+
+    edit_manifest(spec, stale_one)
+    result = torchrun(spec)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert events(tmp_path)[-1]["type"] == "done"
+    metrics = rlvr_metrics(tmp_path)
+    assert len(metrics) == 4
+    for values in metrics:
+        assert values["rollout_lag_max"] <= 1
+        lags = {
+            int(k.rsplit("_", 1)[1]): v
+            for k, v in values.items()
+            if k[:12] == "rollout_lag_" and k != "rollout_lag_max"
+        }
+        assert values["rollout_dropped"] == sum(n for lag, n in lags.items() if lag > 1)
+        assert math.isfinite(values["loss"])
+    assert sum(v["rollout_dropped"] for v in metrics) > 0
+    assert not (tmp_path / "work" / "rollout").exists()

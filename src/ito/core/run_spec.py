@@ -130,6 +130,9 @@ class RunSpecDocument(_Spec):
     pause_at_step: PositiveStep | None = None
     min_step_seconds: Annotated[float, Field(gt=0, le=60, allow_inf_nan=False)] | None = None
     restart_from: RestartFromSpec | None = None
+    rollout_worker: bool | None = None
+    """Test hook: ``True`` runs RLVR's rollouts in the separate worker, ``False`` in the
+    synchronous loop; ``None``: the engine chooses (``ito.pipeline.train``)."""
     layout: LayoutSpec | None = None
     """The planned layout; ``None``: FSDP over every rank (the engine's default)."""
     accelerator: BookedAccelerator | None = None

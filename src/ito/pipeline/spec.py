@@ -91,6 +91,9 @@ class RunSpec:
     min_step_seconds: float | None = None
     """Test hook: each step lasts at least this long (stands in for a slower accelerator, so a
     drill can act on a run that is still training)."""
+    rollout_worker: bool | None = None
+    """Test hook: ``True`` forces RLVR's separate rollout worker, ``False`` the synchronous
+    loop; ``None``: the engine chooses."""
     restart_from: RestartFrom | None = None
     """A human-approved restart: resume from exactly this checkpoint, skipping a data window."""
     replica: Replica | None = None
@@ -174,6 +177,7 @@ def load_spec(path: Path) -> RunSpec:
         pause_at_step=doc.pause_at_step,
         min_step_seconds=doc.min_step_seconds,
         restart_from=restart,
+        rollout_worker=doc.rollout_worker,
         storage_root=Path(doc.storage_root) if doc.storage_root is not None else None,
         layout=doc.layout,
         accelerator=doc.accelerator,
