@@ -171,12 +171,14 @@ def test_a_post_training_gate_that_fails_ends_the_run_before_the_next_stage(
     assert "dpo" not in {e.get("stage") for e in evs}
 
 
+@pytest.mark.parametrize("worker", [False, True], ids=["synchronous", "rollout-worker"])
 def test_dynamic_sampling_that_runs_out_of_rounds_ends_the_run_with_its_code(
-    tmp_path: Path,
+    tmp_path: Path, worker: bool
 ) -> None:
     """An untrained model never answers a sum: with no length shaping every reward is 0, no
-    group is informative, and the stage ends at its round limit."""
-    spec = make_post_spec(tmp_path, stages=["rlvr"], max_steps_per_stage=2)
+    group is informative, and the stage ends at its round limit — in the worker's batch too,
+    whose code the trainer raises."""
+    spec = make_post_spec(tmp_path, stages=["rlvr"], max_steps_per_stage=2, rollout_worker=worker)
 
     def flat_rewards(manifest: dict[str, Any]) -> None:
         dapo = manifest["post_training"]["rlvr"]["dapo"]
@@ -223,10 +225,17 @@ def test_the_separate_rollout_worker_at_max_staleness_0_gives_the_synchronous_lo
 def test_a_slow_trainer_with_max_staleness_1_never_consumes_a_lag_2_sample_and_counts_drops(
     tmp_path: Path,
 ) -> None:
-    """The worker generates ahead of the trainer (up to max_staleness + 1 steps); a trainer
-    much slower than generation finds some batches two versions old, drops them and trains
-    on the batch generated again with its current weights."""
-    spec = make_post_spec(tmp_path, stages=["rlvr"], max_steps_per_stage=4, min_step_seconds=5.0)
+    """A worker allowed to generate two steps ahead (one more than the bound: the default is
+    max_staleness, which never makes a batch the gate must drop) and a trainer much slower
+    than generation: some batches are two versions old when their step comes; the trainer
+    drops them, counts them, and trains on the batch generated again with its weights."""
+    spec = make_post_spec(
+        tmp_path,
+        stages=["rlvr"],
+        max_steps_per_stage=4,
+        min_step_seconds=6.0,
+        rollout_lookahead=2,
+    )
 
     def stale_one(manifest: dict[str, Any]) -> None:
         manifest["post_training"]["rlvr"]["max_staleness"] = 1
@@ -248,3 +257,19 @@ def test_a_slow_trainer_with_max_staleness_1_never_consumes_a_lag_2_sample_and_c
         assert math.isfinite(values["loss"])
     assert sum(v["rollout_dropped"] for v in metrics) > 0
     assert not (tmp_path / "work" / "rollout").exists()
+
+
+def test_at_max_staleness_1_the_engine_uses_the_worker_and_drops_nothing(tmp_path: Path) -> None:
+    """The engine's own choice: stale samples allowed, so rollouts come from the separate
+    worker, which generates at most max_staleness steps ahead: nothing is too stale."""
+    spec = make_post_spec(tmp_path, stages=["rlvr"], max_steps_per_stage=4)
+
+    def stale_one(manifest: dict[str, Any]) -> None:
+        manifest["post_training"]["rlvr"]["max_staleness"] = 1
+
+    edit_manifest(spec, stale_one)
+    result = torchrun(spec)
+    assert result.returncode == 0, result.stdout[-4000:]
+    metrics = rlvr_metrics(tmp_path)
+    assert len(metrics) == 4
+    assert all(v["rollout_lag_max"] <= 1 and v["rollout_dropped"] == 0 for v in metrics)

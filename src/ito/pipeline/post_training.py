@@ -15,9 +15,10 @@ is and how its loss is formed (:mod:`ito.pipeline.post_losses`):
   (:mod:`ito.pipeline.rollout`), rewards them (:mod:`ito.core.rewards`, plus DAPO's overlong
   shaping), keeps only groups whose rewards differ (dynamic sampling,
   :class:`ito.core.rl_batches.DynamicSampler`), and takes one clipped policy-gradient step with
-  token-level aggregation, truncated completions masked out, no KL term. The samples are the
-  current policy's (on-policy: the ratio is 1 at the step; clip-higher acts when the generating
-  policy lags, as with a separate rollout worker).
+  token-level aggregation, truncated completions masked out, no KL term. In the synchronous
+  loop the samples are the current policy's (on-policy: the ratio is 1 at the step); from the
+  separate rollout worker (:mod:`ito.pipeline.rollout_worker`) they may lag and carry their
+  generating policy's log-probabilities, against which clip-higher acts.
 
 Every rank of a world keeps in step: equal numbers of forwards in every generation round and
 micro-batch, groups gathered so each rank sees the same global list (and so keeps the same ones).

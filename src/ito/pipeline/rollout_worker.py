@@ -22,14 +22,15 @@ under ``DIR`` (``<workdir>/rollout``), each written to a temporary name and rena
 Version ``v`` is the policy after the stage's step position ``v``: the trainer publishes ``v``
 before it asks for batch ``v``, and consumes batch ``p`` at version ``p`` (lag = ``p`` − the
 batch's version). The worker serves requests first; otherwise it generates ahead with its newest
-version, up to ``lookahead`` positions past the last request — ``max_staleness + 1`` (one batch
-past the bound is speculative: it is consumable when the trainer is slower than generation…
-hence kept — and dropped when the trainer is the slow side), 0 at ``max_staleness`` 0 (strictly
-on-policy: nothing generated ahead could be consumed). The trainer's
-:class:`~ito.core.rl_batches.StalenessGate` drops a batch whose lag passes ``max_staleness``,
-counts it, and asks for the same position again (attempt + 1), which the worker generates with
-the version the trainer published last — so a consumed batch of lag 0 is exactly the
-synchronous loop's.
+version, up to ``lookahead`` positions past the last request. The default lookahead is
+``max_staleness``: the trainer publishes version ``p`` before it asks for batch ``p``, so a batch
+started further ahead is certain to pass the bound when consumed (measured: with one more, that
+batch was dropped at nearly every step). The trainer's
+:class:`~ito.core.rl_batches.StalenessGate` is what guarantees the bound whatever the worker
+does (a test hook sets a deeper lookahead to exercise it): it drops a batch whose lag passes
+``max_staleness``, counts it, and asks for the same position again (attempt + 1), which the
+worker generates with the version the trainer published last — so a consumed batch of lag 0 is
+exactly the synchronous loop's.
 
 Where it runs: CPU layouts with FSDP over one mesh dimension (no tensor or pipeline parallelism,
 no replica groups); :func:`worker_supported` says so, and the engine falls back to the
@@ -265,7 +266,7 @@ class _Worker:
         newest = self._newest()
         if newest > self.version:
             state = assemble(self.root / f"v{newest}", self.config.world)
-            self.model.load_state_dict(state, strict=False)
+            self.model.load_state_dict(state)
             self.version = newest
             for p in self.root.iterdir():
                 m = re.fullmatch(r"v(\d+)", p.name)

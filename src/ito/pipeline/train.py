@@ -1038,7 +1038,9 @@ class Trainer:
                 f"synchronous loop, on-policy (max_staleness {recipe.max_staleness} unused)",
             )
             return
-        lookahead = recipe.max_staleness + 1 if recipe.max_staleness > 0 else 0
+        lookahead = self.spec.rollout_lookahead
+        if lookahead is None:
+            lookahead = recipe.max_staleness
         config = WorkerConfig(
             rlvr=rlvr,
             size=self.spec.manifest.model.size,
