@@ -273,3 +273,21 @@ def test_at_max_staleness_1_the_engine_uses_the_worker_and_drops_nothing(tmp_pat
     metrics = rlvr_metrics(tmp_path)
     assert len(metrics) == 4
     assert all(v["rollout_lag_max"] <= 1 and v["rollout_dropped"] == 0 for v in metrics)
+
+
+def test_rlvr_through_the_worker_resumed_after_a_rank_dies_continues_the_same_curve(
+    reference: Path, tmp_path: Path
+) -> None:
+    """The restarted world starts a new worker at the resumed step (the old one, its parent
+    gone, exits); at max_staleness 0 the curve is the synchronous reference's."""
+    fail = FIRST["rlvr"] + STEPS - 1
+    spec = make_post_spec(tmp_path, fail_at={"rank": 1, "step": fail}, rollout_worker=True)
+    result = torchrun(spec, "--max-restarts=1")
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert "exitcode: 137" in result.stdout
+    evs = events(tmp_path)
+    assert evs[-1]["type"] == "done" and evs[-1]["status"] == "succeeded"
+    assert_same_losses(losses(evs), dict(losses(events(reference))))
+    # Every RLVR step, before the crash and after the resume, took the worker's batch.
+    assert all(v["rollout_lag_max"] == 0 for v in rlvr_metrics(tmp_path))
+    assert not (tmp_path / "work" / "rollout").exists()

@@ -3,7 +3,8 @@
 The worker is its own process (``python -m ito.pipeline.rollout_worker DIR``), started by the
 trainer's rank 0 when an RLVR stage starts and stopped when it ends. It holds an unsharded copy
 of the policy and a policy **version**; everything between it and the trainer goes through files
-under ``DIR`` (``<workdir>/rollout``), each written to a temporary name and renamed:
+under ``DIR`` (``<workdir>/rollout/<attempt>-<restart>-<stage>``), each written to a temporary
+name and renamed:
 
 - ``config.pt`` — what the worker needs: the stage's :class:`RlvrStep` (prompts, order, seeds,
   recipe), the model size, RoPE base, first position and how far it may run ahead.
@@ -40,6 +41,7 @@ workdir's file system (one node).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -158,9 +160,11 @@ class RolloutClient:
         self.gate = StalenessGate(config.max_staleness)
 
     def start(self) -> None:
-        """Rank 0 clears the directory and starts the worker (collective)."""
+        """Rank 0 clears the directory and starts the worker (collective). The directory is
+        the attempt's and restart's own, and whatever earlier ones left beside it is removed: a
+        worker of a crashed world that has not exited yet writes nowhere a new one reads."""
         if self.rank == 0:
-            shutil.rmtree(self.root, ignore_errors=True)
+            shutil.rmtree(self.root.parent, ignore_errors=True)
             self.root.mkdir(parents=True)
             _atomic_save(self.config, self.root / "config.pt")
             self.proc = subprocess.Popen(
@@ -182,6 +186,8 @@ class RolloutClient:
             self.proc.wait()
         self.proc = None
         shutil.rmtree(self.root, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.root.parent.rmdir()
 
     def batch(self, model: torch.nn.Module, position: int) -> tuple[list[Group], dict[str, float]]:
         """Publish the policy as version ``position``, then the batch of ``position`` whose lag

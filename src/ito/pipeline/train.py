@@ -1051,7 +1051,9 @@ class Trainer:
             lookahead=lookahead,
             max_staleness=recipe.max_staleness,
         )
-        self.rollout = RolloutClient(self.spec.workdir / "rollout", config, self.rank)
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        root = self.spec.workdir / "rollout" / f"{self.spec.attempt}-{restart}-{plan.index}"
+        self.rollout = RolloutClient(root, config, self.rank)
         self.rollout.start()
 
     def _stop_rollout(self) -> None:
