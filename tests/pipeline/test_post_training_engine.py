@@ -291,3 +291,26 @@ def test_rlvr_through_the_worker_resumed_after_a_rank_dies_continues_the_same_cu
     # Every RLVR step, before the crash and after the resume, took the worker's batch.
     assert all(v["rollout_lag_max"] == 0 for v in rlvr_metrics(tmp_path))
     assert not (tmp_path / "work" / "rollout").exists()
+
+
+def test_a_layout_the_worker_does_not_serve_runs_rlvr_in_the_synchronous_loop_with_a_warning(
+    tmp_path: Path,
+) -> None:
+    spec = make_post_spec(
+        tmp_path,
+        stages=["rlvr"],
+        max_steps_per_stage=2,
+        layout={"dp_shard": 1, "tp": 2},
+    )
+
+    def stale_one(manifest: dict[str, Any]) -> None:
+        manifest["post_training"]["rlvr"]["max_staleness"] = 1
+
+    edit_manifest(spec, stale_one)
+    result = torchrun(spec)
+    assert result.returncode == 0, result.stdout[-4000:]
+    evs = events(tmp_path)
+    assert any(e["type"] == "log" and e["level"] == "warning" for e in evs)
+    metrics = rlvr_metrics(tmp_path)
+    assert len(metrics) == 2
+    assert not any("rollout_lag_max" in v for v in metrics)

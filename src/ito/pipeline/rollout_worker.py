@@ -33,10 +33,11 @@ does (a test hook sets a deeper lookahead to exercise it): it drops a batch whos
 worker generates with the version the trainer published last — so a consumed batch of lag 0 is
 exactly the synchronous loop's.
 
-Where it runs: CPU layouts with FSDP over one mesh dimension (no tensor or pipeline parallelism,
-no replica groups); :func:`worker_supported` says so, and the engine falls back to the
-synchronous loop elsewhere with a warning. The files assume the trainer's ranks share the
-workdir's file system (one node).
+Where it runs: CPU layouts with FSDP over one mesh dimension in fp32 (no tensor or pipeline
+parallelism, no replica groups: the worker's copy computes as the trainer does);
+:func:`worker_supported` says so, and the engine falls back to the synchronous loop elsewhere
+with a warning. The files assume the trainer's ranks share the workdir's file system (one
+node).
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ def worker_supported(layout: EngineLayout, device: torch.device, replicated: boo
         and layout.pp == 1
         and layout.cp == 1
         and layout.dp_replicate == 1
+        and layout.param_dtype == torch.float32
         and not replicated
     )
 

@@ -1034,7 +1034,8 @@ class Trainer:
             self.events.log(
                 "warning",
                 "rlvr: the separate rollout worker does not serve this layout (tensor or "
-                "pipeline parallel, replica groups or an accelerator); rollouts run in the "
+                "pipeline parallel, replica groups, low-precision parameters or an "
+                "accelerator); rollouts run in the "
                 f"synchronous loop, on-policy (max_staleness {recipe.max_staleness} unused)",
             )
             return
@@ -1076,7 +1077,8 @@ class Trainer:
                 groups, rollout = self.rollout.batch(self.model, position)
             else:
                 groups, rollout = rlvr.rollout(rlvr.gathered_round(self.model), position)
-            # Generating (synchronous loop) or waiting for the worker's batch (separate worker).
+            # Generating (synchronous loop), or publishing the weights and waiting for the
+            # worker's batch (separate worker).
             rollout["rollout_seconds"] = time.perf_counter() - began
             width = max(len(s.prompt) + len(s.completion) for g in groups for s in g.samples)
             tokens = sum(len(g.samples) for g in groups) * width
