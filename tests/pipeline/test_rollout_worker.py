@@ -5,10 +5,16 @@ losses as the synchronous loop — is in ``test_post_training_engine``)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
+import pytest
 import torch
 
-from ito.pipeline.rollout_worker import assemble
+from ito.core.errors import ItoError
+from ito.pipeline.rollout_worker import RolloutClient, WorkerConfig, assemble
+
+if TYPE_CHECKING:
+    from ito.pipeline.post_training import RlvrStep
 
 
 def test_shards_of_uneven_sizes_and_replicated_parameters_assemble_into_the_whole_model(
@@ -40,3 +46,23 @@ def test_shards_of_uneven_sizes_and_replicated_parameters_assemble_into_the_whol
     assert set(state) == set(whole)
     for name, value in whole.items():
         assert torch.equal(state[name], value), name
+
+
+def test_a_worker_that_failed_ends_the_trainers_wait_with_its_code(tmp_path: Path) -> None:
+    """A rank without the worker's process (rank 1) learns of its failure from the error
+    file the worker leaves, instead of waiting for a batch that never comes."""
+    config = WorkerConfig(
+        rlvr=cast("RlvrStep", None),
+        size="tiny",
+        rope_base=10_000.0,
+        world=2,
+        first=0,
+        end=1,
+        lookahead=0,
+        max_staleness=0,
+    )
+    client = RolloutClient(tmp_path, config, rank=1)
+    (tmp_path / "error").write_text("Traceback: the worker fell over")
+    with pytest.raises(ItoError) as caught:
+        client._wait(tmp_path / "batch-0-0.pt")
+    assert caught.value.code == "rollout_worker_failed"
