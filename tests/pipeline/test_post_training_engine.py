@@ -156,12 +156,14 @@ def test_a_post_training_gate_that_fails_ends_the_run_before_the_next_stage(
     assert "dpo" not in {e.get("stage") for e in evs}
 
 
+@pytest.mark.parametrize("worker", [False, True], ids=["synchronous", "rollout-worker"])
 def test_dynamic_sampling_that_runs_out_of_rounds_ends_the_run_with_its_code(
-    tmp_path: Path,
+    tmp_path: Path, worker: bool
 ) -> None:
     """An untrained model never answers a sum: with no length shaping every reward is 0, no
-    group is informative, and the stage ends at its round limit."""
-    spec = make_post_spec(tmp_path, stages=["rlvr"], max_steps_per_stage=2)
+    group is informative, and the stage ends at its round limit — in the worker's batch too,
+    whose code the trainer raises."""
+    spec = make_post_spec(tmp_path, stages=["rlvr"], max_steps_per_stage=2, rollout_worker=worker)
 
     def flat_rewards(manifest: dict[str, Any]) -> None:
         dapo = manifest["post_training"]["rlvr"]["dapo"]
@@ -174,3 +176,126 @@ def test_dynamic_sampling_that_runs_out_of_rounds_ends_the_run_with_its_code(
     assert evs[-1]["type"] == "done", result.stdout[-4000:]
     assert evs[-1]["status"] == "failed" and evs[-1]["code"] == "dynamic_sampling_exhausted"
     assert not [e for e in evs if e["type"] == "metric" and "loss" in e["values"]]
+
+
+def rlvr_metrics(root: Path) -> list[dict[str, Any]]:
+    return [
+        e["values"]
+        for e in events(root)
+        if e["type"] == "metric" and e["stage"] == "rlvr" and "loss" in e["values"]
+    ]
+
+
+FIGURES = ["loss", "grad_norm", "reward_mean", "kept_group_fraction", "generation_rounds"]
+"""RLVR figures that a step computes from its samples and the policy (not from the clock)."""
+
+
+def test_the_separate_rollout_worker_at_max_staleness_0_gives_the_synchronous_losses(
+    reference: Path, tmp_path: Path
+) -> None:
+    # The recipe asks for max_staleness 0, for which the engine's own choice is the
+    # synchronous loop (the reference); the hook forces the separate worker.
+    result = torchrun(make_post_spec(tmp_path, rollout_worker=True))
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert events(tmp_path)[-1]["status"] == events(reference)[-1]["status"]
+    assert losses(events(tmp_path)) == losses(events(reference))
+    ours, theirs = rlvr_metrics(tmp_path), rlvr_metrics(reference)
+    assert [{k: v[k] for k in FIGURES} for v in ours] == [
+        {k: v[k] for k in FIGURES} for v in theirs
+    ]
+    assert all(v["rollout_lag_max"] == 0 and v["rollout_dropped"] == 0 for v in ours)
+    assert not (tmp_path / "work" / "rollout").exists()
+
+
+def test_a_slow_trainer_with_max_staleness_1_never_consumes_a_lag_2_sample_and_counts_drops(
+    tmp_path: Path,
+) -> None:
+    """A worker allowed to generate two steps ahead (one more than the bound: the default is
+    max_staleness, which never makes a batch the gate must drop) and a trainer much slower
+    than generation: some batches are two versions old when their step comes; the trainer
+    drops them, counts them, and trains on the batch generated again with its weights."""
+    spec = make_post_spec(
+        tmp_path,
+        stages=["rlvr"],
+        max_steps_per_stage=4,
+        min_step_seconds=6.0,
+        rollout_lookahead=2,
+    )
+
+    def stale_one(manifest: dict[str, Any]) -> None:
+        manifest["post_training"]["rlvr"]["max_staleness"] = 1
+
+    edit_manifest(spec, stale_one)
+    result = torchrun(spec)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert events(tmp_path)[-1]["type"] == "done"
+    metrics = rlvr_metrics(tmp_path)
+    assert len(metrics) == 4
+    for values in metrics:
+        assert values["rollout_lag_max"] <= 1
+        lags = {
+            int(k.rsplit("_", 1)[1]): v
+            for k, v in values.items()
+            if k[:12] == "rollout_lag_" and k != "rollout_lag_max"
+        }
+        assert values["rollout_dropped"] == sum(n for lag, n in lags.items() if lag > 1)
+        assert math.isfinite(values["loss"])
+    assert sum(v["rollout_dropped"] for v in metrics) > 0
+    assert not (tmp_path / "work" / "rollout").exists()
+
+
+def test_at_max_staleness_1_the_engine_uses_the_worker_and_drops_nothing(tmp_path: Path) -> None:
+    """The engine's own choice: stale samples allowed, so rollouts come from the separate
+    worker, which generates at most max_staleness steps ahead: nothing is too stale."""
+    spec = make_post_spec(tmp_path, stages=["rlvr"], max_steps_per_stage=4)
+
+    def stale_one(manifest: dict[str, Any]) -> None:
+        manifest["post_training"]["rlvr"]["max_staleness"] = 1
+
+    edit_manifest(spec, stale_one)
+    result = torchrun(spec)
+    assert result.returncode == 0, result.stdout[-4000:]
+    metrics = rlvr_metrics(tmp_path)
+    assert len(metrics) == 4
+    assert all(v["rollout_lag_max"] <= 1 and v["rollout_dropped"] == 0 for v in metrics)
+
+
+def test_rlvr_through_the_worker_resumed_after_a_rank_dies_continues_the_same_curve(
+    reference: Path, tmp_path: Path
+) -> None:
+    """The restarted world starts a new worker at the resumed step (the old one, its parent
+    gone, exits); at max_staleness 0 the curve is the synchronous reference's."""
+    fail = FIRST["rlvr"] + STEPS - 1
+    spec = make_post_spec(tmp_path, fail_at={"rank": 1, "step": fail}, rollout_worker=True)
+    result = torchrun(spec, "--max-restarts=1")
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert "exitcode: 137" in result.stdout
+    evs = events(tmp_path)
+    assert evs[-1]["type"] == "done" and evs[-1]["status"] == "succeeded"
+    assert_same_losses(losses(evs), dict(losses(events(reference))))
+    # Every RLVR step, before the crash and after the resume, took the worker's batch.
+    assert all(v["rollout_lag_max"] == 0 for v in rlvr_metrics(tmp_path))
+    assert not (tmp_path / "work" / "rollout").exists()
+
+
+def test_a_layout_the_worker_does_not_serve_runs_rlvr_in_the_synchronous_loop_with_a_warning(
+    tmp_path: Path,
+) -> None:
+    spec = make_post_spec(
+        tmp_path,
+        stages=["rlvr"],
+        max_steps_per_stage=2,
+        layout={"dp_shard": 1, "tp": 2},
+    )
+
+    def stale_one(manifest: dict[str, Any]) -> None:
+        manifest["post_training"]["rlvr"]["max_staleness"] = 1
+
+    edit_manifest(spec, stale_one)
+    result = torchrun(spec)
+    assert result.returncode == 0, result.stdout[-4000:]
+    evs = events(tmp_path)
+    assert any(e["type"] == "log" and e["level"] == "warning" for e in evs)
+    metrics = rlvr_metrics(tmp_path)
+    assert len(metrics) == 2
+    assert not any("rollout_lag_max" in v for v in metrics)

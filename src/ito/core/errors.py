@@ -100,6 +100,7 @@ ErrorCode = Literal[
     "eval_gate_failed",
     "ladder_rejected",
     "dynamic_sampling_exhausted",
+    "rollout_worker_failed",
     "pipeline_crashed",
     "run_not_found",
     "run_not_cancellable",
@@ -241,6 +242,9 @@ REGISTRY: dict[ErrorCode, ErrorSpec] = {
         422,
         "RLVR's dynamic sampling reached its limit of generation rounds without enough prompt "
         "groups whose rewards differ; the stage ended",
+    ),
+    "rollout_worker_failed": _s(
+        500, "RLVR's separate rollout worker exited or stopped answering; the stage ended"
     ),
     "pipeline_crashed": _s(
         500, "the training processes exited without a result after their restarts"

@@ -150,6 +150,12 @@ class RunSpecDocument(_Spec):
     pause_at_step: PositiveStep | None = None
     min_step_seconds: Annotated[float, Field(gt=0, le=60, allow_inf_nan=False)] | None = None
     restart_from: RestartFromSpec | None = None
+    rollout_worker: bool | None = None
+    """Test hook: ``True`` runs RLVR's rollouts in the separate worker, ``False`` in the
+    synchronous loop; ``None``: the engine chooses (``ito.pipeline.train``)."""
+    rollout_lookahead: Annotated[int, Field(ge=0, le=64)] | None = None
+    """Test hook: steps past the trainer's latest request that the separate rollout worker may
+    generate ahead; ``None``: the manifest's ``max_staleness``."""
     layout: LayoutSpec | None = None
     """The planned layout; ``None``: FSDP over every rank (the engine's default)."""
     accelerator: BookedAccelerator | None = None

@@ -15,9 +15,10 @@ is and how its loss is formed (:mod:`ito.pipeline.post_losses`):
   (:mod:`ito.pipeline.rollout`), rewards them (:mod:`ito.core.rewards`, plus DAPO's overlong
   shaping), keeps only groups whose rewards differ (dynamic sampling,
   :class:`ito.core.rl_batches.DynamicSampler`), and takes one clipped policy-gradient step with
-  token-level aggregation, truncated completions masked out, no KL term. The samples are the
-  current policy's (on-policy: the ratio is 1 at the step; clip-higher acts when the generating
-  policy lags, as with a separate rollout worker).
+  token-level aggregation, truncated completions masked out, no KL term. In the synchronous
+  loop the samples are the current policy's (on-policy: the ratio is 1 at the step); from the
+  separate rollout worker (:mod:`ito.pipeline.rollout_worker`) they may lag and carry their
+  generating policy's log-probabilities, against which clip-higher acts.
 
 Every rank of a world keeps in step: equal numbers of forwards in every generation round and
 micro-batch, groups gathered so each rank sees the same global list (and so keeps the same ones).
@@ -28,7 +29,8 @@ the same curve.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -59,7 +61,10 @@ __all__ = [
     "LR_SCALE",
     "POST_STAGES",
     "DpoExamples",
+    "Group",
     "RlvrStep",
+    "Round",
+    "Sample",
     "dpo_reference",
     "dpo_step",
     "post_step_rows",
@@ -237,6 +242,10 @@ class Sample:
     completion: list[int]
     truncated: bool
     reward: float
+    old_logps: tuple[float, ...] | None = None
+    """Log-probability of each completion token under the policy that generated it (set by
+    the separate rollout worker: the ``old`` policy of the clipped ratio); ``None``: the
+    trainer's own current policy generated it."""
 
 
 @dataclass(frozen=True)
@@ -247,6 +256,11 @@ class Group:
     @property
     def rewards(self) -> list[float]:
         return [s.reward for s in self.samples]
+
+
+Round = Callable[[int, int], list[Group]]
+"""``(step, round)`` → every data-parallel rank's groups of that generation round, in rank
+order."""
 
 
 @dataclass
@@ -275,14 +289,16 @@ class RlvrStep:
             e.ids for e in self.tokenizer.encode_batch([r.get("prompt") for r in self.rows])
         ]
 
-    def _round(self, model: torch.nn.Module, step: int, round_: int) -> list[Group]:
-        """Every rank's groups of one generation round, the same list on every rank."""
+    def groups(self, model: torch.nn.Module, step: int, round_: int, dp_rank: int) -> list[Group]:
+        """Data-parallel rank ``dp_rank``'s groups of one generation round: its prompts of the
+        stage's order, sampled with the generator seeded by (run, stage, step, round, rank) —
+        the same whichever process generates them."""
         recipe, dapo = self.recipe, self.recipe.dapo
         rounds = dapo.max_generation_rounds
         index = [
             int(i)
             for i in self._order.batch(
-                step * rounds + round_, self.dp_rank, self.dp_world, self.groups_per_rank
+                step * rounds + round_, dp_rank, self.dp_world, self.groups_per_rank
             )
         ]
         size = recipe.group_size
@@ -290,7 +306,7 @@ class RlvrStep:
         generator = torch.Generator().manual_seed(
             (
                 (self.seed * 1_000_003 + self.stage_index * 10_007 + step * 101 + round_) * 1009
-                + self.dp_rank
+                + dp_rank
             )
             % (2**63)
         )
@@ -315,23 +331,33 @@ class RlvrStep:
                 )
                 samples.append(Sample(self._prompt_ids[row_index], c.tokens, c.truncated, reward))
             groups.append(Group(row_index, tuple(samples)))
-        gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, (self.dp_rank, groups))
-        seen: dict[int, list[Group]] = {}
-        for rank, theirs in gathered:
-            seen.setdefault(rank, theirs)  # tensor-parallel peers drew the same groups
-        return [g for rank in sorted(seen) for g in seen[rank]]
+        return groups
 
-    def rollout(self, model: torch.nn.Module, step: int) -> tuple[list[Group], dict[str, float]]:
+    def gathered_round(self, model: torch.nn.Module) -> Round:
+        """The synchronous loop's rounds: every rank of the world generates its own groups with
+        the sharded model, in lockstep, and gathers everyone's (the same list on every rank)."""
+
+        def round_fn(step: int, round_: int) -> list[Group]:
+            groups = self.groups(model, step, round_, self.dp_rank)
+            gathered: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, (self.dp_rank, groups))
+            seen: dict[int, list[Group]] = {}
+            for rank, theirs in gathered:
+                seen.setdefault(rank, theirs)  # tensor-parallel peers drew the same groups
+            return [g for rank in sorted(seen) for g in seen[rank]]
+
+        return round_fn
+
+    def rollout(self, round_fn: Round, step: int) -> tuple[list[Group], dict[str, float]]:
         """The step's batch of groups (every rank's, in data-parallel rank order) and its
-        rollout figures. Raises ``dynamic_sampling_exhausted`` (the same on every rank) when
-        the generation rounds run out."""
+        rollout figures. Raises ``dynamic_sampling_exhausted`` when the generation rounds run
+        out (the same on every rank)."""
         wanted = self.groups_per_rank * self.dp_world
         generated: list[Group] = []
         rounds = [0]
 
         def generate(_missing: int) -> list[Group]:
-            groups = self._round(model, step, rounds[0])
+            groups = round_fn(step, rounds[0])
             rounds[0] += 1
             generated.extend(groups)
             return groups
@@ -353,14 +379,9 @@ class RlvrStep:
         }
         return kept, figures
 
-    def train(self, model: torch.nn.Module, groups: list[Group]) -> torch.Tensor:
-        """The clipped policy-gradient step on the rank's share of ``groups``: backward of
-        every micro-batch; returns the rank's loss (detached)."""
-        recipe, dapo = self.recipe, self.recipe.dapo
-        size = recipe.group_size
-        rewards = torch.tensor([r for g in groups for r in g.rewards], dtype=torch.float32)
-        advantages = group_advantages(rewards, size)
-        samples = [s for g in groups for s in g.samples]
+    def _tensors(self, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Ids, labels (the completions of untruncated samples) and the loss mask of the
+        step's samples, right-padded to the longest."""
         width = max(len(s.prompt) + len(s.completion) for s in samples)
         ids = torch.full((len(samples), width), self.eos, dtype=torch.long)
         labels = torch.full((len(samples), width), IGNORE_INDEX, dtype=torch.long)
@@ -371,12 +392,50 @@ class RlvrStep:
                 labels[i, len(s.prompt) : len(seq)] = torch.tensor(s.completion)
         mask = torch.zeros(len(samples), width)
         mask[:, :-1] = (labels[:, 1:] != IGNORE_INDEX).float()
+        return ids, labels, mask
+
+    def with_old_logps(self, model: torch.nn.Module, groups: list[Group]) -> list[Group]:
+        """``groups`` with each sample's completion log-probabilities under ``model`` (the
+        generating policy), scored in micro-batches as the trainer scores them."""
+        samples = [s for g in groups for s in g.samples]
+        ids, labels, _ = self._tensors(samples)
+        scored: list[Sample] = []
+        model.train(False)
+        with torch.no_grad():
+            for part in _micro_batches(len(ids), self.micro_batch):
+                logps = _logps(model, ids[part].to(self.device), labels[part].to(self.device))
+                for s, row in zip(samples[part], logps.cpu(), strict=True):
+                    lo = len(s.prompt) - 1
+                    values = row[lo : lo + len(s.completion)].tolist()
+                    scored.append(replace(s, old_logps=tuple(values)))
+        it = iter(scored)
+        return [Group(g.prompt_index, tuple(next(it) for _ in g.samples)) for g in groups]
+
+    def train(self, model: torch.nn.Module, groups: list[Group]) -> torch.Tensor:
+        """The clipped policy-gradient step on the rank's share of ``groups``: backward of
+        every micro-batch; returns the rank's loss (detached). The ratio's old policy is each
+        sample's generating policy where it carries its log-probabilities, else the current
+        one (on-policy: ratio 1)."""
+        recipe, dapo = self.recipe, self.recipe.dapo
+        size = recipe.group_size
+        rewards = torch.tensor([r for g in groups for r in g.rewards], dtype=torch.float32)
+        advantages = group_advantages(rewards, size)
+        samples = [s for g in groups for s in g.samples]
+        ids, labels, mask = self._tensors(samples)
+        old = None
+        if any(s.old_logps is not None for s in samples):
+            old = torch.zeros(ids.shape)
+            for i, s in enumerate(samples):
+                assert s.old_logps is not None
+                lo = len(s.prompt) - 1
+                old[i, lo : lo + len(s.completion)] = torch.tensor(s.old_logps)
         # Token-level: every counted token of the step, on every rank, weighs the same (the
         # data-parallel gradient average divides by the world once more: hence ÷ dp).
         normaliser = max(float(mask.sum()), 1.0) / self.dp_world if dapo.token_level_loss else None
         lo = self.dp_rank * self.groups_per_rank * size
         mine = slice(lo, lo + self.groups_per_rank * size)
         ids, labels, mask, advantages = ids[mine], labels[mine], mask[mine], advantages[mine]
+        old = old[mine] if old is not None else None
         chunks = _micro_batches(len(ids), self.micro_batch)
         total = torch.zeros((), device=self.device)
         for i, part in enumerate(chunks):
@@ -384,7 +443,7 @@ class RlvrStep:
             logps = _logps(model, ids[part].to(self.device), labels[part].to(self.device))
             loss = dapo_policy_loss(
                 logps,
-                logps.detach(),
+                old[part].to(self.device) if old is not None else logps.detach(),
                 advantages[part].to(self.device),
                 mask[part].to(self.device),
                 clip_low=dapo.clip_low,

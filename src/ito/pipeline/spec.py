@@ -96,6 +96,13 @@ class RunSpec:
     min_step_seconds: float | None = None
     """Test hook: each step lasts at least this long (stands in for a slower accelerator, so a
     drill can act on a run that is still training)."""
+    rollout_worker: bool | None = None
+    """Test hook: ``True`` forces RLVR's separate rollout worker, ``False`` the synchronous
+    loop; ``None``: the engine chooses."""
+    rollout_lookahead: int | None = None
+    """Test hook: how far past the trainer's latest request RLVR's separate rollout worker may
+    generate; ``None``: ``max_staleness`` (deeper only generates batches the staleness gate
+    drops). A deeper one exercises the gate."""
     restart_from: RestartFrom | None = None
     """A human-approved restart: resume from exactly this checkpoint, skipping a data window."""
     replica: Replica | None = None
@@ -183,6 +190,8 @@ def load_spec(path: Path) -> RunSpec:
         pause_at_step=doc.pause_at_step,
         min_step_seconds=doc.min_step_seconds,
         restart_from=restart,
+        rollout_worker=doc.rollout_worker,
+        rollout_lookahead=doc.rollout_lookahead,
         storage_root=Path(doc.storage_root) if doc.storage_root is not None else None,
         layout=doc.layout,
         accelerator=doc.accelerator,

@@ -74,6 +74,7 @@ from ito.pipeline.post_training import (
     sft_step,
 )
 from ito.pipeline.replicas import ReplicaSync, local, to_local_tree
+from ito.pipeline.rollout_worker import RolloutClient, WorkerConfig, worker_supported
 from ito.pipeline.rows import Row
 from ito.pipeline.spec import RunSpec
 from ito.pipeline.storage_fs import proven_dir
@@ -253,6 +254,8 @@ class Trainer:
         self.detector = SpikeDetector()
         self.stage_state: dict[str, object] = {}
         """What a post-training stage carries in its checkpoints (DPO's reference scores)."""
+        self.rollout: RolloutClient | None = None
+        """RLVR's separate rollout worker, while an RLVR stage runs with one."""
 
     # ---- set-up -------------------------------------------------------------------------------
 
@@ -556,9 +559,12 @@ class Trainer:
             if resume is None:
                 self.data_offset = 0  # a skipped window belongs to the stage it was in
             try:
-                tokens_seen, passed = self._stage(
-                    plan, stage_step if resume else 0, tokens_seen, resume
-                )
+                try:
+                    tokens_seen, passed = self._stage(
+                        plan, stage_step if resume else 0, tokens_seen, resume
+                    )
+                finally:
+                    self._stop_rollout()
             except LossSpike:
                 self.checkpointer.close()
                 self.events.emit("done", status="spike", stage=plan.config.stage)
@@ -670,6 +676,8 @@ class Trainer:
         if not self.in_quorum:  # a healed rank re-enters a stage its leader already began
             self.events.emit("stage", stage=name, status="started", steps=plan.steps)
         rlvr = self._rlvr(plan) if name == "rlvr" else None
+        if rlvr is not None:
+            self._start_rollout(plan, rlvr, stage_step, base)
         if name == "dpo" and "dpo_reference" not in self.stage_state:
             # The reference policy is the policy at the start of DPO: scored once, here, and
             # carried by the stage's checkpoints.
@@ -790,6 +798,7 @@ class Trainer:
                     raise StopRequested(step)
         # The stage's last step is always saved, so nothing is pending here.
         assert pending is None
+        self._stop_rollout()
         results = [
             self._evaluate(spec, config.eval_seq_len)
             for spec in self.spec.manifest.eval_batteries[config.battery]
@@ -1025,6 +1034,52 @@ class Trainer:
             device=self.device,
         )
 
+    def _start_rollout(self, plan: StagePlan, rlvr: RlvrStep, stage_step: int, base: float) -> None:
+        """Start RLVR's separate rollout worker where the engine uses one: by default when the
+        recipe allows stale samples (``max_staleness`` ≥ 1: at 0 a separate worker could only
+        wait for each step's weights, and the synchronous loop gives the same batches) and the
+        layout is one the worker serves (:func:`worker_supported`); the spec's test hook
+        ``rollout_worker`` forces either. Elsewhere the synchronous loop, with a warning when
+        a worker was asked for."""
+        recipe = self.spec.manifest.post_training.rlvr
+        assert recipe is not None
+        wanted = self.spec.rollout_worker
+        if wanted is None:
+            wanted = recipe.max_staleness > 0
+        if not wanted:
+            return
+        if not worker_supported(self.layout, self.device, self.replica is not None):
+            self.events.log(
+                "warning",
+                "rlvr: the separate rollout worker does not serve this layout (tensor or "
+                "pipeline parallel, replica groups, low-precision parameters or an "
+                "accelerator); rollouts run in the "
+                f"synchronous loop, on-policy (max_staleness {recipe.max_staleness} unused)",
+            )
+            return
+        lookahead = self.spec.rollout_lookahead
+        if lookahead is None:
+            lookahead = recipe.max_staleness
+        config = WorkerConfig(
+            rlvr=rlvr,
+            size=self.spec.manifest.model.size,
+            rope_base=base,
+            world=self.world,
+            first=stage_step + self.data_offset,
+            end=plan.steps + self.data_offset,
+            lookahead=lookahead,
+            max_staleness=recipe.max_staleness,
+        )
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        root = self.spec.workdir / "rollout" / f"{self.spec.attempt}-{restart}-{plan.index}"
+        self.rollout = RolloutClient(root, config, self.rank)
+        self.rollout.start()
+
+    def _stop_rollout(self) -> None:
+        if self.rollout is not None:
+            self.rollout.stop()
+            self.rollout = None
+
     def _post_step(
         self, plan: StagePlan, data: PackedData | PostData, position: int, rlvr: RlvrStep | None
     ) -> tuple[Callable[[], torch.Tensor], dict[str, float] | None, int | None]:
@@ -1035,7 +1090,14 @@ class Trainer:
         micro = self.layout.micro_batch
         if name == "rlvr":
             assert rlvr is not None
-            groups, rollout = rlvr.rollout(self.model, position)
+            began = time.perf_counter()
+            if self.rollout is not None:
+                groups, rollout = self.rollout.batch(self.model, position)
+            else:
+                groups, rollout = rlvr.rollout(rlvr.gathered_round(self.model), position)
+            # Generating (synchronous loop), or publishing the weights and waiting for the
+            # worker's batch (separate worker).
+            rollout["rollout_seconds"] = time.perf_counter() - began
             width = max(len(s.prompt) + len(s.completion) for g in groups for s in g.samples)
             tokens = sum(len(g.samples) for g in groups) * width
             return (lambda: rlvr.train(self.model, groups)), rollout, tokens
