@@ -33,7 +33,9 @@ the figures, never asserted. On this machine (2 cores shared by the two trainer 
 worker) the worker has no core of its own: the honest speed-up here can be below 1. Each process
 it starts is killed by PID in ``finally``.
 
-Usage: ``.venv/bin/python bench/rl_async.py [--steps 6] [--seeds 3]``.
+Usage: ``.venv/bin/python bench/rl_async.py [--steps 6] [--seeds 3] [--nproc 2]``. With
+``--nproc 1`` the trainer is one process and the worker has the second core of a 2-core
+machine: the only setting here where generating and training can really overlap.
 """
 
 from __future__ import annotations
@@ -83,9 +85,9 @@ def _spec(root: Path, run_id: str, steps: int, stages: list[str], **extra: Any) 
     return path
 
 
-def _run(procs: Processes, spec: Path) -> None:
+def _run(procs: Processes, spec: Path, nproc: int) -> None:
     proc = procs.start(
-        torchrun(2, "-m", "ito.pipeline.run", "--spec", str(spec)),
+        torchrun(nproc, "-m", "ito.pipeline.run", "--spec", str(spec)),
         env=child_env(),
         stdout=(spec.parent / "torchrun.log").open("wb"),
         stderr=subprocess.STDOUT,
@@ -122,6 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=6, help="steps of every stage")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=2,
+        help="trainer processes; 1 leaves the second core of a 2-core machine to the worker",
+    )
     args = parser.parse_args(argv)
     exit_on_sigterm()
     tmp = Path(tempfile.mkdtemp(prefix="ito-bench-rl-async-"))
@@ -131,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed in range(args.seeds):
             run_id = f"bench-rl-{seed}"
             prep = tmp / f"seed{seed}-prep"
-            _run(procs, _spec(prep, run_id, args.steps, PREP))
+            _run(procs, _spec(prep, run_id, args.steps, PREP), args.nproc)
             found: dict[str, dict[str, float]] = {}
             for name, worker, staleness in (("sync", False, 0), ("async", True, 1)):
                 root = tmp / f"seed{seed}-{name}"
@@ -144,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                     rollout_worker=worker,
                     max_staleness=staleness,
                 )
-                _run(procs, spec)
+                _run(procs, spec, args.nproc)
                 found[name] = _rlvr_figures(root)
             sync, async_ = found["sync"], found["async"]
             ideal = (sync["t_gen"] + sync["t_train"]) / max(sync["t_gen"], sync["t_train"])
@@ -190,7 +198,17 @@ def main(argv: list[str] | None = None) -> int:
         "honest figure on this machine, not the design's (the overlap needs the worker on "
         "accelerators of its own)."
     )
-    print(json.dumps({"bench": "rl_async", "steps": args.steps, "seeds": args.seeds, **summary}))
+    print(
+        json.dumps(
+            {
+                "bench": "rl_async",
+                "steps": args.steps,
+                "seeds": args.seeds,
+                "nproc": args.nproc,
+                **summary,
+            }
+        )
+    )
     return 0
 
 
