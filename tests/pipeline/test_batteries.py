@@ -36,9 +36,13 @@ def group() -> Iterator[None]:
 def _items(tmp_path: Path) -> tuple[list[str], list[Row]]:
     recipe = build_recipe("test", str(tmp_path))
     sft = read_rows(recipe.files["arith-sft.jsonl"], "sft", data_id="arith-sft")
+    # One-digit and two-digit first operands in turn: every batch mixes prompt lengths.
+    short = [r for r in sft if len(r.get("prompt")) < 5]
+    long = [r for r in sft if len(r.get("prompt")) >= 5]
+    mixed = [r for pair in zip(short, long, strict=False) for r in pair]
     items = [
         Row("eval", (("prompt", r.get("prompt")), ("answer", r.get("completion"))))
-        for r in sft[:64]
+        for r in mixed[:64]
     ]
     return [r.text for r in sft], items
 
@@ -70,7 +74,8 @@ def test_exact_match_rises_after_sft_like_training_on_the_arithmetic_items(
     tokenizer = build_tokenizer(texts, SIZES["tiny"].vocab, tmp_path / "tok")
     model = _model(0)
     ctx = _context(model, tokenizer, items)
-    prompts = [tokenizer.encode(r.get("prompt")).ids for r in items[:8]]
+    prompts = [tokenizer.encode(r.get("prompt")).ids for r in items[:7]]
+    prompts.append(tokenizer.encode("so " + items[7].get("prompt")).ids)
     assert len({len(p) for p in prompts}) > 1, "the batch must mix prompt lengths"
     batched = greedy_continuations(ctx, prompts, 4)
     assert batched == [greedy_continuations(ctx, [p], 4)[0] for p in prompts]

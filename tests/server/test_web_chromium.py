@@ -16,6 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from playwright.sync_api import Browser, BrowserContext, expect, sync_playwright
 
+from ito.core.human_format import usd
 from tests.server.chromium_support import (
     WebPage,
     client_env,
@@ -200,7 +201,7 @@ def test_confirmation_approved_in_chromium_is_approved_for_the_api_and_the_run(
 
     # What is approved is on the page, visibly: the bound digest and the cost bound.
     expect(web.page.get_by_text(details["manifest_id"], exact=True)).to_be_visible()
-    expect(web.page.get_by_text(f"{details['cost_usd']:.2f} USD", exact=True)).to_be_visible()
+    expect(web.page.locator("strong.bound")).to_have_text(usd(details["cost_usd"]))
     expect(web.page.get_by_text(tenant.booking_id, exact=True).first).to_be_visible()
     expect(web.button("approve")).to_be_visible()
     expect(web.button("reject")).to_be_visible()
