@@ -120,7 +120,10 @@ def test_every_layout_exports_the_whole_model_with_the_same_weights(
         assert sorted(mine) == sorted(reference), name
         for key, tensor in mine.items():
             assert tensor.shape == reference[key].shape, (name, key)
-            assert torch.allclose(tensor, reference[key], rtol=1e-3, atol=1e-5), (name, key)
+            # AdamW normalises each update: an element whose gradient is near zero can move by
+            # up to the learning rate (3e-3) on a sign the summation order flips, so weights
+            # trained under another layout agree to a fraction of that.
+            assert torch.allclose(tensor, reference[key], rtol=1e-3, atol=1e-3), (name, key)
 
 
 @pytest.mark.slow

@@ -175,7 +175,7 @@ def _post_training(budgets: Budgets) -> dict[str, Any]:
                 "dynamic_sampling": True,
                 "token_level_loss": True,
                 "overlong": {"max_tokens": 6, "soft_tokens": 2},
-                "max_generation_rounds": 32,
+                "max_generation_rounds": 64,
             },
         },
     }
