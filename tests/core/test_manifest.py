@@ -565,3 +565,23 @@ def test_a_malformed_tokenizer_is_refused_with_its_path(
     exc = _refusal(_raw(doc))
     assert exc.code == "manifest_invalid"
     assert path in _paths(exc)
+
+
+@pytest.mark.parametrize(("value", "valid"), [(-0.5, False), (0.0, True), (1.0, True), (11, False)])
+def test_dpo_rpo_alpha_is_a_weight_between_0_and_10(doc: Doc, value: float, valid: bool) -> None:
+    doc["post_training"]["dpo"]["rpo_alpha"] = value
+    if valid:
+        manifest = parse_manifest(_raw(doc))
+        assert manifest.post_training.dpo is not None
+        assert manifest.post_training.dpo.rpo_alpha == value
+        return
+    exc = _refusal(_raw(doc))
+    assert exc.code == "manifest_invalid"
+    assert "$.post_training.dpo.rpo_alpha" in _paths(exc)
+
+
+def test_dpo_without_rpo_alpha_is_plain_dpo(doc: Doc) -> None:
+    doc["post_training"]["dpo"].pop("rpo_alpha", None)
+    manifest = parse_manifest(_raw(doc))
+    assert manifest.post_training.dpo is not None
+    assert manifest.post_training.dpo.rpo_alpha == 0.0

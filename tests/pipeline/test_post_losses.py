@@ -57,6 +57,21 @@ def test_the_dpo_loss_by_hand() -> None:
     assert float(same[0]) == pytest.approx(math.log(2), rel=1e-6)
 
 
+def test_rpo_adds_the_chosen_completions_per_token_likelihood_to_dpo() -> None:
+    chosen = torch.tensor([-1.0, -3.0], requires_grad=True)
+    args = (chosen, torch.tensor([-2.0, -1.0]), torch.tensor([-1.5, -3.0]),
+            torch.tensor([-1.5, -1.0]))  # fmt: skip
+    plain = dpo_loss(*args, 0.1)
+    rpo = dpo_loss(*args, 0.1, rpo_alpha=0.5, chosen_tokens=torch.tensor([2, 3]))
+    # 0.5 × (1 / 2) and 0.5 × (3 / 3) on top of each pair's DPO loss.
+    assert rpo.tolist() == pytest.approx([plain[0].item() + 0.25, plain[1].item() + 0.5])
+    # The second pair's policy equals its reference (DPO: log 2); RPO still pulls its chosen
+    # completion up: d/dπ_c of 0.5·(−π_c/3) is −1/6 beside DPO's −β/2.
+    torch.autograd.backward(rpo[1])
+    assert chosen.grad is not None
+    assert float(chosen.grad[1]) == pytest.approx(-0.1 / 2 - 0.5 / 3, rel=1e-6)
+
+
 @pytest.mark.parametrize(("clip_high", "gradient"), [(0.28, -1.25), (0.2, 0.0)])
 def test_clip_higher_keeps_the_gradient_of_a_ratio_the_symmetric_clip_cuts(
     clip_high: float, gradient: float

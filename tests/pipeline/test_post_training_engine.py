@@ -73,10 +73,17 @@ def test_sft_dpo_and_rlvr_run_after_the_curriculum_with_their_own_figures(
     for m in metrics:
         by_stage.setdefault(m["stage"], []).append(m["values"])
     assert all(math.isfinite(v["loss"]) for vs in by_stage.values() for v in vs)
-    assert {"dpo_margin", "dpo_accuracy"} <= set(by_stage["dpo"][0])
-    # At DPO's first step the policy is its own reference: every pair's loss is −log σ(0).
-    assert by_stage["dpo"][0]["loss"] == pytest.approx(math.log(2), rel=1e-5)
-    assert by_stage["dpo"][0]["dpo_margin"] == pytest.approx(0.0, abs=1e-5)
+    first_dpo = by_stage["dpo"][0]
+    assert {"dpo_margin", "dpo_accuracy", "dpo_chosen_nll"} <= set(first_dpo)
+    # At DPO's first step the policy is its own reference: every pair's DPO loss is
+    # −log σ(0), and the recipe's RPO term adds rpo_alpha × the chosen completions' NLL.
+    alpha = json.loads((reference / "spec.json").read_text())["manifest"]["post_training"]["dpo"][
+        "rpo_alpha"
+    ]
+    assert alpha > 0 and first_dpo["dpo_chosen_nll"] > 0
+    expected = math.log(2) + alpha * first_dpo["dpo_chosen_nll"]
+    assert first_dpo["loss"] == pytest.approx(expected, rel=1e-5)
+    assert first_dpo["dpo_margin"] == pytest.approx(0.0, abs=1e-5)
     for values in by_stage["rlvr"]:
         assert 0 < values["kept_group_fraction"] <= 1
         assert values["generation_rounds"] >= 1

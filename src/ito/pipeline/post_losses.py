@@ -56,11 +56,20 @@ def dpo_loss(
     reference_chosen: torch.Tensor,
     reference_rejected: torch.Tensor,
     beta: float,
+    *,
+    rpo_alpha: float = 0.0,
+    chosen_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per pair: ``−log σ(β·((π_c − ref_c) − (π_r − ref_r)))`` over summed log-probabilities
-    of the completions (Rafailov et al. 2023, eq. 7)."""
+    of the completions (Rafailov et al. 2023, eq. 7); with ``rpo_alpha``, plus that weight ×
+    the chosen completion's negative log-likelihood per token, ``−π_c / chosen_tokens`` (RPO,
+    Pang et al. 2024, eq. 1; TRL's ``rpo_alpha``)."""
     margin = (policy_chosen - reference_chosen) - (policy_rejected - reference_rejected)
-    return -F.logsigmoid(beta * margin)
+    loss = -F.logsigmoid(beta * margin)
+    if rpo_alpha:
+        assert chosen_tokens is not None, "RPO's term needs the chosen completions' lengths"
+        loss = loss + rpo_alpha * (-policy_chosen / chosen_tokens)
+    return loss
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:

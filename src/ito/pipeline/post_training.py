@@ -74,10 +74,12 @@ __all__ = [
 
 POST_STAGES = ("sft", "dpo", "rlvr")
 """Post-training stages, in the order a run takes them."""
-LR_SCALE = {"sft": 0.2, "dpo": 0.005, "rlvr": 0.02}
+LR_SCALE = {"sft": 0.2, "dpo": 0.005, "rlvr": 0.005}
 """Each post-training stage's peak learning rate as a fraction of the model size's
 pre-training peak (the same warmup-then-cosine schedule): fine-tuning moves the weights less
-than pre-training does."""
+than pre-training does. RLVR's, measured on the demo from the same DPO model: at 0.05, 0.02
+and 0.005 the sampled reward rose alike (0.54 → 0.64, 0.57 → 0.67, 0.57 → 0.66 over the
+stage) while held-out greedy exact match fell 0.87 → 0.79, 0.815 and 0.845."""
 
 
 def _example(
@@ -212,27 +214,44 @@ def dpo_step(
     reference: torch.Tensor,
     beta: float,
     micro_batch: int,
+    rpo_alpha: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Backward of the rank's DPO pairs ``(m, 4, seq_len)`` against their reference
-    log-probabilities ``(m, 2)``: the mean pair loss. Returns it (detached) and the rank's
-    mean reward margin and preference accuracy."""
+    log-probabilities ``(m, 2)``: the mean pair loss, plus ``rpo_alpha`` × the chosen
+    completion's per-token negative log-likelihood (RPO; 0: plain DPO). Returns it (detached)
+    and the rank's mean reward margin, preference accuracy and chosen per-token negative
+    log-likelihood (plain DPO's known failure is that one rising)."""
     m = len(batch)
     pairs = max(1, micro_batch // 2)
     total = torch.zeros((), device=batch.device)
     margins: list[float] = []
+    nlls: list[float] = []
     chunks = _micro_batches(m, pairs)
     for i, part in enumerate(chunks):
         set_requires_all_reduce(model, i == len(chunks) - 1)
         chosen, rejected = _pair_logps(model, batch[part])
         ref = reference[part].to(chosen.device, torch.float32)
-        loss = dpo_loss(chosen, rejected, ref[:, 0], ref[:, 1], beta).sum() / m
+        # Position t holds the log-probability of label t + 1: the first label is never scored.
+        tokens = (batch[part][:, 1, 1:] != IGNORE_INDEX).sum(dim=1).clamp(min=1)
+        per_pair = dpo_loss(
+            chosen,
+            rejected,
+            ref[:, 0],
+            ref[:, 1],
+            beta,
+            rpo_alpha=rpo_alpha,
+            chosen_tokens=tokens.to(chosen.device),
+        )
+        loss = per_pair.sum() / m
         loss.backward()  # type: ignore[no-untyped-call]
         total += loss.detach()
         margin = beta * ((chosen - ref[:, 0]) - (rejected - ref[:, 1]))
         margins += margin.detach().cpu().tolist()
+        nlls += (-chosen.detach() / tokens.to(chosen.device)).cpu().tolist()
     return total, {
         "dpo_margin": sum(margins) / len(margins),
         "dpo_accuracy": sum(1.0 for x in margins if x > 0) / len(margins),
+        "dpo_chosen_nll": sum(nlls) / len(nlls),
     }
 
 

@@ -1,10 +1,12 @@
 """RLVR's separate rollout worker with bounded staleness (DESIGN §7.6, issue 11 item 4).
 
-The worker is its own process (``python -m ito.pipeline.rollout_worker DIR``), started by the
-trainer's rank 0 when an RLVR stage starts and stopped when it ends. It holds an unsharded copy
+The worker is its own process (``python -m ito.pipeline.rollout_worker LOBBY``), started by the
+trainer's rank 0 when the run starts (:class:`Standby`: it imports and waits in
+``LOBBY`` = ``<workdir>/rollout/<attempt>-<restart>``, so its start-up overlaps the stages
+before RLVR), handed the RLVR stage when it starts (``LOBBY/assign`` names the stage's
+directory ``DIR`` = ``LOBBY/<stage>``) and stopped when it ends. It holds an unsharded copy
 of the policy and a policy **version**; everything between it and the trainer goes through files
-under ``DIR`` (``<workdir>/rollout/<attempt>-<restart>-<stage>``), each written to a temporary
-name and renamed:
+under ``DIR``, each written to a temporary name and renamed:
 
 - ``config.pt`` — what the worker needs: the stage's :class:`RlvrStep` (prompts, order, seeds,
   recipe), the model size, RoPE base, first position and how far it may run ahead.
@@ -60,15 +62,14 @@ import torch.distributed as dist
 from ito.core.errors import ItoError
 from ito.core.rl_batches import StalenessGate
 from ito.pipeline.replicas import local
+from ito.pipeline.rollout_standby import POLL_S, Standby, touch
 
 if TYPE_CHECKING:
     from ito.pipeline.layout import EngineLayout
     from ito.pipeline.post_training import Group, RlvrStep
 
-__all__ = ["RolloutClient", "assemble", "publish_weights", "worker_supported"]
+__all__ = ["RolloutClient", "Standby", "assemble", "publish_weights", "worker_supported"]
 
-POLL_S = 0.01
-"""How often either side looks for the other's files."""
 WAIT_S = 600.0
 """Longest the trainer waits for one batch before it declares the worker failed."""
 
@@ -92,12 +93,6 @@ def _atomic_save(obj: object, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _touch(path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(b"")
-    os.replace(tmp, path)
-
-
 def publish_weights(model: torch.nn.Module, root: Path, version: int) -> None:
     """Every rank of the world writes its local shards of ``model`` as ``version``; rank 0
     marks it ``READY`` once all have (collective)."""
@@ -116,7 +111,7 @@ def publish_weights(model: torch.nn.Module, root: Path, version: int) -> None:
     _atomic_save(shards, directory / f"rank{rank}.pt")
     dist.barrier()
     if rank == 0:
-        _touch(directory / "READY")
+        touch(directory / "READY")
 
 
 def assemble(directory: Path, world: int) -> dict[str, torch.Tensor]:
@@ -161,18 +156,20 @@ class RolloutClient:
         self.proc: subprocess.Popen[bytes] | None = None
         self.gate = StalenessGate(config.max_staleness)
 
-    def start(self) -> None:
-        """Rank 0 clears the directory and starts the worker (collective). The directory is
-        the attempt's and restart's own, and whatever earlier ones left beside it is removed: a
-        worker of a crashed world that has not exited yet writes nowhere a new one reads."""
+    def start(self, standby: Standby | None = None) -> None:
+        """Rank 0 hands the stage to a worker (collective): ``standby``, the one started with
+        the run, or one it starts now. The stage's directory is inside the attempt's and
+        restart's own lobby, and whatever earlier ones left beside it is removed: a worker of a
+        crashed world that has not exited yet writes nowhere a new one reads."""
         if self.rank == 0:
-            shutil.rmtree(self.root.parent, ignore_errors=True)
+            if standby is None or standby.proc.poll() is not None:
+                standby = Standby.start(self.root.parent)
             self.root.mkdir(parents=True)
             _atomic_save(self.config, self.root / "config.pt")
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ito.pipeline.rollout_worker", str(self.root)],
-                env={**os.environ, "OMP_NUM_THREADS": "1"},
-            )
+            tmp = standby.lobby / "assign.tmp"
+            tmp.write_text(self.root.name)
+            os.replace(tmp, standby.lobby / "assign")
+            self.proc = standby.proc
         dist.barrier()
 
     def stop(self) -> None:
@@ -180,16 +177,16 @@ class RolloutClient:
         rank has read its batches; a no-op on the other ranks)."""
         if self.proc is None:
             return
-        _touch(self.root / "stop")
+        touch(self.root / "stop")
         try:
             self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
-        shutil.rmtree(self.root, ignore_errors=True)
+        shutil.rmtree(self.root.parent, ignore_errors=True)
         with contextlib.suppress(OSError):
-            self.root.parent.rmdir()
+            self.root.parent.parent.rmdir()
 
     def batch(self, model: torch.nn.Module, position: int) -> tuple[list[Group], dict[str, float]]:
         """Publish the policy as version ``position``, then the batch of ``position`` whose lag
@@ -201,7 +198,7 @@ class RolloutClient:
         attempt = 0
         while True:
             if self.rank == 0:
-                _touch(self.root / f"want-{position}-{attempt}")
+                touch(self.root / f"want-{position}-{attempt}")
             found = self._wait(self.root / f"batch-{position}-{attempt}.pt")
             if isinstance(found, dict) and "code" in found:
                 raise ItoError(found["code"], found["message"], **found["details"])
@@ -229,14 +226,12 @@ class RolloutClient:
     def _wait(self, path: Path) -> Any:
         deadline = time.monotonic() + WAIT_S
         while not path.exists():
-            failed = (self.root / "error").exists() or (
-                self.proc is not None and self.proc.poll() is not None
-            )
+            errors = [p for p in (self.root / "error", self.root.parent / "error") if p.exists()]
+            failed = errors or (self.proc is not None and self.proc.poll() is not None)
             if failed or time.monotonic() > deadline:
-                error = self.root / "error"
                 raise ItoError(
                     "rollout_worker_failed",
-                    error.read_text()[-2000:] if error.exists() else None,
+                    errors[0].read_text()[-2000:] if errors else None,
                     waited_for=path.name,
                 )
             time.sleep(POLL_S)
@@ -247,7 +242,7 @@ class RolloutClient:
 
 
 class _Worker:
-    def __init__(self, root: Path, config: WorkerConfig) -> None:
+    def __init__(self, root: Path, config: WorkerConfig, parent: int) -> None:
         from transformers import LlamaForCausalLM
 
         from ito.core.model_sizes import SIZES
@@ -260,7 +255,7 @@ class _Worker:
         use_chunked_loss(self.model)
         set_rope_base(self.model, config.rope_base)
         self.version = -1
-        self.parent = os.getppid()
+        self.parent = parent
 
     def _newest(self) -> int:
         versions = [
@@ -332,12 +327,40 @@ class _Worker:
             time.sleep(POLL_S)
 
 
+def _assigned(lobby: Path, parent: int) -> Path | None:
+    """Wait in ``lobby`` for the stage directory :meth:`RolloutClient.start` assigns;
+    ``None`` when told to stop or when ``parent``, the process that started this one, is
+    gone (checked by pid: it may be gone before this process could ask for its parent)."""
+    while not (lobby / "stop").exists():
+        assign = lobby / "assign"
+        if assign.exists():
+            return lobby / assign.read_text()
+        if os.getppid() != parent:
+            return None
+        time.sleep(POLL_S)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    root = Path((argv or sys.argv[1:])[0])
+    args = argv or sys.argv[1:]
+    lobby, parent = Path(args[0]), int(args[1])
+    root = lobby
     try:
         torch.set_num_threads(1)
+        # Imported while waiting, not when the stage starts (seconds: the model's module
+        # alone is most of them).
+        import transformers.models.llama.modeling_llama  # noqa: F401
+
+        import ito.pipeline.loss
+        import ito.pipeline.model
+        import ito.pipeline.post_training  # noqa: F401
+
+        found = _assigned(lobby, parent)
+        if found is None:
+            return 0
+        root = found
         config: WorkerConfig = torch.load(root / "config.pt", weights_only=False)
-        _Worker(root, config).run()
+        _Worker(root, config, parent).run()
     except Exception:
         (root / "error").write_text(traceback.format_exc())
         return 1

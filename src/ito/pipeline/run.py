@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import traceback
 from datetime import timedelta
 from pathlib import Path
+
+from ito.pipeline.rollout_standby import Standby, lobby_path
 
 __all__ = ["main"]
 
@@ -29,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--lighthouse", default=None, help="the torchft lighthouse's URL")
     args = parser.parse_args(argv)
+    standby = _early_standby(args.spec)
 
     import torch
     import torch.distributed as dist
@@ -86,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{dist.get_world_size()} ranks on {device.type}, "
             f"stages {', '.join(spec.stages)}",
         )
-        Trainer(spec, events, device, ckpt_group).run()
+        Trainer(spec, events, device, ckpt_group, standby).run()
     except ItoError as exc:
         # A refusal with a stable code (the checkpoint storage failing its proof on disk):
         # the worker fails the run with that code rather than as a crash.
@@ -100,6 +104,27 @@ def main(argv: list[str] | None = None) -> int:
         events.close()
     dist.destroy_process_group()
     return 0
+
+
+def _early_standby(spec_path: Path) -> Standby | None:
+    """Rank 0 starts RLVR's rollout worker first thing, before torch is imported, when the
+    spec's RLVR stage asks for one (``rollout_worker``, or by default ``max_staleness`` ≥ 1):
+    its start-up then overlaps the trainer's own. A guess from the raw spec, for speed only —
+    the engine decides (its layout may not be one the worker serves) and closes it if not; a
+    spec that does not load leaves it to exit with this process."""
+    if os.environ.get("RANK", "0") != "0":
+        return None
+    try:
+        doc = json.loads(spec_path.read_text())
+        rlvr = doc["manifest"]["post_training"]["rlvr"]
+        wanted = doc.get("rollout_worker")
+        if wanted is None:
+            wanted = rlvr["max_staleness"] > 0
+        if "rlvr" not in doc["stages"] or not wanted:
+            return None
+        return Standby.start(lobby_path(Path(doc["workdir"]), int(doc["attempt"])))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # load_spec says what is wrong
 
 
 def _init_process_group(backend: str) -> None:

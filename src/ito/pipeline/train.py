@@ -74,6 +74,7 @@ from ito.pipeline.post_training import (
     sft_step,
 )
 from ito.pipeline.replicas import ReplicaSync, local, to_local_tree
+from ito.pipeline.rollout_standby import Standby, lobby_path
 from ito.pipeline.rollout_worker import RolloutClient, WorkerConfig, worker_supported
 from ito.pipeline.rows import Row
 from ito.pipeline.spec import RunSpec
@@ -196,6 +197,7 @@ class Trainer:
         events: EventWriter,
         device: torch.device,
         ckpt_group: dist.ProcessGroup,
+        standby: Standby | None = None,
     ) -> None:
         self.spec = spec
         self.replica = spec.replica
@@ -255,6 +257,8 @@ class Trainer:
         self.stage_state: dict[str, object] = {}
         """What a post-training stage carries in its checkpoints (DPO's reference scores)."""
         self.rollout: RolloutClient | None = None
+        self.standby = standby
+        """RLVR's rollout worker waiting for its stage (rank 0), until the stage takes it."""
         """RLVR's separate rollout worker, while an RLVR stage runs with one."""
 
     # ---- set-up -------------------------------------------------------------------------------
@@ -421,7 +425,24 @@ class Trainer:
     # ---- the run ------------------------------------------------------------------------------
 
     def run(self) -> str:
-        """Train every stage; returns ``succeeded`` or ``gate_failed``."""
+        """Train every stage; returns ``succeeded`` or ``gate_failed``. Rank 0 starts RLVR's
+        rollout worker first, where the run will use one (:class:`Standby`), and stops it on
+        the way out whatever happens."""
+        if self.rank == 0:
+            used = self._rollout_worker_used(warn=False)
+            if self.standby is not None and not used:
+                self.standby.close()  # the entry point's guess (see ito.pipeline.run)
+                self.standby = None
+            elif self.standby is None and used:
+                self.standby = Standby.start(lobby_path(self.spec.workdir, self.spec.attempt))
+        try:
+            return self._run()
+        finally:
+            if self.standby is not None:
+                self.standby.close()
+                self.standby = None
+
+    def _run(self) -> str:
         start_pos, stage_step, tokens_seen = 0, 0, 0
         trainer_state: dict[str, object] | None = None
         resumed_step = -1
@@ -1043,19 +1064,7 @@ class Trainer:
         a worker was asked for."""
         recipe = self.spec.manifest.post_training.rlvr
         assert recipe is not None
-        wanted = self.spec.rollout_worker
-        if wanted is None:
-            wanted = recipe.max_staleness > 0
-        if not wanted:
-            return
-        if not worker_supported(self.layout, self.device, self.replica is not None):
-            self.events.log(
-                "warning",
-                "rlvr: the separate rollout worker does not serve this layout (tensor or "
-                "pipeline parallel, replica groups, low-precision parameters or an "
-                "accelerator); rollouts run in the "
-                f"synchronous loop, on-policy (max_staleness {recipe.max_staleness} unused)",
-            )
+        if not self._rollout_worker_used(warn=True):
             return
         lookahead = self.spec.rollout_lookahead
         if lookahead is None:
@@ -1070,10 +1079,33 @@ class Trainer:
             lookahead=lookahead,
             max_staleness=recipe.max_staleness,
         )
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        root = self.spec.workdir / "rollout" / f"{self.spec.attempt}-{restart}-{plan.index}"
-        self.rollout = RolloutClient(root, config, self.rank)
-        self.rollout.start()
+        lobby = lobby_path(self.spec.workdir, self.spec.attempt)
+        self.rollout = RolloutClient(lobby / str(plan.index), config, self.rank)
+        self.rollout.start(self.standby)
+        self.standby = None  # the stage's client stops it now
+
+    def _rollout_worker_used(self, *, warn: bool) -> bool:
+        """Whether this run's RLVR stage, if it has one, uses the separate worker (see
+        :meth:`_start_rollout`); with ``warn``, a worker asked for but unsupported is logged."""
+        recipe = self.spec.manifest.post_training.rlvr
+        if recipe is None or "rlvr" not in self.spec.stages:
+            return False
+        wanted = self.spec.rollout_worker
+        if wanted is None:
+            wanted = recipe.max_staleness > 0
+        if not wanted:
+            return False
+        if not worker_supported(self.layout, self.device, self.replica is not None):
+            if warn:
+                self.events.log(
+                    "warning",
+                    "rlvr: the separate rollout worker does not serve this layout (tensor or "
+                    "pipeline parallel, replica groups, low-precision parameters or an "
+                    "accelerator); rollouts run in the synchronous loop, on-policy "
+                    f"(max_staleness {recipe.max_staleness} unused)",
+                )
+            return False
+        return True
 
     def _stop_rollout(self) -> None:
         if self.rollout is not None:
@@ -1107,11 +1139,14 @@ class Trainer:
             assert data.examples is not None
             batch = data.examples.pairs[index].to(self.device)
             reference = torch.tensor(self.stage_state["dpo_reference"])[index]
-            beta = self.spec.manifest.post_training.dpo.beta  # type: ignore[union-attr]
+            recipe = self.spec.manifest.post_training.dpo
+            assert recipe is not None
             figures: dict[str, float] = {}
 
             def dpo() -> torch.Tensor:
-                loss, found = dpo_step(self.model, batch, reference, beta, micro)
+                loss, found = dpo_step(
+                    self.model, batch, reference, recipe.beta, micro, recipe.rpo_alpha
+                )
                 figures.update(self._mean_over_ranks(found))
                 return loss
 
