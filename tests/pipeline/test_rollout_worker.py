@@ -54,20 +54,23 @@ def test_shards_of_uneven_sizes_and_replicated_parameters_assemble_into_the_whol
         assert torch.equal(state[name], value), name
 
 
+CONFIG = WorkerConfig(
+    rlvr=cast("RlvrStep", None),
+    size="tiny",
+    rope_base=10_000.0,
+    world=2,
+    first=0,
+    end=1,
+    lookahead=0,
+    max_staleness=0,
+)
+"""A stage's configuration for tests of the trainer's side alone (no worker reads it)."""
+
+
 def test_a_worker_that_failed_ends_the_trainers_wait_with_its_code(tmp_path: Path) -> None:
     """A rank without the worker's process (rank 1) learns of its failure from the error
     file the worker leaves, instead of waiting for a batch that never comes."""
-    config = WorkerConfig(
-        rlvr=cast("RlvrStep", None),
-        size="tiny",
-        rope_base=10_000.0,
-        world=2,
-        first=0,
-        end=1,
-        lookahead=0,
-        max_staleness=0,
-    )
-    client = RolloutClient(tmp_path, config, rank=1)
+    client = RolloutClient(tmp_path, CONFIG, rank=1)
     (tmp_path / "error").write_text("Traceback: the worker fell over")
     with pytest.raises(ItoError) as caught:
         client._wait(tmp_path / "batch-0-0.pt")
@@ -77,19 +80,9 @@ def test_a_worker_that_failed_ends_the_trainers_wait_with_its_code(tmp_path: Pat
 def test_an_error_the_worker_left_in_its_lobby_ends_the_wait_too(tmp_path: Path) -> None:
     """A worker that failed before it was handed its stage (while importing in the lobby)
     leaves its error in the lobby, beside the stage's directory."""
-    config = WorkerConfig(
-        rlvr=cast("RlvrStep", None),
-        size="tiny",
-        rope_base=10_000.0,
-        world=2,
-        first=0,
-        end=1,
-        lookahead=0,
-        max_staleness=0,
-    )
     stage = tmp_path / "lobby" / "5"
     stage.mkdir(parents=True)
-    client = RolloutClient(stage, config, rank=1)
+    client = RolloutClient(stage, CONFIG, rank=1)
     (tmp_path / "lobby" / "error").write_text("Traceback: no transformers")
     with pytest.raises(ItoError) as caught:
         client._wait(stage / "batch-0-0.pt")

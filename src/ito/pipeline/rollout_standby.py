@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["POLL_S", "Standby", "lobby_path", "touch"]
+__all__ = ["POLL_S", "Standby", "lobby_path", "stop_worker", "touch"]
 
 POLL_S = 0.002
 """How often the worker and the trainer look for each other's files."""
@@ -32,6 +32,17 @@ def touch(path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(b"")
     os.replace(tmp, path)
+
+
+def stop_worker(proc: subprocess.Popen[bytes], stop: Path) -> None:
+    """Ask the worker to end (the file ``stop``, which it polls for) and wait for it; killed
+    if it has not ended within a minute."""
+    touch(stop)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 @dataclass
@@ -62,12 +73,7 @@ class Standby:
         """Stop the worker if it is still waiting (a stage it serves is stopped by its
         client) and remove the lobby."""
         if self.proc.poll() is None:
-            touch(self.lobby / "stop")
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop_worker(self.proc, self.lobby / "stop")
         shutil.rmtree(self.lobby, ignore_errors=True)
         with contextlib.suppress(OSError):
             self.lobby.parent.rmdir()

@@ -62,7 +62,7 @@ import torch.distributed as dist
 from ito.core.errors import ItoError
 from ito.core.rl_batches import StalenessGate
 from ito.pipeline.replicas import local
-from ito.pipeline.rollout_standby import POLL_S, Standby, touch
+from ito.pipeline.rollout_standby import POLL_S, Standby, stop_worker, touch
 
 if TYPE_CHECKING:
     from ito.pipeline.layout import EngineLayout
@@ -177,12 +177,7 @@ class RolloutClient:
         rank has read its batches; a no-op on the other ranks)."""
         if self.proc is None:
             return
-        touch(self.root / "stop")
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_worker(self.proc, self.root / "stop")
         self.proc = None
         shutil.rmtree(self.root.parent, ignore_errors=True)
         with contextlib.suppress(OSError):
