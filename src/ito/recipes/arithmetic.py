@@ -70,10 +70,11 @@ RECIPES: dict[str, Budgets] = {
         gate_ratio=0.5,
         post_training=True,
         post_gates=(0.5, 0.5, 0.5),
-        # Fine-tuning on sums costs held-out web loss: 1.43 → 3.5-3.9 after SFT, depending on
-        # the run's seed (measured; 0.6 × 6.25 failed one seed). The bound, 4.38, still fails
-        # a model that has lost its language (the untrained one's 6.25).
-        post_web_ratio=0.7,
+        # Fine-tuning on sums (32-token examples) costs much of the held-out web loss, measured
+        # on the curriculum's longer context: 1.4 → 3.5, 3.9 and 4.4 after SFT for three run
+        # seeds (0.6 and 0.7 × step 0 each failed one). This bound, 5.0, catches a collapse
+        # towards the untrained model (6.25), not that loss.
+        post_web_ratio=0.8,
     ),
     "test": Budgets(
         pretrain_tokens=20_000,
