@@ -172,12 +172,19 @@ class RolloutClient:
             self.proc = standby.proc
         dist.barrier()
 
-    def stop(self) -> None:
+    def stop(self, *, abandon: bool = False) -> None:
         """Asks the worker to end, waits for it and removes the directory (rank 0, once every
-        rank has read its batches; a no-op on the other ranks)."""
+        rank has read its batches; a no-op on the other ranks). ``abandon`` (the stage failed):
+        kill it instead, at once — the other ranks are failing too, and torchrun stops rank 0
+        when the first of them exits, so rank 0 must reach its final event without waiting for
+        a worker in the middle of a batch."""
         if self.proc is None:
             return
-        stop_worker(self.proc, self.root / "stop")
+        if abandon:
+            self.proc.kill()
+            self.proc.wait()
+        else:
+            stop_worker(self.proc, self.root / "stop")
         self.proc = None
         shutil.rmtree(self.root.parent, ignore_errors=True)
         with contextlib.suppress(OSError):

@@ -584,8 +584,10 @@ class Trainer:
                     tokens_seen, passed = self._stage(
                         plan, stage_step if resume else 0, tokens_seen, resume
                     )
-                finally:
-                    self._stop_rollout()
+                except BaseException:
+                    self._stop_rollout(abandon=True)
+                    raise
+                self._stop_rollout()
             except LossSpike:
                 self.checkpointer.close()
                 self.events.emit("done", status="spike", stage=plan.config.stage)
@@ -1107,9 +1109,9 @@ class Trainer:
             return False
         return True
 
-    def _stop_rollout(self) -> None:
+    def _stop_rollout(self, *, abandon: bool = False) -> None:
         if self.rollout is not None:
-            self.rollout.stop()
+            self.rollout.stop(abandon=abandon)
             self.rollout = None
 
     def _post_step(
