@@ -69,16 +69,18 @@ RECIPES: dict[str, Budgets] = {
         every_steps=50,
         gate_ratio=0.5,
         post_training=True,
-        # Measured after SFT for four run seeds: held-out exact match 0.71, 0.84, 0.86 and
-        # 0.40 (the skill appears late in SFT, at a step that depends on the seed; a higher
-        # SFT rate learns it sooner but wiped out the web text on one seed of three), from 0
-        # before SFT.
+        # Measured after SFT for three run seeds: held-out exact match 0.875, 0.925 and 0.865,
+        # from 0 before SFT (greedy exact match needs the answer then end-of-text: the
+        # curriculum writes "a+b=s ." and never stops there). Before the web rows' prompt/
+        # completion boundary was fixed (see below) it was 0.40–0.965 over five seeds.
         post_gates=(0.3, 0.3, 0.3),
-        # Fine-tuning on sums (32-token examples) costs much of the held-out web loss, measured
-        # on the curriculum's longer context: 1.4 → 3.5, 3.9, 4.4 and 4.4 after SFT for those
-        # seeds (0.6 and 0.7 × step 0 each failed one). This bound, 5.0, catches a collapse
-        # towards the untrained model (6.25), not that loss.
-        post_web_ratio=0.8,
+        # Fine-tuning on short rows (32 tokens) costs much of the held-out web loss measured on
+        # the curriculum's 256-token windows: 1.4 → 4.76, 4.79 and 4.62 after SFT for those
+        # seeds. From a document's start the SFT model still predicts web text as before SFT
+        # (1.3–1.5 per token past the first words); what it loses is attending over long
+        # windows, which no SFT row has. This bound, 5.3, catches a collapse towards the
+        # untrained model (6.25), not that loss.
+        post_web_ratio=0.85,
     ),
     "test": Budgets(
         pretrain_tokens=20_000,
@@ -266,11 +268,15 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
     if budgets.post_training:
         # General text beside the sums, so fine-tuning on sums does not wipe out the language
         # (the post-training gates check web text too): the start of a training document as
-        # the prompt, its next words as the completion. Never a held-out web document.
+        # the prompt, its next words as the completion. Never a held-out web document. The
+        # space between them opens the completion: the joined text then tokenizes as the
+        # document did in pre-training, the prompt's tokens a prefix of it (a prompt ending in
+        # the space left a lone space token and the completion's first word split into
+        # characters, a text the model never saw).
         train_docs, _ = split_heldout([doc["text"] for doc in web], "pretrain")
         files["web-sft.jsonl"] = _jsonl(
             [
-                {"prompt": " ".join(words[:6]) + " ", "completion": " ".join(words[6:12])}
+                {"prompt": " ".join(words[:6]), "completion": " " + " ".join(words[6:12])}
                 for words in (text.split() for text in train_docs[:800])
                 if len(words) >= 12
             ]
