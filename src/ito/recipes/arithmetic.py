@@ -75,10 +75,11 @@ RECIPES: dict[str, Budgets] = {
         # completion boundary was fixed (see below) it was 0.40–0.965 over five seeds.
         post_gates=(0.3, 0.3, 0.3),
         # Fine-tuning on short rows (32 tokens) costs much of the held-out web loss measured on
-        # the curriculum's 256-token windows: 1.4 → 4.76, 4.79 and 4.62 after SFT for those
-        # seeds. From a document's start the SFT model still predicts web text as before SFT
-        # (1.3–1.5 per token past the first words); what it loses is attending over long
-        # windows, which no SFT row has. This bound, 5.3, catches a collapse towards the
+        # the curriculum's 256-token windows: 1.4 → 4.76, 4.79, 4.62 and 4.62 after SFT for
+        # those seeds. Per position from a document's start it is ~2 over the first 10 tokens
+        # and 4.0–4.7 past them, where no SFT row's text reaches (1.3–1.6 before SFT); SFT
+        # rows of 60 words at 128 tokens kept 1.3–1.5 up to 40 tokens, but the sums did not
+        # appear within this budget. This bound, 5.3, catches a collapse towards the
         # untrained model (6.25), not that loss.
         post_web_ratio=0.85,
     ),
