@@ -15,8 +15,11 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from ito.core.manifest import parse_manifest
+from ito.pipeline.data import read_data_rows
+from ito.pipeline.tokenizer import EOS
 from tests.pipeline.test_pretrain_engine import (
     assert_same_losses,
     events,
@@ -103,12 +106,39 @@ def test_sft_dpo_and_rlvr_run_after_the_curriculum_with_their_own_figures(
         ]
 
 
-def test_the_last_post_training_export_loads_in_transformers(reference: Path) -> None:
-    (export,) = [e for e in events(reference) if e["type"] == "export" and e["stage"] == "rlvr"]
-    model = AutoModelForCausalLM.from_pretrained(Path(export["path"]))
+def test_the_last_post_training_export_loads_in_transformers_and_generates_until_end_of_text(
+    reference: Path,
+) -> None:
+    """``generate`` on the export, with nothing of this package, stops where the engine's
+    greedy generation does (at end-of-text, not at ``LlamaConfig``'s default ids 1 and 2, which
+    are ordinary tokens here) and scores the held-out sums as the RLVR gate did."""
+    evs = events(reference)
+    (export,) = [e for e in evs if e["type"] == "export" and e["stage"] == "rlvr"]
+    (gate,) = [e for e in evs if e["type"] == "gate" and e["stage"] == "rlvr"]
+    (measured,) = [r["value"] for r in gate["results"] if r["eval"] == "exact_match"]
+    directory = Path(export["path"])
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    eos = tokenizer.convert_tokens_to_ids(EOS)
+    assert model.config.eos_token_id == model.generation_config.eos_token_id == eos
+    assert model.config.bos_token_id is None
+
+    spec = json.loads((reference / "spec.json").read_text())
+    ref = parse_manifest(json.dumps(spec["manifest"]).encode()).data_by_id()["arith-heldout"]
+    items = read_data_rows(ref, Path(spec["workdir"]))
+    answers = [str(row.get("answer")) for row in items]
+    max_new = max(len(tokenizer.encode(a)) for a in answers) + 1  # as the battery bounds it
+    hits = 0
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([[1, 2, 3]])).logits
-    assert logits.shape[-1] == 512 and bool(torch.isfinite(logits).all())
+        for row, answer in zip(items, answers, strict=True):
+            prompt = tokenizer(str(row.get("prompt")), return_tensors="pt")
+            out = model.generate(**prompt, do_sample=False, max_new_tokens=max_new)
+            new = out[0, prompt["input_ids"].shape[1] :].tolist()
+            # Generation ends at the first end-of-text or at the bound, never past one.
+            assert eos not in new[:-1] and (new[-1] == eos or len(new) == max_new)
+            said = str(tokenizer.decode(new[:-1] if new[-1] == eos else new))
+            hits += said.strip() == answer.strip()
+    assert math.isclose(hits / len(items), measured, abs_tol=1e-9)
 
 
 @pytest.mark.parametrize("stage", ["sft", "dpo", "rlvr"])

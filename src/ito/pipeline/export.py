@@ -2,7 +2,10 @@
 
 At the end of every stage, once its last checkpoint is committed, the engine writes the model as
 ``transformers`` reads it — ``config.json`` (the Llama architecture, with the RoPE base the stage
-trained with), ``model.safetensors`` (every parameter, in the dtype it is trained in) and the
+trained with, and the tokenizer's end-of-text as its only special token: ``LlamaConfig``'s
+defaults name ids 1 and 2, ordinary tokens of our tokenizers, and ``generate`` would stop at
+them), ``generation_config.json`` (generation stops at end-of-text, as the engine's batteries and
+rollouts do), ``model.safetensors`` (every parameter, in the dtype it is trained in) and the
 run's tokenizer (``tokenizer.json`` with a ``tokenizer_config.json`` naming the end-of-text
 token) — to ``exports/<stage>/step_<step>/`` in the run's checkpoint storage, through the proven
 directory. ``AutoModelForCausalLM.from_pretrained`` loads it with nothing of this package.
@@ -28,6 +31,7 @@ import torch.distributed as dist
 from safetensors.torch import save as safetensors_bytes
 from tokenizers import Tokenizer
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from transformers import GenerationConfig
 
 from ito.core.model_sizes import ModelSize
 from ito.pipeline.model import llama_config
@@ -95,6 +99,10 @@ def export_model(
         config = llama_config(size)
         config.rope_parameters = {**dict(config.rope_parameters or {}), "rope_theta": rope_base}
         config.architectures = ["LlamaForCausalLM"]
+        eos = tokenizer.token_to_id(EOS)
+        if eos is None:  # data preparation refuses such a tokenizer (``no_eos``)
+            raise ValueError(f"the run's tokenizer has no {EOS} token")
+        config.eos_token_id, config.bos_token_id, config.pad_token_id = eos, None, None
         dtypes = {t.dtype for t in state.values()}
         if len(dtypes) == 1:
             config.dtype = str(dtypes.pop()).removeprefix("torch.")
@@ -103,6 +111,11 @@ def export_model(
         )
         files = {
             "config.json": config.to_json_string(use_diff=False).encode(),
+            "generation_config.json": GenerationConfig(  # type: ignore[no-untyped-call]
+                eos_token_id=eos, pad_token_id=eos
+            )
+            .to_json_string(use_diff=True)
+            .encode(),
             WEIGHTS_FILE: weights,
             "tokenizer.json": tokenizer.to_str().encode(),
             "tokenizer_config.json": json.dumps(
