@@ -1217,16 +1217,18 @@ class Trainer:
         )
 
     def _measure_initial(self) -> None:
-        """Every eval of the run's stages on the untrained model, before the first step (a
-        battery the layout cannot run, or eval data without items, is refused here, before
-        any training)."""
+        """Every eval of the run's stages on the untrained model (or the initial weights),
+        before the first step, each with the RoPE base of the first stage that gates on it, as
+        that stage measures it (weights trained with a long-context base, then measured with
+        the model's own, would not read their source's loss); a battery the layout cannot
+        run, or eval data without items, is refused here, before any training."""
         specs = [
-            (plan.config.eval_seq_len, spec)
+            (plan.config.eval_seq_len, plan.config.rope_base_scale, spec)
             for plan in self.plans
             for spec in self.spec.manifest.eval_batteries[plan.config.battery]
         ]
         if self.pipeline is not None:
-            items = sorted({s.eval for _, s in specs if BATTERIES[s.eval].items})
+            items = sorted({s.eval for _, _, s in specs if BATTERIES[s.eval].items})
             if items:
                 raise ItoError(
                     "capability_unavailable",
@@ -1234,9 +1236,11 @@ class Trainer:
                 )
         ctx = self._eval_context()
         values: dict[str, float | None] = {}
-        for seq_len, spec in specs:
+        own_base = rope_base(llama_config(self.size))
+        for seq_len, scale, spec in specs:
             key = _initial_key(spec, seq_len)
             if key not in self.initial:
+                set_rope_base(self.model, own_base * scale)  # each stage sets its own again
                 value = BATTERIES[spec.eval].measure(ctx, spec.data, seq_len)
                 self.initial[key] = value if math.isfinite(value) else None
                 values.setdefault(_metric_name(spec.eval, spec.data), self.initial[key])
