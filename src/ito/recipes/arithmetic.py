@@ -70,20 +70,21 @@ RECIPES: dict[str, Budgets] = {
         every_steps=50,
         gate_ratio=0.5,
         post_training=True,
-        # Measured per stage (SFT / DPO / RLVR) for four run seeds at SFT's learning rate
-        # (LR_SCALE): held-out exact match 0.965/0.965/0.955, 0.945/0.95/0.965,
-        # 0.995/0.99/0.995 and 0.995/0.995/1.0, from 0 before SFT (greedy exact match needs the
-        # answer then end-of-text: the curriculum writes "a+b=s ." and never stops there).
-        # The gates sit well below them: a run-seed's spread was 0.45–0.925 at a lower SFT rate.
+        # Measured per stage (SFT / DPO / RLVR) at SFT's learning rate (LR_SCALE), held-out
+        # exact match for four run seeds with RLVR at a tenth of its rate and 312 steps:
+        # 0.965/0.965/0.955, 0.945/0.95/0.965, 0.995/0.99/0.995 and 0.995/0.995/1.0; a fifth,
+        # fresh-clone demo with RLVR at 2.5× its rate: 0.815/0.895/0.84. From 0 before SFT
+        # (greedy exact match needs the answer then end-of-text: the curriculum writes
+        # "a+b=s ." and never stops there). The gates sit well below them.
         post_gates=(0.7, 0.7, 0.7),
         # Fine-tuning on short rows (32 tokens) costs much of the held-out web loss measured on
-        # the curriculum's 256-token windows: 1.4 → 3.67, 3.59, 4.39 and 4.89 after SFT for
-        # those seeds. Per position from a document's start it is ~2 over the first 10 tokens
-        # and worse past them, where no SFT row's text reaches (1.3–1.6 before SFT); SFT rows
-        # of 60 words at 128 tokens kept 1.3–1.5 up to 40 tokens, but the sums did not appear
-        # within this budget. This bound, 5.3, catches a collapse towards the untrained model
-        # (6.25), not that loss.
-        post_web_ratio=0.85,
+        # the curriculum's 256-token windows: 1.4 → 3.67, 3.59, 4.39, 4.89 and 5.22 after SFT
+        # for those seeds (5.28 after the fifth's DPO). Per position from a document's start it
+        # is ~2 over the first 10 tokens and worse past them, where no SFT row's text reaches
+        # (1.3–1.6 before SFT); SFT rows of 60 words at 128 tokens kept 1.3–1.5 up to 40
+        # tokens, but the sums did not appear within this budget. This bound, 5.6, catches a
+        # collapse towards the untrained model (6.2), not that loss.
+        post_web_ratio=0.9,
     ),
     "test": Budgets(
         pretrain_tokens=20_000,
