@@ -71,15 +71,16 @@ RECIPES: dict[str, Budgets] = {
         gate_ratio=0.5,
         post_training=True,
         # Measured per stage (SFT / DPO / RLVR) at SFT's learning rate (LR_SCALE), held-out
-        # exact match for four run seeds with RLVR at a tenth of its rate and 312 steps:
+        # exact match for four run seeds with RLVR at a quarter of its rate and 312 steps:
         # 0.965/0.965/0.955, 0.945/0.95/0.965, 0.995/0.99/0.995 and 0.995/0.995/1.0; a fifth,
-        # fresh-clone demo with RLVR at 2.5× its rate: 0.815/0.895/0.84. From 0 before SFT
+        # fresh-clone demo with RLVR at 2.5× its rate: 0.815/0.895/0.84; a sixth, at its rate
+        # (625 steps, reward 0.71 → 0.75 over the stage): 0.925/0.93/0.92. From 0 before SFT
         # (greedy exact match needs the answer then end-of-text: the curriculum writes
         # "a+b=s ." and never stops there). The gates sit well below them.
         post_gates=(0.7, 0.7, 0.7),
         # Fine-tuning on short rows (32 tokens) costs much of the held-out web loss measured on
-        # the curriculum's 256-token windows: 1.4 → 3.67, 3.59, 4.39, 4.89 and 5.22 after SFT
-        # for those seeds (5.28 after the fifth's DPO). Per position from a document's start it
+        # the curriculum's 256-token windows: 1.4 → 3.67, 3.59, 4.39, 4.89, 5.22 and 4.03 after
+        # SFT for those seeds (5.28 after the fifth's DPO). Per position from a document's start it
         # is ~2 over the first 10 tokens and worse past them, where no SFT row's text reaches
         # (1.3–1.6 before SFT); SFT rows of 60 words at 128 tokens kept 1.3–1.5 up to 40
         # tokens, but the sums did not appear within this budget. This bound, 5.6, catches a
