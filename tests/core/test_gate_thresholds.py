@@ -29,6 +29,7 @@ ACCEPTED = [
     {"eval": "heldout_loss", "data": "web", "max_ratio": 0.6},
     {"eval": "perplexity", "data": "web", "max_ratio": 0.5},
     {"eval": "exact_match", "data": "arith-heldout", "min": 0.5},
+    {"eval": "sampled_exact_match", "data": "arith-heldout", "min": 0.4},
     {"eval": "multiple_choice", "data": "arith-heldout", "min": 0.3},
     {"eval": "multiple_choice", "data": "arith-heldout", "min_ratio": 1.5},
 ]
@@ -54,6 +55,16 @@ REFUSED = [
         PATH,
     ),
     ("exact-match-ratio", {"eval": "exact_match", "data": "arith-heldout", "min_ratio": 2.0}, PATH),
+    (
+        "sampled-exact-match-ratio",
+        {"eval": "sampled_exact_match", "data": "arith-heldout", "min_ratio": 2.0},
+        PATH,
+    ),
+    (
+        "sampled-on-text-data",
+        {"eval": "sampled_exact_match", "data": "web", "min": 0.5},
+        f"{PATH}.data",
+    ),
     (
         "accuracy-above-one",
         {"eval": "exact_match", "data": "arith-heldout", "min": 1.5},

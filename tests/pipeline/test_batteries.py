@@ -4,21 +4,31 @@ picks the option the model finds more likely; batched generation equals one-by-o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.distributed as dist
+from tokenizers import Tokenizer
 from transformers import LlamaForCausalLM
 
 from ito.core.model_sizes import SIZES
-from ito.pipeline.batteries import EvalContext, exact_match, greedy_continuations, multiple_choice
+from ito.pipeline import batteries
+from ito.pipeline.batteries import (
+    EvalContext,
+    exact_match,
+    greedy_continuations,
+    multiple_choice,
+    sampled_exact_match,
+)
 from ito.pipeline.data import pack
 from ito.pipeline.loss import use_chunked_loss
 from ito.pipeline.model import llama_config
 from ito.pipeline.rows import Row, read_rows
-from ito.pipeline.tokenizer import build_tokenizer
+from ito.pipeline.tokenizer import EOS, build_tokenizer
 from ito.recipes import build_recipe
 
 TRAIN_STEPS = 300
@@ -119,3 +129,76 @@ def test_multiple_choice_picks_the_option_the_model_finds_more_likely(
         if o != r.get("answer")
     ]
     assert multiple_choice(_context(model, tokenizer, wrong), "colours", 16) == 0.0
+
+
+class _Choices(torch.nn.Module):
+    """A model of known distributions: after the prompt's last token ``=`` it says `` x``,
+    `` y`` or `` z`` with probabilities ``probs`` (sharpened by ``scale``), after any of them
+    end-of-text for sure; the same whatever the batch or the padding."""
+
+    def __init__(
+        self, vocab: int, eq: int, choices: list[int], probs: list[float], eos: int, scale: float
+    ) -> None:
+        super().__init__()
+        self.vocab, self.eq, self.eos = vocab, eq, eos
+        self.choices, self.scale = choices, scale
+        self.logp = torch.log(torch.tensor(probs))
+
+    def forward(self, input_ids: torch.Tensor, **_: object) -> SimpleNamespace:
+        logits = torch.full((*input_ids.shape, self.vocab), -1e9)
+        after_eq = input_ids == self.eq
+        for k, choice in enumerate(self.choices):
+            logits[..., choice] = torch.where(after_eq, self.logp[k] * self.scale, -1e9)
+        logits[..., self.eos] = torch.where(after_eq, -1e9, 0.0)
+        return SimpleNamespace(logits=logits)
+
+
+def _choices_setup(tmp_path: Path, scale: float) -> tuple[EvalContext, Tokenizer]:
+    texts = ["a = x", "a = y", "a = z"] * 30
+    tokenizer = build_tokenizer(texts, SIZES["tiny"].vocab, tmp_path / "tok")
+    (eq,) = tokenizer.encode(" =").ids
+    choices = [tokenizer.encode(f" {c}").ids for c in "xyz"]
+    assert all(len(c) == 1 for c in choices)
+    eos = tokenizer.token_to_id(EOS)
+    assert eos is not None
+    model = _Choices(
+        tokenizer.get_vocab_size(), eq, [c[0] for c in choices], [0.5, 0.3, 0.2], eos, scale
+    )
+    return _context(model, tokenizer, []), tokenizer
+
+
+def _answer_items(answers: str) -> list[Row]:
+    return [Row("eval", (("prompt", "a ="), ("answer", a))) for a in answers]
+
+
+def test_sampled_exact_match_counts_samples_in_proportion_to_the_models_probabilities(
+    group: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctx, _ = _choices_setup(tmp_path, scale=1.0)
+    measured = {}
+    for answer, p in (("x", 0.5), ("y", 0.3), ("z", 0.2)):
+        ctx.rows = lambda _, a=answer: _answer_items(a * 100)  # type: ignore[misc]
+        measured[answer] = sampled_exact_match(ctx, "choices", 16)
+        # 1,600 draws: a standard error of at most 0.0125.
+        assert abs(measured[answer] - p) < 0.05, (answer, measured[answer])
+    # Greedy decoding sees only the mode.
+    assert exact_match(ctx, "choices", 16) == 0.0  # the last rows set: answer z
+    # The same items are drawn the same: one item per forward, or a rank's share at a time,
+    # counts the same hits.
+    ctx.rows = lambda _: _answer_items("xyz" * 33)
+    whole = sampled_exact_match(ctx, "choices", 16)
+    monkeypatch.setattr(batteries, "ITEM_BATCH", batteries.SAMPLES)
+    assert sampled_exact_match(ctx, "choices", 16) == whole
+    shares = []
+    for rank in range(3):
+        ctx.dp_rank, ctx.dp_world = rank, 3
+        shares.append(sampled_exact_match(ctx, "choices", 16) * 33)
+    assert math.isclose(sum(shares), whole * 99, abs_tol=1e-9)
+
+
+def test_sampled_exact_match_of_a_sharp_model_is_its_greedy_exact_match(
+    group: None, tmp_path: Path
+) -> None:
+    ctx, _ = _choices_setup(tmp_path, scale=1e4)
+    ctx.rows = lambda _: _answer_items("x" * 30 + "y" * 10)
+    assert sampled_exact_match(ctx, "choices", 16) == exact_match(ctx, "choices", 16) == 0.75

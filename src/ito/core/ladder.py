@@ -9,8 +9,8 @@ battery, it loses by no more than ``ladder.margin``:
 
 - losses (``heldout_loss``, ``perplexity``): relative to the reference — the custom run's value
   at most ``(1 + margin) ×`` the reference run's;
-- accuracies (``exact_match``, ``multiple_choice``, fractions in [0, 1]): in accuracy points —
-  at least the reference's value ``− margin``.
+- accuracies (``exact_match``, ``sampled_exact_match``, ``multiple_choice``, fractions in
+  [0, 1]): in accuracy points — at least the reference's value ``− margin``.
 
 A value that is not known or not finite (a diverged proxy) fails closed. The proxy is the named
 size with the run's vocabulary (both arms read the run's tokenizer), so its cost in the

@@ -282,10 +282,12 @@ class PostTraining(_Strict):
     rlvr: RlvrRecipe | None = None
 
 
-EvalName = Literal["heldout_loss", "perplexity", "exact_match", "multiple_choice"]
+EvalName = Literal[
+    "heldout_loss", "perplexity", "exact_match", "sampled_exact_match", "multiple_choice"
+]
 LOSS_EVALS = frozenset({"heldout_loss", "perplexity"})
 """Evals where lower is better: gated by an upper bound (``max`` or ``max_ratio``)."""
-ACCURACY_EVALS = frozenset({"exact_match", "multiple_choice"})
+ACCURACY_EVALS = frozenset({"exact_match", "sampled_exact_match", "multiple_choice"})
 """Evals where higher is better, in [0, 1]: gated by a lower bound (``min`` or ``min_ratio``)."""
 Ratio = Annotated[float, Field(gt=0, le=1000)]
 
@@ -302,8 +304,8 @@ class EvalSpec(_Strict):
     max: float | None = None
     """Losses: passes iff value ≤ max."""
     min_ratio: Ratio | None = None
-    """Accuracies: passes iff value ≥ min_ratio × the step-0 value (not for ``exact_match``,
-    whose step-0 value is about 0)."""
+    """Accuracies: passes iff value ≥ min_ratio × the step-0 value (not for ``exact_match`` or
+    ``sampled_exact_match``, whose step-0 value is about 0)."""
     max_ratio: Ratio | None = None
     """Losses: passes iff value ≤ max_ratio × the step-0 value (0.6: the loss fell by 40 %)."""
 
@@ -798,7 +800,7 @@ def _threshold_problems(spec: EvalSpec, path: str) -> list[tuple[str, str]]:
         name for name in ("min", "max", "min_ratio", "max_ratio") if getattr(spec, name) is not None
     ]
     allowed = ["max", "max_ratio"] if loss else ["min", "min_ratio"]
-    if spec.eval == "exact_match":
+    if spec.eval in ("exact_match", "sampled_exact_match"):
         allowed = ["min"]  # an untrained model's exact match is about 0: a ratio says nothing
     if len(given) != 1 or given[0] not in allowed:
         return [

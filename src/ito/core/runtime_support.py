@@ -46,12 +46,14 @@ __all__ = [
 READABLE_SCHEMES = frozenset({"file"})
 """URI schemes data preparation reads (``file://`` naming an absolute local path; a tokenizer
 may also be named by the absolute path itself)."""
-MEASURABLE_EVALS = frozenset({"heldout_loss", "perplexity", "exact_match", "multiple_choice"})
+MEASURABLE_EVALS = frozenset(
+    {"heldout_loss", "perplexity", "exact_match", "sampled_exact_match", "multiple_choice"}
+)
 """Evals the engine measures at a curriculum stage's gate (the batteries of
 :mod:`ito.pipeline.batteries`)."""
-ITEM_EVALS = frozenset({"exact_match", "multiple_choice"})
-"""Evals over eval items (greedy generation, per-option log-likelihood): ``eval`` data only,
-and not under pipeline parallelism."""
+ITEM_EVALS = frozenset({"exact_match", "sampled_exact_match", "multiple_choice"})
+"""Evals over eval items (greedy or sampled generation, per-option log-likelihood): ``eval``
+data only, and not under pipeline parallelism."""
 
 
 def unsupported_parts(manifest: Manifest, pipeline_stages: int = 1) -> list[dict[str, str]]:

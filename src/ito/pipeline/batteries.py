@@ -12,6 +12,13 @@ eval                value
                     up to its first end-of-text, equals the answer (both stripped of
                     surrounding whitespace); at most the longest answer's token count + 1
                     new tokens (room for the end-of-text), capped at ``MAX_NEW_TOKENS``
+``sampled_exact_match``
+                    the same items' mean fraction of ``SAMPLES`` continuations sampled at
+                    temperature 1 from the whole vocabulary that equal the answer (pass@1
+                    estimated from 16 samples): what RLVR's reward measures, which greedy
+                    decoding hides once the answer is the mode; each item's draws come from
+                    a generator seeded by its index, so the value is the same at every gate
+                    for the same weights, whatever the layout
 ``multiple_choice`` fraction of prompt/options/answer items where the answer is the option of
                     highest summed log-likelihood after the prompt (lm-evaluation-harness's
                     ``acc``; ties go to the first option)
@@ -57,6 +64,8 @@ __all__ = [
     "heldout_loss",
     "multiple_choice",
     "perplexity",
+    "sampled_continuations",
+    "sampled_exact_match",
 ]
 
 MAX_EVAL_SEQUENCES = 64
@@ -67,6 +76,10 @@ MAX_NEW_TOKENS = 64
 """Bound on the tokens greedy generation adds, whatever the answers' lengths."""
 ITEM_BATCH = 32
 """Sequences per forward of an item eval, per rank."""
+SAMPLES = 16
+"""Samples per item of ``sampled_exact_match``."""
+SAMPLE_SEED = 20261205
+"""Seeds ``sampled_exact_match``'s draws: the same items are drawn the same at every gate."""
 
 
 @dataclass
@@ -162,9 +175,9 @@ def _items(ctx: EvalContext, data_id: str, eval_name: str) -> list[Row]:
     return items[:MAX_EVAL_ITEMS]
 
 
-def _forwards(ctx: EvalContext, mine: int) -> int:
+def _forwards(ctx: EvalContext, mine: int, per_batch: int = ITEM_BATCH) -> int:
     """Batches every rank runs: the most any rank needs (ranks of one world run in step)."""
-    count = torch.tensor([-(-mine // ITEM_BATCH)], dtype=torch.long, device=ctx.device)
+    count = torch.tensor([-(-mine // per_batch)], dtype=torch.long, device=ctx.device)
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
     return int(count.item())
 
@@ -182,27 +195,55 @@ def _eos(tokenizer: Tokenizer) -> int:
     return int(eos)
 
 
-def greedy_continuations(
-    ctx: EvalContext, prompts: list[list[int]], max_new: int
+def _continuations(
+    ctx: EvalContext,
+    prompts: list[list[int]],
+    max_new: int,
+    pick: Callable[[torch.Tensor, int], torch.Tensor],
 ) -> list[list[int]]:
-    """Greedy continuation of each prompt (token ids), ``max_new`` tokens each (after an
-    end-of-text only end-of-text follows). Prompts are left-padded and masked; every call
-    runs exactly ``max_new`` forwards, so ranks that call it equally often stay in step. No KV
-    cache: the bound is small and the forward is the training one."""
+    """Continuation of each prompt (token ids), ``max_new`` tokens each, the next token chosen
+    by ``pick(last logits in float32, new-token index)`` (after an end-of-text only end-of-text
+    follows). Prompts are left-padded and masked; every call runs exactly ``max_new``
+    forwards, so ranks that call it equally often stay in step. No KV cache: the bound is
+    small and the forward is the training one."""
     eos = _eos(ctx.tokenizer)
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[eos] * (width - len(p)) + p for p in prompts], device=ctx.device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=ctx.device)
     done = torch.zeros(len(prompts), dtype=torch.bool, device=ctx.device)
-    for _ in range(max_new):
+    for step in range(max_new):
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         logits = ctx.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
-        nxt = logits[:, -1].float().argmax(-1)
+        nxt = pick(logits[:, -1].float(), step)
         nxt = torch.where(done, torch.full_like(nxt, eos), nxt)
         done |= nxt == eos
         ids = torch.cat([ids, nxt[:, None]], dim=1)
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
     return ids[:, width:].tolist()
+
+
+def greedy_continuations(
+    ctx: EvalContext, prompts: list[list[int]], max_new: int
+) -> list[list[int]]:
+    """Greedy continuation of each prompt (see :func:`_continuations`)."""
+    return _continuations(ctx, prompts, max_new, lambda logits, _: logits.argmax(-1))
+
+
+def sampled_continuations(
+    ctx: EvalContext, prompts: list[list[int]], uniforms: torch.Tensor
+) -> list[list[int]]:
+    """A continuation of each prompt sampled at temperature 1 from the whole vocabulary, new
+    token ``t`` of prompt ``i`` drawn by inverting the model's distribution at
+    ``uniforms[i, t]`` (one row of ``max_new`` uniforms in [0, 1) per prompt): the draws are
+    the caller's, so a prompt's sample does not depend on the prompts batched with it."""
+    draws = uniforms.to(ctx.device, torch.float32)
+
+    def pick(logits: torch.Tensor, step: int) -> torch.Tensor:
+        cdf = torch.softmax(logits, dim=-1).cumsum(-1)
+        chosen = torch.searchsorted(cdf, draws[:, step : step + 1] * cdf[:, -1:], right=True)
+        return chosen.squeeze(1).clamp(max=logits.shape[-1] - 1)
+
+    return _continuations(ctx, prompts, draws.shape[1], pick)
 
 
 def exact_match(ctx: EvalContext, data_id: str, seq_len: int) -> float:
@@ -225,6 +266,41 @@ def exact_match(ctx: EvalContext, data_id: str, seq_len: int) -> float:
                 hits += text.strip() == mine[i].get("answer").strip()
     ctx.model.train()
     return _fraction(ctx, hits, len(mine))
+
+
+def _item_uniforms(index: int, samples: int, max_new: int) -> torch.Tensor:
+    """The draws of item ``index``'s samples: from a generator seeded by the item's index in
+    the data, so the value does not depend on the layout or the batching."""
+    generator = torch.Generator().manual_seed(SAMPLE_SEED * 1_000_003 + index)
+    return torch.rand((samples, max_new), generator=generator)
+
+
+def sampled_exact_match(ctx: EvalContext, data_id: str, seq_len: int) -> float:
+    items = _items(ctx, data_id, "sampled_exact_match")
+    tok = ctx.tokenizer
+    eos = _eos(tok)
+    answers = [r.get("answer") for r in items]
+    max_new = min(MAX_NEW_TOKENS, max(len(e.ids) for e in tok.encode_batch(answers)) + 1)
+    indices = list(range(ctx.dp_rank, len(items), ctx.dp_world))
+    prompts = [e.ids for e in tok.encode_batch([items[i].get("prompt") for i in indices])]
+    per_batch = max(1, ITEM_BATCH // SAMPLES)
+    hits = 0.0
+    ctx.model.train(False)
+    with torch.no_grad():
+        for b in range(_forwards(ctx, len(indices), per_batch)):
+            chunk = list(range(b * per_batch, min(len(indices), (b + 1) * per_batch)))
+            if not chunk:  # weight-zero work keeps step
+                sampled_continuations(ctx, [[eos]], torch.zeros((1, max_new)))
+                continue
+            batch = [prompts[j] for j in chunk for _ in range(SAMPLES)]
+            draws = torch.cat([_item_uniforms(indices[j], SAMPLES, max_new) for j in chunk])
+            outputs = sampled_continuations(ctx, batch, draws)
+            for n, out in enumerate(outputs):
+                text = tok.decode(out[: out.index(eos)] if eos in out else out)
+                answer = items[indices[chunk[n // SAMPLES]]].get("answer")
+                hits += (text.strip() == answer.strip()) / SAMPLES
+    ctx.model.train()
+    return _fraction(ctx, hits, len(indices))
 
 
 def _option_tokens(tokenizer: Tokenizer, prompt: str, option: str) -> tuple[list[int], int]:
@@ -284,6 +360,7 @@ BATTERIES: dict[str, Battery] = {
     "heldout_loss": Battery(heldout_loss, items=False),
     "perplexity": Battery(perplexity, items=False),
     "exact_match": Battery(exact_match, items=True),
+    "sampled_exact_match": Battery(sampled_exact_match, items=True),
     "multiple_choice": Battery(multiple_choice, items=True),
 }
 """Every eval the engine measures, by the name the manifest gives it."""
