@@ -83,7 +83,8 @@ RECIPES: dict[str, Budgets] = {
         post_gates=(0.7, 0.7, 0.7),
         # Sampled at temperature 1 (what RLVR's reward measures), measured with transformers
         # on two demos' exports: 0.569/0.592/0.647 and 0.615/0.638/0.669 after SFT/DPO/RLVR
-        # (greedy 0.815/0.895/0.84 and 0.925/0.93/0.92).
+        # (greedy 0.815/0.895/0.84 and 0.925/0.93/0.92); a seventh, fresh-clone demo gated on
+        # it: 0.838/0.84/0.87 (greedy 0.975/0.985/0.985, RLVR reward 0.86 → 0.91).
         post_sampled_min=0.4,
         # Fine-tuning on short rows (32 tokens) costs much of the held-out web loss measured on
         # the curriculum's 256-token windows: 1.4 → 3.67, 3.59, 4.39, 4.89, 5.22 and 4.03 after
