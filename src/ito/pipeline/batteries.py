@@ -246,12 +246,18 @@ def sampled_continuations(
     return _continuations(ctx, prompts, draws.shape[1], pick)
 
 
-def exact_match(ctx: EvalContext, data_id: str, seq_len: int) -> float:
-    items = _items(ctx, data_id, "exact_match")
-    tok = ctx.tokenizer
-    eos = _eos(tok)
+def _answer_items(ctx: EvalContext, data_id: str, eval_name: str) -> tuple[list[Row], int, int]:
+    """The prompt/answer items of a generation eval, the end-of-text id, and the tokens to
+    generate: the longest answer's + 1 (room for the end-of-text), at most ``MAX_NEW_TOKENS``."""
+    items = _items(ctx, data_id, eval_name)
     answers = [r.get("answer") for r in items]
-    max_new = min(MAX_NEW_TOKENS, max(len(e.ids) for e in tok.encode_batch(answers)) + 1)
+    longest = max(len(e.ids) for e in ctx.tokenizer.encode_batch(answers))
+    return items, _eos(ctx.tokenizer), min(MAX_NEW_TOKENS, longest + 1)
+
+
+def exact_match(ctx: EvalContext, data_id: str, seq_len: int) -> float:
+    items, eos, max_new = _answer_items(ctx, data_id, "exact_match")
+    tok = ctx.tokenizer
     mine = items[ctx.dp_rank :: ctx.dp_world]
     prompts = [e.ids for e in tok.encode_batch([r.get("prompt") for r in mine])]
     hits = 0
@@ -276,11 +282,8 @@ def _item_uniforms(index: int, samples: int, max_new: int) -> torch.Tensor:
 
 
 def sampled_exact_match(ctx: EvalContext, data_id: str, seq_len: int) -> float:
-    items = _items(ctx, data_id, "sampled_exact_match")
+    items, eos, max_new = _answer_items(ctx, data_id, "sampled_exact_match")
     tok = ctx.tokenizer
-    eos = _eos(tok)
-    answers = [r.get("answer") for r in items]
-    max_new = min(MAX_NEW_TOKENS, max(len(e.ids) for e in tok.encode_batch(answers)) + 1)
     indices = list(range(ctx.dp_rank, len(items), ctx.dp_world))
     prompts = [e.ids for e in tok.encode_batch([items[i].get("prompt") for i in indices])]
     per_batch = max(1, ITEM_BATCH // SAMPLES)
