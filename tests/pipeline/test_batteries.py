@@ -12,7 +12,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-from tokenizers import Tokenizer
 from transformers import LlamaForCausalLM
 
 from ito.core.model_sizes import SIZES
@@ -153,7 +152,7 @@ class _Choices(torch.nn.Module):
         return SimpleNamespace(logits=logits)
 
 
-def _choices_setup(tmp_path: Path, scale: float) -> tuple[EvalContext, Tokenizer]:
+def _choices_context(tmp_path: Path, scale: float) -> EvalContext:
     texts = ["a = x", "a = y", "a = z"] * 30
     tokenizer = build_tokenizer(texts, SIZES["tiny"].vocab, tmp_path / "tok")
     (eq,) = tokenizer.encode(" =").ids
@@ -164,28 +163,28 @@ def _choices_setup(tmp_path: Path, scale: float) -> tuple[EvalContext, Tokenizer
     model = _Choices(
         tokenizer.get_vocab_size(), eq, [c[0] for c in choices], [0.5, 0.3, 0.2], eos, scale
     )
-    return _context(model, tokenizer, []), tokenizer
+    return _context(model, tokenizer, [])
 
 
-def _answer_items(answers: str) -> list[Row]:
+def _items_answering(answers: str) -> list[Row]:
     return [Row("eval", (("prompt", "a ="), ("answer", a))) for a in answers]
 
 
 def test_sampled_exact_match_counts_samples_in_proportion_to_the_models_probabilities(
     group: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ctx, _ = _choices_setup(tmp_path, scale=1.0)
-    measured = {}
+    ctx = _choices_context(tmp_path, scale=1.0)
     for answer, p in (("x", 0.5), ("y", 0.3), ("z", 0.2)):
-        ctx.rows = lambda _, a=answer: _answer_items(a * 100)  # type: ignore[misc]
-        measured[answer] = sampled_exact_match(ctx, "choices", 16)
+        ctx.rows = lambda _, a=answer: _items_answering(a * 100)  # type: ignore[misc]
+        measured = sampled_exact_match(ctx, "choices", 16)
         # 1,600 draws: a standard error of at most 0.0125.
-        assert abs(measured[answer] - p) < 0.05, (answer, measured[answer])
+        assert abs(measured - p) < 0.05, (answer, measured)
     # Greedy decoding sees only the mode.
-    assert exact_match(ctx, "choices", 16) == 0.0  # the last rows set: answer z
+    ctx.rows = lambda _: _items_answering("z" * 100)
+    assert exact_match(ctx, "choices", 16) == 0.0
     # The same items are drawn the same: one item per forward, or a rank's share at a time,
     # counts the same hits.
-    ctx.rows = lambda _: _answer_items("xyz" * 33)
+    ctx.rows = lambda _: _items_answering("xyz" * 33)
     whole = sampled_exact_match(ctx, "choices", 16)
     monkeypatch.setattr(batteries, "ITEM_BATCH", batteries.SAMPLES)
     assert sampled_exact_match(ctx, "choices", 16) == whole
@@ -199,6 +198,6 @@ def test_sampled_exact_match_counts_samples_in_proportion_to_the_models_probabil
 def test_sampled_exact_match_of_a_sharp_model_is_its_greedy_exact_match(
     group: None, tmp_path: Path
 ) -> None:
-    ctx, _ = _choices_setup(tmp_path, scale=1e4)
-    ctx.rows = lambda _: _answer_items("x" * 30 + "y" * 10)
+    ctx = _choices_context(tmp_path, scale=1e4)
+    ctx.rows = lambda _: _items_answering("x" * 30 + "y" * 10)
     assert sampled_exact_match(ctx, "choices", 16) == exact_match(ctx, "choices", 16) == 0.75
