@@ -255,7 +255,13 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
     for a, b in train_pairs[:300]:
         wrong = a + b + rng.choice([-10, -1, 1, 10])
         prefs.append({"prompt": f"{a}+{b}=", "chosen": f"{a + b}", "rejected": f"{wrong}"})
-    prompts = [{"prompt": f"{a}+{b}=", "answer": f"{a + b}"} for a, b in train_pairs[300:600]]
+    # RLVR's prompts are every training pair. On a subset (300 of the 800) RL raised the reward
+    # on its own prompts but lowered held-out greedy exact match as often as it raised it. The
+    # model lost carries into a round ten ("63+7=" → 60) on sums no prompt asked. Measured
+    # from four DPO models (greedy 0.985, 0.955, 0.975, 0.975), RLVR runs of other seeds:
+    # on the subset 0.975 1.0 | 0.925 0.935 0.955 | 0.97 0.965 0.98 | 0.985 0.975 0.98; on all
+    # 800, 0.99 | 0.96 0.955 | 0.98 0.985 | 0.99 0.985 (sampled accuracy as high or higher).
+    prompts = [{"prompt": f"{a}+{b}=", "answer": f"{a + b}"} for a, b in train_pairs]
     evals = [{"prompt": f"{a}+{b}=", "answer": f"{a + b}"} for a, b in heldout]
     custom: list[dict[str, Any]] = []
     if budgets.ladder == "helpful":
