@@ -7,6 +7,7 @@ served on a free loopback port) and the ``ito`` client. Keys travel only in the 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -244,10 +245,12 @@ def main() -> None:
             show=False,
         )["points"]
         if rewards:
-            tenth = max(1, len(rewards) // 10)
+            # Ten parts of (nearly) equal size, the last one included: no short tail part
+            # whose mean over a few steps reads as a trend.
+            cuts = sorted({len(rewards) * i // 10 for i in range(11)})
             curve = [
-                sum(p["value"] for p in rewards[i : i + tenth]) / len(rewards[i : i + tenth])
-                for i in range(0, len(rewards), tenth)
+                sum(p["value"] for p in rewards[lo:hi]) / (hi - lo)
+                for lo, hi in itertools.pairwise(cuts)
             ]
             print(
                 "    rlvr reward (mean per tenth of the stage): "
