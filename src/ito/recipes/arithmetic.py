@@ -84,7 +84,11 @@ RECIPES: dict[str, Budgets] = {
         # Sampled at temperature 1 (what RLVR's reward measures), measured with transformers
         # on two demos' exports: 0.569/0.592/0.647 and 0.615/0.638/0.669 after SFT/DPO/RLVR
         # (greedy 0.815/0.895/0.84 and 0.925/0.93/0.92); a seventh, fresh-clone demo gated on
-        # it: 0.838/0.84/0.87 (greedy 0.975/0.985/0.985, RLVR reward 0.86 → 0.91).
+        # it: 0.838/0.84/0.87 (greedy 0.975/0.985/0.985, RLVR reward 0.86 → 0.91). With RLVR's
+        # prompts all 800 training pairs, three runs of the engine alone: sampled
+        # 0.744/0.769/0.807, 0.861/0.871/0.899, 0.706/0.755/0.794 (greedy 0.96/0.965/0.975,
+        # 0.97/0.985/0.98, 0.93/0.985/0.975), and two fresh-clone demos 0.806/0.83/0.86 and
+        # 0.845/0.854/0.877 (greedy 0.985/0.98/0.99 and 0.97/0.97/0.98).
         post_sampled_min=0.4,
         # Fine-tuning on short rows (32 tokens) costs much of the held-out web loss measured on
         # the curriculum's 256-token windows: 1.4 → 3.67, 3.59, 4.39, 4.89, 5.22 and 4.03 after
