@@ -585,3 +585,26 @@ def test_dpo_without_rpo_alpha_is_plain_dpo(doc: Doc) -> None:
     manifest = parse_manifest(_raw(doc))
     assert manifest.post_training.dpo is not None
     assert manifest.post_training.dpo.rpo_alpha == 0.0
+
+
+@pytest.mark.parametrize(
+    ("value", "valid"),
+    [(0.0, False), (-0.7, False), (0.01, True), (0.7, True), (2.0, True), (2.5, False)],
+)
+def test_rlvr_temperature_is_above_0_and_at_most_2(doc: Doc, value: float, valid: bool) -> None:
+    doc["post_training"]["rlvr"]["temperature"] = value
+    if valid:
+        manifest = parse_manifest(_raw(doc))
+        assert manifest.post_training.rlvr is not None
+        assert manifest.post_training.rlvr.temperature == value
+        return
+    exc = _refusal(_raw(doc))
+    assert exc.code == "manifest_invalid"
+    assert "$.post_training.rlvr.temperature" in _paths(exc)
+
+
+def test_rlvr_without_a_temperature_samples_at_1(doc: Doc) -> None:
+    doc["post_training"]["rlvr"].pop("temperature", None)
+    manifest = parse_manifest(_raw(doc))
+    assert manifest.post_training.rlvr is not None
+    assert manifest.post_training.rlvr.temperature == 1.0

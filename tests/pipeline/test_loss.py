@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import LlamaForCausalLM
 
 from ito.core.model_sizes import SIZES
 from ito.pipeline.loss import (
@@ -84,8 +85,6 @@ def test_causal_labels_are_shifted_and_the_last_position_predicts_nothing() -> N
 
 
 def test_the_model_with_the_chunked_loss_matches_hugging_faces_loss_and_gradients() -> None:
-    from transformers import LlamaForCausalLM
-
     torch.manual_seed(0)
     reference = LlamaForCausalLM(llama_config(SIZES["tiny"]))
     chunked = copy.deepcopy(reference)
@@ -110,6 +109,47 @@ def test_the_model_with_the_chunked_loss_matches_hugging_faces_loss_and_gradient
         chunked.model(input_ids=tokens).last_hidden_state, chunked.lm_head, labels, reduction="none"
     )
     assert per_token.shape == tokens.shape and torch.all(per_token[:, -1] == 0)
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0, 1.5])
+def test_the_loss_at_a_temperature_is_that_of_the_tempered_distribution(
+    temperature: float,
+) -> None:
+    """RLVR's log-probabilities at its sampling temperature: each position's loss is the
+    cross-entropy of ``softmax(logits / temperature)``, gradients included, over several chunks;
+    the logits the model returns are never scaled."""
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(llama_config(SIZES["tiny"]))
+    use_chunked_loss(model, chunk_tokens=16)
+    tokens = torch.randint(0, SIZES["tiny"].vocab, (2, 21))
+    labels = tokens.clone()
+    labels[:, :5] = IGNORE_INDEX
+    logits = model(input_ids=tokens).logits.float()
+    expected = F.cross_entropy(
+        (logits / temperature).reshape(-1, logits.shape[-1]),
+        shift_labels(labels).reshape(-1),
+        ignore_index=IGNORE_INDEX,
+        reduction="none",
+    ).view(labels.shape)
+    got = model(input_ids=tokens, labels=labels, loss_reduction="none", temperature=temperature)
+    torch.testing.assert_close(got.loss, expected, rtol=1e-5, atol=1e-6)
+    (grad,) = torch.autograd.grad(expected.sum(), model.lm_head.weight)
+    (got_grad,) = torch.autograd.grad(got.loss.sum(), model.lm_head.weight)
+    torch.testing.assert_close(got_grad, grad, rtol=1e-5, atol=1e-6)
+    if temperature != 1.0:  # the scaling is not a no-op
+        plain = model(input_ids=tokens, labels=labels, loss_reduction="none").loss
+        assert not torch.allclose(plain, got.loss)
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=tokens).logits.float(), logits)
+
+
+@pytest.mark.parametrize("temperature", [0.0, -1.0])
+def test_a_temperature_that_is_not_positive_is_refused(temperature: float) -> None:
+    model = LlamaForCausalLM(llama_config(SIZES["tiny"]))
+    use_chunked_loss(model)
+    tokens = torch.randint(0, SIZES["tiny"].vocab, (1, 6))
+    with pytest.raises(ValueError):
+        model(input_ids=tokens, labels=tokens, temperature=temperature)
 
 
 class _HeadAndLoss(nn.Module):

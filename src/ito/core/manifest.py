@@ -266,6 +266,12 @@ class RlvrRecipe(_Strict):
     data: DataIds
     rewards: Annotated[list[RewardName], Field(min_length=1, max_length=len(REWARDS))]
     group_size: Annotated[int, Field(ge=2, le=1024)]
+    temperature: Annotated[float, Field(gt=0, le=2)] = 1.0
+    """Sampling temperature of the rollouts. The policy RLVR samples and optimises is
+    ``softmax(logits / temperature)``: the ratio's and the loss's log-probabilities are that
+    distribution's, as TRL and verl compute them. Below 1, groups of answers the model already
+    gives are all right and dropped by dynamic sampling, and the steps train on the prompts
+    whose likeliest answers compete: those that greedy decoding gets wrong or nearly so."""
     max_staleness: Annotated[int, Field(ge=0, le=64)]
     """Largest allowed version lag of a rollout behind the trainer (0 = on-policy)."""
     max_tokens: Annotated[int, Field(ge=1, le=10**13)]

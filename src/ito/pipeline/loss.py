@@ -130,27 +130,40 @@ def causal_lm_loss(
     return loss.view(labels.shape) if reduction == "none" else loss
 
 
+def _tempered_head(
+    head: Callable[[torch.Tensor], torch.Tensor], scale: float, hidden: torch.Tensor
+) -> torch.Tensor:
+    """``head``'s logits in fp32, times ``scale`` (1 / temperature)."""
+    return head(hidden).float() * scale
+
+
 def _forward(
     self: LlamaForCausalLM,
     input_ids: torch.Tensor | None = None,
     labels: torch.Tensor | None = None,
     loss_reduction: Reduction = "mean",
+    temperature: float = 1.0,
     *,
     chunk_tokens: int = CHUNK_TOKENS,
     **kwargs: Any,
 ) -> Any:
     """``LlamaForCausalLM.forward`` with the chunked loss: with ``labels`` the loss only (no
     logits: they never exist whole), reduced as ``loss_reduction`` says (``none``: each
-    position's loss, for evaluation); without them the logits."""
+    position's loss, for evaluation); without them the logits. With ``temperature`` the loss
+    is that of the distribution ``softmax(logits / temperature)`` (RLVR's sampling policy); the
+    logits returned are never scaled."""
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     kwargs.setdefault("use_cache", False)  # training and evaluation keep no KV cache
     hidden = self.model(input_ids=input_ids, **kwargs).last_hidden_state
     if labels is None:
         return CausalLMOutputWithPast(logits=self.lm_head(hidden))
-    loss = causal_lm_loss(
-        hidden, self.lm_head, labels, reduction=loss_reduction, chunk_tokens=chunk_tokens
-    )
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    head: Callable[[torch.Tensor], torch.Tensor] = self.lm_head
+    if temperature != 1.0:
+        head = partial(_tempered_head, self.lm_head, 1.0 / temperature)
+    loss = causal_lm_loss(hidden, head, labels, reduction=loss_reduction, chunk_tokens=chunk_tokens)
     return CausalLMOutputWithPast(loss=loss)
 
 

@@ -150,10 +150,15 @@ def _micro_batches(rows: int, micro_batch: int) -> list[slice]:
     return [slice(i, min(rows, i + micro_batch)) for i in range(0, rows, micro_batch)]
 
 
-def _logps(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def _logps(
+    model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
     """Per-position log-probability of the next labelled token ``(batch, seq)``, 0 where the
-    next label is ``IGNORE_INDEX`` (:mod:`ito.pipeline.post_losses`)."""
-    per_token: torch.Tensor = model(input_ids=ids, labels=labels, loss_reduction="none").loss
+    next label is ``IGNORE_INDEX`` (:mod:`ito.pipeline.post_losses`), under
+    ``softmax(logits / temperature)``."""
+    per_token: torch.Tensor = model(
+        input_ids=ids, labels=labels, loss_reduction="none", temperature=temperature
+    ).loss
     return -per_token.float()
 
 
@@ -343,6 +348,7 @@ class RlvrStep:
             eos=self.eos,
             generator=generator,
             device=self.device,
+            temperature=recipe.temperature,
         )
         groups = []
         for g, row_index in enumerate(index):
@@ -429,7 +435,12 @@ class RlvrStep:
         model.train(False)
         with torch.no_grad():
             for part in _micro_batches(len(ids), self.micro_batch):
-                logps = _logps(model, ids[part].to(self.device), labels[part].to(self.device))
+                logps = _logps(
+                    model,
+                    ids[part].to(self.device),
+                    labels[part].to(self.device),
+                    self.recipe.temperature,
+                )
                 for s, row in zip(samples[part], logps.cpu(), strict=True):
                     lo = len(s.prompt) - 1
                     values = row[lo : lo + len(s.completion)].tolist()
@@ -466,7 +477,9 @@ class RlvrStep:
         total = torch.zeros((), device=self.device)
         for i, part in enumerate(chunks):
             set_requires_all_reduce(model, i == len(chunks) - 1)
-            logps = _logps(model, ids[part].to(self.device), labels[part].to(self.device))
+            logps = _logps(
+                model, ids[part].to(self.device), labels[part].to(self.device), recipe.temperature
+            )
             loss = dapo_policy_loss(
                 logps,
                 old[part].to(self.device) if old is not None else logps.detach(),
