@@ -567,44 +567,48 @@ def test_a_malformed_tokenizer_is_refused_with_its_path(
     assert path in _paths(exc)
 
 
-@pytest.mark.parametrize(("value", "valid"), [(-0.5, False), (0.0, True), (1.0, True), (11, False)])
-def test_dpo_rpo_alpha_is_a_weight_between_0_and_10(doc: Doc, value: float, valid: bool) -> None:
-    doc["post_training"]["dpo"]["rpo_alpha"] = value
+POST_TRAINING_NUMBERS = [
+    # (stage, field, value, accepted): DPO's rpo_alpha is a weight in [0, 10]; RLVR's
+    # temperature lies in (0, 2].
+    *(
+        ("dpo", "rpo_alpha", v, ok)
+        for v, ok in [(-0.5, False), (0.0, True), (1.0, True), (11, False)]
+    ),
+    *(
+        ("rlvr", "temperature", v, ok)
+        for v, ok in [
+            (0.0, False),
+            (-0.7, False),
+            (0.01, True),
+            (0.7, True),
+            (2.0, True),
+            (2.5, False),
+        ]
+    ),
+]
+
+
+@pytest.mark.parametrize(("stage", "field", "value", "valid"), POST_TRAINING_NUMBERS)
+def test_a_post_training_number_is_accepted_within_its_bounds_and_refused_outside(
+    doc: Doc, stage: str, field: str, value: float, valid: bool
+) -> None:
+    doc["post_training"][stage][field] = value
     if valid:
-        manifest = parse_manifest(_raw(doc))
-        assert manifest.post_training.dpo is not None
-        assert manifest.post_training.dpo.rpo_alpha == value
+        recipe = getattr(parse_manifest(_raw(doc)).post_training, stage)
+        assert getattr(recipe, field) == value
         return
     exc = _refusal(_raw(doc))
     assert exc.code == "manifest_invalid"
-    assert "$.post_training.dpo.rpo_alpha" in _paths(exc)
-
-
-def test_dpo_without_rpo_alpha_is_plain_dpo(doc: Doc) -> None:
-    doc["post_training"]["dpo"].pop("rpo_alpha", None)
-    manifest = parse_manifest(_raw(doc))
-    assert manifest.post_training.dpo is not None
-    assert manifest.post_training.dpo.rpo_alpha == 0.0
+    assert f"$.post_training.{stage}.{field}" in _paths(exc)
 
 
 @pytest.mark.parametrize(
-    ("value", "valid"),
-    [(0.0, False), (-0.7, False), (0.01, True), (0.7, True), (2.0, True), (2.5, False)],
+    ("stage", "field", "default"), [("dpo", "rpo_alpha", 0.0), ("rlvr", "temperature", 1.0)]
 )
-def test_rlvr_temperature_is_above_0_and_at_most_2(doc: Doc, value: float, valid: bool) -> None:
-    doc["post_training"]["rlvr"]["temperature"] = value
-    if valid:
-        manifest = parse_manifest(_raw(doc))
-        assert manifest.post_training.rlvr is not None
-        assert manifest.post_training.rlvr.temperature == value
-        return
-    exc = _refusal(_raw(doc))
-    assert exc.code == "manifest_invalid"
-    assert "$.post_training.rlvr.temperature" in _paths(exc)
-
-
-def test_rlvr_without_a_temperature_samples_at_1(doc: Doc) -> None:
-    doc["post_training"]["rlvr"].pop("temperature", None)
-    manifest = parse_manifest(_raw(doc))
-    assert manifest.post_training.rlvr is not None
-    assert manifest.post_training.rlvr.temperature == 1.0
+def test_a_post_training_number_left_out_takes_its_default(
+    doc: Doc, stage: str, field: str, default: float
+) -> None:
+    """No rpo_alpha: plain DPO; no temperature: RLVR samples at 1."""
+    doc["post_training"][stage].pop(field, None)
+    recipe = getattr(parse_manifest(_raw(doc)).post_training, stage)
+    assert getattr(recipe, field) == default
