@@ -271,7 +271,7 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
     # model lost carries into a round ten ("63+7=" → 60) on sums no prompt asked. Measured
     # from four DPO models (greedy 0.985, 0.955, 0.975, 0.975), RLVR runs of other seeds:
     # on the subset 0.975 1.0 | 0.925 0.935 0.955 | 0.97 0.965 0.98 | 0.985 0.975 0.98; on all
-    # 800, 0.99 | 0.96 0.955 | 0.98 0.985 | 0.99 0.985 (sampled accuracy as high or higher).
+    # 800, 0.99 | 0.96 0.955 | 0.98 0.985 | 0.99 0.985 (sampled accuracy about the same or higher).
     prompts = [{"prompt": f"{a}+{b}=", "answer": f"{a + b}"} for a, b in train_pairs]
     evals = [{"prompt": f"{a}+{b}=", "answer": f"{a + b}"} for a, b in heldout]
     custom: list[dict[str, Any]] = []
