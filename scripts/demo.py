@@ -145,9 +145,11 @@ def main() -> None:
         plan = run(
             ["ito", "plan", "--booking", booking, "--manifest", str(manifest)], agent, show=False
         )
+        cost = plan["cost"]
         print(
-            f"    ready={plan['ready']} cost=${plan['cost']['cost_usd']:.4f} "
-            f"(ceiling ${plan['cost']['ceiling_usd']}) "
+            f"    ready={plan['ready']} expected ${cost['cost_usd']:.4f} in "
+            f"{cost['seconds'] / 60:.0f} min, at most ${cost['upper_cost_usd']:.4f} in "
+            f"{cost['upper_seconds'] / 60:.0f} min (ceiling ${cost['ceiling_usd']}) "
             f"stages={[s['stage'] for s in plan['stage_plan']]}"
         )
 
@@ -167,7 +169,10 @@ def main() -> None:
             show=False,
         )
         ref = confirmation["confirmation_ref"]
-        print(f"    {ref}: ${confirmation['cost_usd']} bound, expires {confirmation['expires_at']}")
+        print(
+            f"    {ref}: up to ${confirmation['cost_usd']} (the cost bound: the run stops "
+            f"there and waits for a new approval), expires {confirmation['expires_at']}"
+        )
         run(["ito", "approve", ref], human, show=False)
 
         step("5. The agent creates the run behind the five gates (and retries safely)")
@@ -215,6 +220,11 @@ def main() -> None:
             check=False,
         )
         status = run(["ito", "status", "--run", created["run_id"]], agent, show=False)
+        if status["state"] == "awaiting_approval":
+            waiting = status["events"][-1]
+            raise SystemExit(
+                f"the run waits for a human: {waiting['message']}\n(its state is under {HOME})"
+            )
         for event in status["events"]:
             if event["kind"] in ("state", "stage", "gate"):
                 print(f"    {event['at'][11:19]} {event['kind']:<6} {event['message']}")
@@ -284,7 +294,11 @@ def main() -> None:
                 f"{event['target_id']} {event['outcome']}"
             )
         if status["state"] != "succeeded":
-            raise SystemExit(f"the run ended {status['state']}; see {HOME / 'server.log'}")
+            final = status["events"][-1]["message"]
+            raise SystemExit(
+                f"the run ended {status['state']} ({status['failure_code']}): {final}\n"
+                f"its logs: ito runs logs {created['run_id']} (state under {HOME})"
+            )
         print(f"\nDone: run {created['run_id']} succeeded.")
     finally:
         server.terminate()

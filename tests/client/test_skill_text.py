@@ -79,7 +79,7 @@ def test_it_walks_the_whole_gated_flow_and_lifecycle(text: str) -> None:
     named = set(_commands(text))
     for operation in REQUIRED_TRAINING_OPERATIONS:
         assert operation in named, operation
-    for action in ("train", "cancel", "cleanup", "restart"):
+    for action in ("train", "cancel", "cleanup", "restart", "raise-bound"):
         assert f"ecc ito confirm --action {action}" in " ".join(text.split()), action
 
 

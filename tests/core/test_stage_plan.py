@@ -15,9 +15,12 @@ from ito.core.manifest import Manifest, parse_manifest
 from ito.core.pricing import estimate_cost
 from ito.core.run_plan import SEQUENCES_PER_RANK, layout_spec, plan_run_parallelism
 from ito.core.stage_plan import (
+    STAGE_OVERHEAD_SECONDS,
+    UNCALIBRATED_SLOWDOWN,
     StagePlan,
     build_stage_plan,
     legacy_stage_plan,
+    rlvr_factor,
     sequences_per_step,
     stage_progress,
     stored_stage_plan,
@@ -229,3 +232,54 @@ def test_human_figures() -> None:
     assert expires_in(moment + timedelta(minutes=14, seconds=59), moment) == "expires in 14 min"
     assert expires_in(moment + timedelta(seconds=30), moment) == "expires in 30 s"
     assert expires_in(moment - timedelta(minutes=2), moment) == "expired 2 min ago"
+
+
+def _demo(**dapo: Any) -> Manifest:
+    document = json.loads(json.dumps(build_recipe("demo", "/data").manifest))
+    document["post_training"]["rlvr"]["dapo"] |= dapo
+    return parse_manifest(json.dumps(document).encode())
+
+
+def test_every_stage_has_an_upper_bound_of_its_uncalibrated_throughput() -> None:
+    plan = _plan(_demo())
+    for stage in plan.stages:
+        if stage.name != "rlvr":
+            assert stage.upper == pytest.approx(stage.seconds * UNCALIBRATED_SLOWDOWN)
+    assert plan.upper_seconds == pytest.approx(sum(s.upper for s in plan.stages))
+    assert plan.upper_seconds > plan.seconds
+
+
+def test_rlvr_is_priced_at_its_expected_rounds_and_bounded_by_its_most() -> None:
+    few = _plan(_demo(expected_generation_rounds=1, max_generation_rounds=8)).stage("rlvr")
+    many = _plan(_demo(expected_generation_rounds=6, max_generation_rounds=8)).stage("rlvr")
+    more = _plan(_demo(expected_generation_rounds=6, max_generation_rounds=32)).stage("rlvr")
+    assert few is not None and many is not None and more is not None
+    assert few.seconds < many.seconds == more.seconds  # the expectation prices the rounds
+    assert few.upper == many.upper < more.upper  # the upper bound takes the most rounds
+    compute = (many.flops / (rlvr_factor(6))) * rlvr_factor(8)
+    assert many.upper == pytest.approx(
+        (compute / 1e12 + STAGE_OVERHEAD_SECONDS) * UNCALIBRATED_SLOWDOWN
+    )
+
+
+def test_expected_rounds_above_the_most_allowed_are_refused_at_their_path() -> None:
+    from ito.core.errors import ItoError
+
+    with pytest.raises(ItoError) as refused:
+        _demo(expected_generation_rounds=9, max_generation_rounds=8)
+    assert refused.value.code == "manifest_invalid"
+    assert "$.post_training.rlvr.dapo.expected_generation_rounds" in json.dumps(
+        refused.value.details
+    )
+
+
+def test_the_estimate_carries_the_upper_cost_beside_the_expected_one() -> None:
+    estimate = estimate_cost(
+        _demo(), accelerator="cpu", nodes=1, gpus_per_node=2, rate_usd_per_gpu_hour=0.5
+    )
+    assert estimate.upper_seconds == pytest.approx(estimate.stage_plan.upper_seconds, abs=1e-3)
+    assert estimate.upper_cost_usd == pytest.approx(
+        estimate.upper_seconds / 3600 * 2 * 0.5, rel=1e-6
+    )
+    assert estimate.upper_cost_usd > estimate.cost_usd
+    assert estimate.to_dict()["upper_cost_usd"] == estimate.upper_cost_usd

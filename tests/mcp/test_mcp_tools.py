@@ -39,6 +39,7 @@ EXPECTED_TOOLS = {
     "ito_cancel",
     "ito_cleanup",
     "ito_restart",
+    "ito_raise_bound",
     "ito_telemetry",
     "ito_bookings",
 }
@@ -163,6 +164,7 @@ def test_tool_list_is_exactly_the_design_set_and_offers_no_approval(silent_api: 
         "cancel",
         "cleanup",
         "restart",
+        "raise-bound",
     }
     assert not contacted()
 

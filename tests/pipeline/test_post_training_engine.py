@@ -8,6 +8,7 @@ with it step by step.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -194,25 +195,80 @@ def test_a_post_training_gate_that_fails_ends_the_run_before_the_next_stage(
 
 
 @pytest.mark.parametrize("worker", [False, True], ids=["synchronous", "rollout-worker"])
-def test_dynamic_sampling_that_runs_out_of_rounds_ends_the_run_with_its_code(
+def test_rewards_that_never_vary_end_the_run_with_dynamic_sampling_exhausted(
     tmp_path: Path, worker: bool
 ) -> None:
     """An untrained model never answers a sum: with no length shaping every reward is 0, no
-    group is informative, and the stage ends at its round limit — in the worker's batch too,
-    whose code the trainer raises."""
+    group is informative, and after ``max_empty_steps`` such steps, none ever better, the stage
+    ends with the code — through the worker's batches too. Once, cleanly: exit 0, no loss."""
     spec = make_post_spec(tmp_path, stages=["rlvr"], max_steps_per_stage=2, rollout_worker=worker)
 
     def flat_rewards(manifest: dict[str, Any]) -> None:
         dapo = manifest["post_training"]["rlvr"]["dapo"]
         dapo["overlong"]["soft_tokens"] = 0
         dapo["max_generation_rounds"] = 2
+        dapo["max_empty_steps"] = 2
 
     edit_manifest(spec, flat_rewards)
     result = torchrun(spec)
+    assert result.returncode == 0, result.stdout[-4000:]
     evs = events(tmp_path)
     assert evs[-1]["type"] == "done", result.stdout[-4000:]
     assert evs[-1]["status"] == "failed" and evs[-1]["code"] == "dynamic_sampling_exhausted"
-    assert not [e for e in evs if e["type"] == "metric" and "loss" in e["values"]]
+    steps = [e["values"] for e in evs if e["type"] == "metric" and "loss" in e["values"]]
+    # Both steps were skipped: no loss, no gradient (the last ones' figures may not be out).
+    assert all(v["loss"] is None and v["grad_norm"] == 0 for v in steps)
+    assert not [e for e in evs if e["type"] == "checkpoint" and e["stage"] == "rlvr"]
+
+
+def test_rlvr_on_a_task_the_policy_already_solves_ends_early_as_completed(tmp_path: Path) -> None:
+    """SFT teaches one sum until the policy answers it every time; RLVR on that prompt then
+    finds every group all right (nothing to learn): its steps are skipped — no optimizer step —
+    and after ``max_empty_steps`` of them the stage ends early, completed, with the counts, and
+    its gate decides. No failure, no restart (DESIGN §7.6)."""
+    steps = 240
+    spec = make_post_spec(tmp_path, stages=["sft", "rlvr"], max_steps_per_stage=steps)
+    data = tmp_path / "data"
+    one = [{"prompt": "2+5=", "completion": "7"}] * 64
+    (data / "arith-sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in one))
+    asked = [{"prompt": "2+5=", "answer": "7"}] * 64
+    (data / "arith-prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in asked))
+
+    def solved(manifest: dict[str, Any]) -> None:
+        for ref in manifest["data"]:
+            if ref["id"] in ("arith-sft", "arith-prompts"):
+                digest = hashlib.sha256((data / f"{ref['id']}.jsonl").read_bytes()).hexdigest()
+                ref["sha256"] = digest
+        manifest["post_training"]["sft"]["max_tokens"] *= 80  # enough steps to learn the sum
+        rlvr = manifest["post_training"]["rlvr"]
+        rlvr["temperature"] = 0.2
+        rlvr["dapo"]["max_empty_steps"] = 3
+
+    edit_manifest(spec, solved)
+    result = torchrun(spec)
+    assert result.returncode == 0, result.stdout[-4000:]
+    evs = events(tmp_path)
+    assert evs[-1]["type"] == "done" and evs[-1]["status"] == "succeeded", evs[-1]
+    assert not [e for e in evs if e["type"] == "restart"]
+    rlvr = [
+        e["values"]
+        for e in evs
+        if e["type"] == "metric" and e["stage"] == "rlvr" and "loss" in e["values"]
+    ]
+    assert 3 <= len(rlvr) < STEPS + 2  # ended before its planned steps
+    tail = rlvr[-3:]
+    assert all(v["loss"] is None and v["informative_groups"] == 0 for v in tail)
+    assert all(v["reward_mean"] == 1.0 and v["solved_fraction"] == 1.0 for v in tail)
+    assert all(v["tokens_per_s"] == 0 for v in tail)  # nothing trained on
+    (completed,) = [
+        e
+        for e in evs
+        if e["type"] == "stage" and e["stage"] == "rlvr" and e["status"] == "completed"
+    ]
+    assert completed["steps_taken"] == len(rlvr) and completed["skipped_steps"] >= 3
+    (gate,) = [e for e in evs if e["type"] == "gate" and e["stage"] == "rlvr"]
+    assert gate["passed"] is True
+    assert [e["stage"] for e in evs if e["type"] == "export"] == ["sft", "rlvr"]
 
 
 def rlvr_metrics(root: Path) -> list[dict[str, Any]]:

@@ -6,6 +6,7 @@ approved and, approved there, lets the requester's run start."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -245,9 +246,19 @@ def test_confirmation_page_shows_the_bindings_and_approving_there_lets_the_run_s
     assert not re.search(r"\d{2}:\d{2}:\d{2}\.\d", html)
     # The cost with its unit, against the ceiling and the bound approved.
     assert (
-        f'<strong class="cost">${estimate["cost_usd"]:.2f} of '
+        f'<strong class="cost">${estimate["cost_usd"]:.2f} expected, at most '
+        f'<span class="upper-cost">${estimate["upper_cost_usd"]:.2f}</span>, of '
         f"${estimate['ceiling_usd']:.2f} ceiling</strong>" in html
     )
+    # The default bound is the upper figure (within the manifest's limits).
+    assert details["cost_usd"] == pytest.approx(
+        min(
+            math.ceil(round(estimate["upper_cost_usd"] * 100, 6)) / 100,
+            estimate["ceiling_usd"],
+            estimate["max_incremental_cost_usd"],
+        )
+    )
+    assert "uncalibrated" in html
     assert f'<strong class="bound">${details["cost_usd"]:.2f}</strong>' in html
     # The expiry counted down beside the exact time (a fresh confirmation: 15 minutes).
     assert re.search(r'class="expires-in">expires in 1[45] min</strong>', html)
@@ -463,7 +474,8 @@ def test_a_confirmation_stored_before_plans_were_kept_still_renders_without_a_la
         requester={"id": "prn_1", "name": "agent"},
     )
     html = bytes(page.body).decode()
-    assert page.status_code == 200 and "$0.50 of $5.00 ceiling" in html
+    # Stored before estimates had an upper bound: the expected figure alone.
+    assert page.status_code == 200 and "$0.50 expected, of $5.00 ceiling" in html
     assert 'id="parallelism"' not in html and 'id="stages"' not in html
 
 

@@ -728,3 +728,55 @@ def test_a_budget_stop_checkpoints_the_running_job_and_fails_it_budget_exceeded(
     telemetry = t.ito("telemetry", "--run", run_id).data
     assert 0 < telemetry["cost_usd"] <= ceiling
     assert telemetry["wall_seconds_held"] >= estimate_s - 280 - 2
+
+
+def test_a_deterministic_engine_error_ends_the_run_once_with_its_code(
+    plain_server: Server, tmp_path: Path
+) -> None:
+    """A registered, non-retryable error raised by one rank (not rank 0, which writes the
+    events: the harder case) ends the run after one attempt with that code: no torchrun
+    restart, no second lease, no interruption, each stage started once (DESIGN §7.3)."""
+    t = make_tenant(plain_server, tmp_path / "t", "deterministic")
+    manifest = t.manifest("error")
+    document = json.loads(manifest.read_text())
+    document["curriculum"][0]["tokens"] = 60_000
+    manifest.write_text(json.dumps(document))
+    run_id = t.train(manifest, "error-1")
+    env = _worker_env(
+        plain_server,
+        t,
+        t.booking_id,
+        tmp_path / "worker-home",
+        ITO_FAULT_INJECTION=json.dumps(
+            {"error_at": {"rank": 1, "step": 12, "code": "data_invalid"}}
+        ),
+    )
+    worker = subprocess.Popen(
+        [str(BIN / "ito-worker"), "--booking", t.booking_id, "--once"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        final = _wait_state(t, run_id, TERMINAL, timeout=300)
+        assert worker.wait(timeout=60) == 0
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+    assert final["state"] == "failed" and final["failure_code"] == "data_invalid", final
+    assert not _processes_of(run_id)
+    kinds = [e["kind"] for e in final["events"]]
+    assert "restart" not in kinds
+    leases = [e for e in final["events"] if e["kind"] == "state" and e["to_state"] == "running"]
+    assert len(leases) == 1
+    started = [
+        e["data"]["stage"]
+        for e in final["events"]
+        if e["kind"] == "stage" and e["data"]["status"] == "started"
+    ]
+    assert sorted(started) == sorted(set(started)) and "pretrain" in started
+    assert t.ito("telemetry", "--run", run_id).data["interruptions"] == 0
+    losses = t.ito("runs", "metrics", run_id, "--name", "loss").data["points"]
+    assert {p["attempt"] for p in losses} == {1}
+    assert max(p["step"] for p in losses) < 12

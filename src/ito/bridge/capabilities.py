@@ -63,6 +63,7 @@ REQUIRED_TRAINING_OPERATIONS: tuple[str, ...] = (
     "runs cancel",
     "runs cleanup",
     "runs restart",
+    "runs raise-bound",
 )
 """Every one must be advertised ``supported`` before any training verb is forwarded."""
 
@@ -95,6 +96,12 @@ EFFECT_POLICY: dict[str, dict[str, str]] = {
         "auth": "required",
         "network": "ito_api",
         "side_effect": "workload_restart",
+        "authority": "entitled_workload",
+    },
+    "runs raise-bound": {
+        "auth": "required",
+        "network": "ito_api",
+        "side_effect": "workload_raise_bound",
         "authority": "entitled_workload",
     },
 }

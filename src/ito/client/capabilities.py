@@ -87,6 +87,7 @@ LABELS: dict[str, Label] = {
     "runs gates": _read("gates"),
     "runs provenance": _read("provenance"),
     "runs restart": _effect("workload_restart", "restart"),
+    "runs raise-bound": _effect("workload_raise_bound", "raise_bound"),
     "runs watch": _read("runs"),
     "runs cancel": _effect("workload_cancel", "cancel"),
     "runs cleanup": _effect("workload_cleanup", "cleanup"),

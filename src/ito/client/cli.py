@@ -371,11 +371,17 @@ def plan(
 
 @app.command()
 def confirm(
-    action: Annotated[str, typer.Option(help="train | cancel | cleanup | restart")],
+    action: Annotated[str, typer.Option(help="train | cancel | cleanup | restart | raise-bound")],
     booking: Annotated[str | None, typer.Option(help="Booking id (train).")] = None,
     manifest: Annotated[str | None, typer.Option(help="Manifest path (train).")] = None,
-    run: Annotated[str | None, typer.Option(help="Run id (cancel, cleanup, restart).")] = None,
+    run: Annotated[
+        str | None, typer.Option(help="Run id (cancel, cleanup, restart, raise-bound).")
+    ] = None,
     checkpoint: Annotated[int | None, typer.Option(help="Checkpoint step (restart).")] = None,
+    cost_bound: Annotated[
+        float | None,
+        typer.Option(help="USD the whole run may spend (raise-bound: the new bound)."),
+    ] = None,
     ttl_seconds: Annotated[
         int | None, typer.Option(help="Shorter expiry than the server's default.")
     ] = None,
@@ -389,6 +395,7 @@ def confirm(
             run=run,
             checkpoint=checkpoint,
             ttl_seconds=ttl_seconds,
+            cost_bound=cost_bound,
         )
     )
 
@@ -532,16 +539,32 @@ def runs_restart(
     Output.finish(_ops().restart(run, confirmation_ref, idempotency_key))
 
 
+@runs_app.command("raise-bound")
+def runs_raise_bound(
+    run: str,
+    confirmation_ref: Annotated[
+        str, typer.Option(help="An approved run.raise_cost_bound confirmation.")
+    ],
+    idempotency_key: Annotated[str, typer.Option(help="Your stable retry key.")],
+) -> None:
+    """Give a run that waits at its cost bound the new bound a human approved; it resumes."""
+    Output.finish(_ops().raise_bound(run, confirmation_ref, idempotency_key))
+
+
 @runs_app.command("watch")
 def runs_watch(
     run: str,
     interval: Annotated[float, typer.Option(help="Seconds between polls.")] = 2.0,
 ) -> None:
-    """Follow a run until it ends: progress bars for humans, one envelope per change with
-    --json."""
+    """Follow a run until it ends or waits for a human: progress bars for humans, one envelope
+    per change with --json."""
     from ito.client.follow import watch_run
+    from ito.client.run_display import render_watch
 
-    Output.finish(watch_run(_ops(), run, interval=max(interval, 0.2), json_mode=Output.json_mode))
+    Output.finish(
+        watch_run(_ops(), run, interval=max(interval, 0.2), json_mode=Output.json_mode),
+        render=render_watch,
+    )
 
 
 @app.command()

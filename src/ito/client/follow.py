@@ -81,7 +81,27 @@ def watch_run(ops: Operations, run: str, *, interval: float, json_mode: bool) ->
                 elif progress is not None:
                     progress.update(rows)
             if data["state"] in TERMINAL:
-                return ok_envelope(view, f"the run ended: {data['state']}")
+                last_event = (data.get("events") or [{}])[-1]
+                ended = view | {
+                    "failure_code": data.get("failure_code"),
+                    "reason": last_event.get("message"),
+                }
+                return ok_envelope(ended, f"the run ended: {data['state']}")
+            if data["state"] == "awaiting_approval":
+                # A human must decide (a proposed restart, or a new cost bound): watching
+                # longer changes nothing; say what it waits for and how to go on.
+                waiting: dict[str, Any] = next(
+                    (
+                        e
+                        for e in reversed(data.get("events") or [])
+                        if e.get("to_state") == "awaiting_approval"
+                    ),
+                    {},
+                )
+                return ok_envelope(
+                    view | {"waiting": waiting.get("data"), "reason": waiting.get("message")},
+                    f"the run waits for a human: {waiting.get('message') or 'see ito status'}",
+                )
             time.sleep(interval)
     finally:
         if progress is not None:

@@ -36,6 +36,7 @@ ACTIONS = {
     "cancel": "run.cancel",
     "cleanup": "run.cleanup",
     "restart": "run.restart_from_checkpoint",
+    "raise-bound": "run.raise_cost_bound",
 }
 _F = TypeVar("_F", bound=Callable[..., Envelope])
 _ID_KINDS = {"run": "run", "booking": "bkg", "confirmation": "cfr"}
@@ -218,6 +219,7 @@ class Operations:
         run: str | None = None,
         checkpoint: int | None = None,
         ttl_seconds: int | None = None,
+        cost_bound: float | None = None,
     ) -> Envelope:
         """Request a single-use confirmation; a human approves it out of band."""
         if action not in ACTIONS:
@@ -248,6 +250,8 @@ class Operations:
             body["run_id"] = run
             if checkpoint is not None:
                 body["checkpoint_step"] = checkpoint
+        if cost_bound is not None:
+            body["cost_bound_usd"] = cost_bound
         return self._call("POST", "/v1/confirmations", json=body, mutation=True)
 
     @_operation
@@ -377,6 +381,12 @@ class Operations:
     def restart(self, run: str, confirmation_ref: str, idempotency_key: str) -> Envelope:
         """Apply a human-approved restart from the proposed checkpoint (after a loss spike)."""
         return self._run_action(run, "restart", confirmation_ref, idempotency_key)
+
+    @_operation
+    def raise_bound(self, run: str, confirmation_ref: str, idempotency_key: str) -> Envelope:
+        """Apply a human-approved new cost bound to a run waiting at its bound; it resumes
+        from its last committed checkpoint."""
+        return self._run_action(run, "raise-bound", confirmation_ref, idempotency_key)
 
     def _run_action(self, run: str, verb: str, ref: str, key: str) -> Envelope:
         from ito.core.gates import validate_idempotency_key

@@ -14,6 +14,7 @@ from typing import Any
 from ito.core.envelope import error_envelope, ok_envelope
 from ito.core.errors import ItoError
 from ito.core.hardware import ACCELERATORS, FABRIC_LINKS
+from ito.core.human_format import duration
 from ito.core.model_sizes import SIZES
 from ito.core.planner import ModelShape, Parallelism, PlannerInput, PlanRefused, plan
 
@@ -212,6 +213,15 @@ def render_run_plan(envelope: dict[str, Any]) -> None:
     data = envelope["data"]
     console.print(f"[green]✓[/green] {envelope['notice']}")
     console.print(Pretty({k: v for k, v in data.items() if k != "parallelism"}))
+    cost = data.get("cost") or {}
+    if cost.get("upper_cost_usd"):
+        console.print(
+            f"[bold]cost[/bold] expected ${cost['cost_usd']:.2f} in {duration(cost['seconds'])}; "
+            f"at most ${cost['upper_cost_usd']:.2f} in {duration(cost['upper_seconds'])} (an "
+            "uncalibrated throughput, RLVR at its most generation rounds): by default the "
+            "approver signs that upper figure as the run's spending limit",
+            highlight=False,
+        )
     section = data.get("parallelism")
     if not section:
         return
@@ -258,7 +268,8 @@ def _print_layout(console: Any, p: dict[str, Any]) -> None:
         (
             "predicted",
             f"{pred['step_seconds']:.3g} s per step of {p['global_batch_tokens']} tokens, "
-            f"{pred['tokens_per_second']:,.0f} tokens/s, MFU {pred['mfu']:.1%}, exposed "
+            f"{pred['tokens_per_second']:,.0f} tokens/s, MFU {pred['mfu']:.1%} (uncalibrated: "
+            "no benchmark on this accelerator has measured it), exposed "
             f"communication {pred['exposed_communication_seconds']:.3g} s, bubble "
             f"{pred['bubble_fraction']:.0%}",
         ),

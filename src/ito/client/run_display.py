@@ -39,7 +39,29 @@ def stage_detail(row: dict[str, Any]) -> str:
         parts.append(f"ETA {duration(float(eta))}")
     if status == "pending":
         parts.append(f"est. {duration(float(row.get('estimated_seconds') or 0))}")
+        if row.get("upper_seconds"):
+            parts.append(f"at most {duration(float(row['upper_seconds']))}")
     return " · ".join(parts)
+
+
+def state_mark(state: object) -> str:
+    """The mark a run's state is shown with: a tick only for what went right."""
+    if state in ("failed", "gate_failed", "cancelled"):
+        return "[red]✗[/red]"
+    if state == "awaiting_approval":
+        return "[yellow]‖[/yellow]"
+    return "[green]✓[/green]"
+
+
+def render_watch(envelope: dict[str, Any]) -> None:
+    """``runs watch``'s last word for a human: how the run ended, or what it waits for."""
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    data = envelope["data"]
+    console.print(f"{state_mark(data.get('state'))} {envelope['notice']}")
+    if data.get("failure_code"):
+        console.print(f"  code {data['failure_code']}: {data.get('reason') or ''}", markup=False)
 
 
 def render_run(envelope: dict[str, Any]) -> None:
@@ -48,7 +70,7 @@ def render_run(envelope: dict[str, Any]) -> None:
 
     console = Console(highlight=False)
     data = envelope["data"]
-    console.print(f"[green]✓[/green] {envelope['notice']}")
+    console.print(f"{state_mark(data.get('state'))} {envelope['notice']}")
     console.print(
         f"run {data['run_id']} · {data['state']}"
         + (f" ({data['failure_code']})" if data.get("failure_code") else "")
@@ -66,6 +88,8 @@ def render_run(envelope: dict[str, Any]) -> None:
     width = max((len(str(r["name"])) for r in rows), default=0)
     for row in rows:
         console.print(f"  {str(row['name']).ljust(width)}  {stage_detail(row)}", markup=False)
+    if data.get("cost_bound_usd") is not None:
+        console.print(f"cost bound ${data['cost_bound_usd']:.2f} (approved)", markup=False)
     events = data.get("events") or []
     if events:
         console.print(f"last event: {events[-1]['message']}", markup=False)

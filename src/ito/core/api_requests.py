@@ -22,12 +22,16 @@ class _Body(BaseModel):
 
 class ConfirmationRequest(_Body):
     action: str
-    """``train.create``, ``run.cancel``, ``run.cleanup`` or ``run.restart_from_checkpoint``."""
+    """``train.create``, ``run.cancel``, ``run.cleanup``, ``run.restart_from_checkpoint`` or
+    ``run.raise_cost_bound``."""
     booking_id: str | None = None
     manifest_id: str | None = None
     run_id: str | None = None
     checkpoint_step: int | None = Field(default=None, ge=0, le=2**63 - 1)
     """The committed checkpoint a restart resumes from."""
+    cost_bound_usd: float | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
+    """The new cost bound, in USD, a ``run.raise_cost_bound`` confirmation approves: what the
+    whole run may spend, spent so far included."""
     ttl_seconds: int | None = Field(default=None, ge=1)
     """Shorter life than the server's ``confirmation_ttl_seconds``; a longer one is refused."""
     manifest_b64: str | None = Field(default=None, max_length=2 * MANIFEST_MAX_BYTES)
@@ -44,7 +48,8 @@ class RunCreateBody(_Body):
 
 
 class RunActionBody(_Body):
-    """Cancel, cleanup and restart of a run: each behind its own confirmation and key."""
+    """Cancel, cleanup, restart and a raised cost bound of a run: each behind its own
+    confirmation and key."""
 
     confirmation_ref: str = Field(min_length=1, max_length=64)
     idempotency_key: str

@@ -102,6 +102,7 @@ ErrorCode = Literal[
     "dynamic_sampling_exhausted",
     "rollout_worker_failed",
     "pipeline_crashed",
+    "cost_bound_reached",
     "run_not_found",
     "run_not_cancellable",
     "invalid_transition",
@@ -240,8 +241,13 @@ REGISTRY: dict[ErrorCode, ErrorSpec] = {
     ),
     "dynamic_sampling_exhausted": _s(
         422,
-        "RLVR's dynamic sampling reached its limit of generation rounds without enough prompt "
-        "groups whose rewards differ; the stage ended",
+        "RLVR's rollouts never held a prompt group whose rewards differ, and their rewards "
+        "were never all right: nothing in these prompts can teach this policy; the stage ended",
+    ),
+    "cost_bound_reached": _s(
+        409,
+        "the run's spend reached the cost bound a human approved; it waits in "
+        "awaiting_approval for a new bound (a run.raise_cost_bound confirmation) or a cancel",
     ),
     "rollout_worker_failed": _s(
         500, "RLVR's separate rollout worker exited or stopped answering; the stage ended"

@@ -257,8 +257,18 @@ class Dapo(_Strict):
     token_level_loss: bool
     overlong: Overlong
     max_generation_rounds: Annotated[int, Field(ge=1, le=64)] = 8
-    """Generation rounds dynamic sampling may take to fill one step's batch; past them the
-    stage ends with ``dynamic_sampling_exhausted``."""
+    """Generation rounds dynamic sampling may take to fill one step's batch; past them the step
+    trains on the informative groups it found (a step with none is skipped, no optimizer step
+    taken)."""
+    expected_generation_rounds: Annotated[float, Field(ge=1, le=64, allow_inf_nan=False)] = 1.0
+    """Generation rounds a step is expected to take (what a recipe measured on its data): the
+    expected RLVR time is priced with it, the upper bound with ``max_generation_rounds``. At
+    most ``max_generation_rounds``."""
+    max_empty_steps: Annotated[int, Field(ge=1, le=10_000)] = 8
+    """Steps in a row without an informative group after which the stage ends early, as
+    completed, and its gate decides (the policy solves the prompts it samples). If no step of
+    the stage ever had one and the rewards were never all at the top, the stage fails
+    ``dynamic_sampling_exhausted`` instead."""
 
 
 class RlvrRecipe(_Strict):
@@ -663,6 +673,13 @@ def _cross_field_problems(m: Manifest) -> list[tuple[str, str]]:
             )
         if dapo.clip_low > dapo.clip_high:
             problems.append(("$.post_training.rlvr.dapo.clip_high", "must be ≥ clip_low"))
+        if dapo.expected_generation_rounds > dapo.max_generation_rounds:
+            problems.append(
+                (
+                    "$.post_training.rlvr.dapo.expected_generation_rounds",
+                    "must be ≤ max_generation_rounds",
+                )
+            )
         if dapo.overlong.soft_tokens >= dapo.overlong.max_tokens:
             problems.append(
                 (

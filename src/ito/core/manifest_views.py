@@ -147,6 +147,9 @@ class StagePlan(_View):
     seq_len: int
     battery: str | None
     estimated_seconds: float
+    upper_seconds: float = 0.0
+    """The most the stage should take (its expected time at an uncalibrated throughput;
+    RLVR: every step at its most generation rounds)."""
 
 
 class PlanCost(_View):
@@ -162,6 +165,11 @@ class PlanCost(_View):
     max_incremental_cost_usd: float
     within_ceiling: bool
     within_incremental: bool
+    upper_seconds: float = 0.0
+    """The most the run should take: every stage at its upper bound (an uncalibrated
+    throughput, RLVR at its most generation rounds)."""
+    upper_cost_usd: float = 0.0
+    """The cost at ``upper_seconds``: the bound the approver signs by default."""
 
 
 class PlanWarning(_View):

@@ -88,6 +88,12 @@ class StageEvent(_Event):
     status: Literal["started", "completed"]
     steps: Annotated[int, Field(ge=1)] | None = None
     """With ``started``: the optimizer steps the stage will take."""
+    steps_taken: Annotated[int, Field(ge=1)] | None = None
+    """With ``completed``, only for a stage that ended early (RLVR whose policy had nothing
+    left to learn from its prompts): the steps it took."""
+    skipped_steps: Annotated[int, Field(ge=0)] | None = None
+    """With ``steps_taken``: the steps of the stage that had no informative group (no
+    optimizer step)."""
 
 
 class MetricEvent(_Event):
@@ -101,6 +107,13 @@ class MetricEvent(_Event):
     ``truncated_fraction``); ``eval/<eval>/<data>`` at a gate (and at step 0, the untrained
     model's); ``None`` for a figure that is not finite or not known (MFU without
     a known peak)."""
+
+
+class CheckpointRef(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    stage: StageLabel
+    step: Step
 
 
 class CheckpointEvent(_Event):
@@ -118,6 +131,8 @@ class CheckpointEvent(_Event):
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
     """The checkpoint's digest (:func:`ito.core.revisions.checkpoint_digest`): what a later
     run starting from it (``run:<id>@<step>``) is checked against."""
+    pruned: Annotated[list[CheckpointRef], Field(max_length=1000)] | None = None
+    """Older checkpoints the keep-last policy deleted once this one was committed."""
 
 
 class ExportEvent(_Event):

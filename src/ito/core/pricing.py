@@ -2,9 +2,12 @@
 
 Compute is counted in model FLOPs (6·N·D plus attention, :meth:`ModelSize.flops_per_token`) and
 turned into time with the accelerator's dense peak and an assumed MFU; every booked accelerator
-is held for the whole run, so GPU-hours are wall hours × booked accelerators. The estimate is
-deliberately simple and conservative; it is what the confirmation's cost bound is checked
-against, and it is shown to the human who approves.
+is held for the whole run, so GPU-hours are wall hours × booked accelerators. The assumed MFU is
+uncalibrated (no benchmark on the accelerator has measured it), so every estimate carries an
+upper bound beside its expected figure (:data:`ito.core.stage_plan.UNCALIBRATED_SLOWDOWN`, and
+RLVR at its most generation rounds). Both are shown to the human who approves; the expected cost
+is what the budget gates check, the upper one is what the approver signs by default — a spending
+limit the run never passes without a new approval.
 """
 
 from __future__ import annotations
@@ -56,6 +59,12 @@ class CostEstimate:
     parallelism: dict[str, Any] | None = None
     """The run's accepted parallelism plan (:meth:`ito.core.run_plan.RunPlan.to_dict`), set by
     gate 5; stored with the estimate so the run carries it to its engine."""
+    upper_seconds: float = 0.0
+    """The most the run should take (:attr:`StagePlan.upper_seconds`)."""
+    upper_cost_usd: float = 0.0
+    """What the run costs at :attr:`upper_seconds`: the cost bound a train confirmation asks
+    the approver to sign by default (within the manifest's ceiling and max incremental
+    cost)."""
 
     @property
     def stages(self) -> list[StageEstimate]:
@@ -115,6 +124,7 @@ def estimate_cost(
     seconds = stage_plan.seconds
     gpu_hours = seconds / 3600.0 * count
     cost = round(gpu_hours * rate_usd_per_gpu_hour, 6)
+    upper = stage_plan.upper_seconds
     return CostEstimate(
         accelerator=accelerator,
         accelerators=count,
@@ -125,6 +135,8 @@ def estimate_cost(
         cost_usd=cost,
         ceiling_usd=manifest.budget.ceiling_usd,
         max_incremental_cost_usd=manifest.budget.max_incremental_cost_usd,
+        upper_seconds=round(upper, 3),
+        upper_cost_usd=round(upper / 3600.0 * count * rate_usd_per_gpu_hour, 6),
     )
 
 

@@ -27,7 +27,14 @@ __all__ = [
 
 _STEP_MAX = 2**31 - 1
 FAULT_INJECTION_FIELDS = frozenset(
-    {"fail_at", "loss_spike_at", "max_steps_per_stage", "min_step_seconds", "pause_at_step"}
+    {
+        "error_at",
+        "fail_at",
+        "loss_spike_at",
+        "max_steps_per_stage",
+        "min_step_seconds",
+        "pause_at_step",
+    }
 )
 """The fields ``ITO_FAULT_INJECTION`` may set."""
 
@@ -62,6 +69,16 @@ class FailAtSpec(_Spec):
     """Replica group of that rank."""
     rejoin_after_steps: PositiveStep | None = None
     """The killed group waits for a commit this many steps past its newest one."""
+
+
+class ErrorAtSpec(_Spec):
+    rank: Annotated[int, Field(ge=0, le=1 << 20)]
+    """Global rank that raises."""
+    step: PositiveStep
+    """Global step (1-based) at whose start it raises, on every attempt and every restart: a
+    deterministic error, unlike ``fail_at``'s crash."""
+    code: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
+    """The registered error code it raises."""
 
 
 class RestartFromSpec(_Spec):
@@ -146,6 +163,8 @@ class RunSpecDocument(_Spec):
     stage the manifest asks for."""
     max_steps_per_stage: PositiveStep | None = None
     fail_at: FailAtSpec | None = None
+    error_at: ErrorAtSpec | None = None
+    """Test hook: a registered error raised in the engine (see :class:`ErrorAtSpec`)."""
     loss_spike_at: PositiveStep | None = None
     pause_at_step: PositiveStep | None = None
     min_step_seconds: Annotated[float, Field(gt=0, le=60, allow_inf_nan=False)] | None = None

@@ -59,6 +59,8 @@ class RunView(_View):
     checkpoint_uri: str
     failure_code: str | None
     provenance_sha256: str | None = None
+    cost_bound_usd: float | None = None
+    """What the run may spend, as a human approved it (raised only by a new approval)."""
     """The data-preparation report bound to the run (``/v1/runs/{id}/provenance``), once the
     worker uploaded it."""
     created_at: str
@@ -223,6 +225,8 @@ class LadderDecisionView(_View):
 class GateList(_View):
     run_id: str
     state: str
+    failure_code: str | None = None
+    """Why the run failed, when it did (a gate's failure is ``eval_gate_failed``)."""
     gates: list[GateRecord]
     ladder: LadderDecisionView | None = None
 

@@ -37,6 +37,7 @@ __all__ = [
     "DPO_FACTOR",
     "RLVR_FACTOR",
     "STAGE_OVERHEAD_SECONDS",
+    "UNCALIBRATED_SLOWDOWN",
     "PlannedStage",
     "StageKind",
     "StagePlan",
@@ -46,6 +47,7 @@ __all__ = [
     "data_parallel",
     "legacy_stage_plan",
     "post_step_rows",
+    "rlvr_factor",
     "sequences_per_step",
     "stage_progress",
     "stored_stage_plan",
@@ -55,11 +57,27 @@ STAGE_OVERHEAD_SECONDS = 60.0
 """Fixed time per stage for evals, checkpoint commits and process start-up."""
 DATA_PREP_SECONDS = 60.0
 
+UNCALIBRATED_SLOWDOWN = 3.0
+"""How much slower than predicted a stage may run before its upper bound is passed. The
+throughput every estimate assumes (the accelerator's peak × an assumed MFU,
+:mod:`ito.core.hardware`) has not been calibrated by a benchmark on any accelerator yet, and a
+shared or loaded host runs slower still: the upper bound of each stage is its expected time ×
+this factor (measured on the 2-core CPU stand-in: demo runs took 0.5-3× their expected time)."""
+
 # Work multipliers relative to plain next-token training on the same tokens.
 # DPO runs the policy forward+backward and a frozen reference forward (6N + 2N per token).
 DPO_FACTOR = 8.0 / 6.0
-# GRPO: rollouts generate every token (2N) and are trained on (6N) with a reference (2N).
+# GRPO: each generation round generates every token of the batch (2N), which is then trained
+# on (6N) with the generating policy's log-probabilities scored (2N). With dynamic sampling a
+# step takes 1 to ``max_generation_rounds`` rounds.
 RLVR_FACTOR = 10.0 / 6.0
+
+
+def rlvr_factor(rounds: float) -> float:
+    """RLVR's work per trained token relative to plain training, at ``rounds`` generation
+    rounds per step."""
+    return (2.0 * rounds + 8.0) / 6.0
+
 
 StageKind = Literal["data_prep", "ladder", "curriculum", "post_training"]
 StageStatus = Literal["pending", "running", "done", "stopped", "not_run"]
@@ -86,7 +104,15 @@ class PlannedStage(BaseModel):
     """The fixed eval battery that gates the stage."""
     flops: float = 0.0
     seconds: float
-    """Estimated wall seconds, the stage's fixed overhead included."""
+    """Expected wall seconds, the stage's fixed overhead included."""
+    upper_seconds: float = 0.0
+    """The most the stage should take: its expected time × :data:`UNCALIBRATED_SLOWDOWN`, and
+    for RLVR every step at ``max_generation_rounds`` (0 in plans stored before it existed:
+    read :attr:`upper`)."""
+
+    @property
+    def upper(self) -> float:
+        return max(self.upper_seconds, self.seconds)
 
 
 class StagePlan(BaseModel):
@@ -106,6 +132,10 @@ class StagePlan(BaseModel):
     @property
     def seconds(self) -> float:
         return sum(s.seconds for s in self.stages)
+
+    @property
+    def upper_seconds(self) -> float:
+        return sum(s.upper for s in self.stages)
 
     def stage(self, name: str) -> PlannedStage | None:
         return next((s for s in self.stages if s.name == name), None)
@@ -162,6 +192,7 @@ def build_stage_plan(
             tokens=0,
             seq_len=0,
             seconds=DATA_PREP_SECONDS,
+            upper_seconds=DATA_PREP_SECONDS * UNCALIBRATED_SLOWDOWN,
         )
     ]
     first = 0
@@ -175,6 +206,7 @@ def build_stage_plan(
         battery: str | None,
         counted: bool = True,
         rows_per_rank: int | None = None,
+        upper_flops: float | None = None,
     ) -> None:
         nonlocal first
         rows = sequences_per_step if rows_per_rank is None else rows_per_rank * data_parallel
@@ -192,6 +224,11 @@ def build_stage_plan(
                 battery=battery,
                 flops=flops,
                 seconds=flops / throughput_flops + STAGE_OVERHEAD_SECONDS,
+                upper_seconds=(
+                    (flops if upper_flops is None else upper_flops) / throughput_flops
+                    + STAGE_OVERHEAD_SECONDS
+                )
+                * UNCALIBRATED_SLOWDOWN,
             )
         )
         first += steps or 0
@@ -230,9 +267,22 @@ def _post_training(manifest: Manifest, add: Callable[..., None], per_rank: int) 
     if post.rlvr is not None:
         seq = post_stage_seq_len(manifest, post.rlvr)
         tokens = post.rlvr.max_tokens
-        flops = tokens * size.flops_per_token(seq) * RLVR_FACTOR
+        dapo = post.rlvr.dapo
+        expected = dapo.expected_generation_rounds if dapo.dynamic_sampling else 1.0
+        most = dapo.max_generation_rounds if dapo.dynamic_sampling else 1
+        flops = tokens * size.flops_per_token(seq) * rlvr_factor(expected)
+        upper = tokens * size.flops_per_token(seq) * rlvr_factor(most)
         rows = post_step_rows("rlvr", per_rank, post.rlvr.group_size)
-        add("rlvr", "post_training", tokens, seq, flops, post.rlvr.battery, rows_per_rank=rows)
+        add(
+            "rlvr",
+            "post_training",
+            tokens,
+            seq,
+            flops,
+            post.rlvr.battery,
+            rows_per_rank=rows,
+            upper_flops=upper,
+        )
 
 
 _LEGACY_KINDS: dict[str, StageKind] = {
@@ -293,6 +343,8 @@ class StageProgress(BaseModel):
     eta_seconds: float | None
     """Seconds left in the stage at the last step's pace (running stages only)."""
     estimated_seconds: float
+    upper_seconds: float = 0.0
+    """The most the stage should take (:attr:`PlannedStage.upper`)."""
 
 
 def stage_progress(
@@ -348,6 +400,7 @@ def stage_progress(
                 tokens=tokens,
                 eta_seconds=eta,
                 estimated_seconds=round(stage.seconds, 1),
+                upper_seconds=round(stage.upper, 1),
             )
         )
     return rows

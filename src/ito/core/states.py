@@ -7,7 +7,8 @@ run's state; it asks :func:`check_transition` first and records an event for eve
        │         │  ▲ ▲
        │         │  │ └──── recovering ◄── (lease expired)
        │         ▼  │          ▲
-       │   awaiting_approval ───┘ (a confirmed restart from checkpoint S)
+       │   awaiting_approval ───┘ (a confirmed restart from checkpoint S, or a new cost
+       │         │                  bound approved after cost_bound_reached)
        ▼         │
     cancelling ◄─┘ (from queued, running, recovering, awaiting_approval) ──► cancelled
 """
@@ -81,6 +82,7 @@ class ConfirmationAction(StrEnum):
     run_cancel = "run.cancel"
     run_cleanup = "run.cleanup"
     run_restart = "run.restart_from_checkpoint"
+    run_raise_bound = "run.raise_cost_bound"
 
     @property
     def target_kind(self) -> str:

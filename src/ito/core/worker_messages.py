@@ -112,9 +112,10 @@ class AttemptBody(_Inbound):
 class HeartbeatAnswer(_Answer):
     run_id: RunId
     state: Annotated[str, Field(max_length=32)]
-    stop: Literal["cancel", "budget", "booking"] | None
+    stop: Literal["cancel", "budget", "booking", "cost_bound"] | None
     """Set when the run must stop: cancelled, the next interval would cross the budget ceiling,
-    or the booking can no longer be used."""
+    the booking can no longer be used, or the next interval would cross the cost bound a human
+    approved (the run then waits for a new one: ``cost_bound_reached``)."""
     stop_code: Annotated[str, Field(max_length=64)] | None
     """The error code of a budget or booking stop."""
     lease_expires_at: Annotated[str, Field(max_length=64)]
@@ -161,7 +162,9 @@ class ReportCounts(_Answer):
 
 class FinishBody(_Inbound):
     attempt: Attempt
-    status: Literal["succeeded", "failed", "gate_failed", "cancelled"]
+    status: Literal["succeeded", "failed", "gate_failed", "cancelled", "awaiting_approval"]
+    """``awaiting_approval``: only with ``failure_code`` ``cost_bound_reached`` — the attempt
+    stopped at the approved cost bound, its checkpoint committed."""
     failure_code: Annotated[str, Field(max_length=64)] | None = None
     message: Annotated[str, Field(max_length=2000)] = ""
 

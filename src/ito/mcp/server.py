@@ -5,7 +5,8 @@ Every tool is a thin call into :class:`ito.client.operations.Operations`, the sa
 structured content (the declared output schema is the envelope), and with ``isError`` set when
 ``ok`` is false. The tools: ``ito_auth``, ``ito_status``, ``ito_bookings``, ``ito_plan``,
 ``ito_confirm``, ``ito_train``, ``ito_runs``, ``ito_logs``, ``ito_metrics``,
-``ito_checkpoints``, ``ito_telemetry``, ``ito_cancel``, ``ito_cleanup``, ``ito_restart``.
+``ito_checkpoints``, ``ito_telemetry``, ``ito_cancel``, ``ito_cleanup``, ``ito_restart``,
+``ito_raise_bound``.
 
 What this server guarantees:
 
@@ -254,12 +255,19 @@ TOOLS: tuple[ToolSpec, ...] = (
                     str, "Absolute manifest path (action train).", min_length=1, max_length=4096
                 ),
                 "run": _api(
-                    ConfirmationRequest, "run_id", "Run id (actions cancel, cleanup, restart)."
+                    ConfirmationRequest,
+                    "run_id",
+                    "Run id (actions cancel, cleanup, restart, raise-bound).",
                 ),
                 "checkpoint": _api(
                     ConfirmationRequest,
                     "checkpoint_step",
                     "Checkpoint step to restart from (action restart).",
+                ),
+                "cost_bound": _api(
+                    ConfirmationRequest,
+                    "cost_bound_usd",
+                    "USD the whole run may spend (action raise-bound: the new bound).",
                 ),
                 "ttl_seconds": _api(
                     ConfirmationRequest,
@@ -381,6 +389,14 @@ TOOLS: tuple[ToolSpec, ...] = (
         "Resume a run that awaits approval after a loss spike, from the checkpoint it proposed, "
         "with an approved restart confirmation.",
         _inputs("RestartArguments", _ACTION_ARGUMENTS, {}),
+        read_only=False,
+    ),
+    ToolSpec(
+        "ito_raise_bound",
+        "raise_bound",
+        "Resume a run that waits at its cost bound (cost_bound_reached), with an approved "
+        "raise-bound confirmation naming the new bound; it resumes from its last checkpoint.",
+        _inputs("RaiseBoundArguments", _ACTION_ARGUMENTS, {}),
         read_only=False,
     ),
 )

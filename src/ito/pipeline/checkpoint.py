@@ -346,6 +346,17 @@ class Checkpointer:
             again.write_new(tmp, commit)
             again.replace(tmp, COMMIT)
             digest = checkpoint_digest(again.read(METADATA), commit)
+        pruned = []
+        for old in committed_checkpoints(self.storage)[: -self.keep_last]:
+            with proven_dir(self.storage.child(old.stage)) as stage_dir:
+                # The marker goes first so a crash mid-delete leaves an ignored directory, never
+                # a committed one with files missing.
+                with stage_dir.subdir(_step_name(old.step)) as step_dir:
+                    step_dir.unlink(COMMIT, missing_ok=True)
+                stage_dir.remove(_step_name(old.step))
+            pruned.append({"stage": old.stage, "step": old.step})
+        # The commit, and what the keep-last policy deleted for it: the API marks those
+        # checkpoints deleted rather than listing them as if they were still on disk.
         self.events.emit(
             "checkpoint",
             stage=pending.stage,
@@ -355,11 +366,5 @@ class Checkpointer:
             seconds=info["seconds"],
             blocking_seconds=info["blocking_seconds"],
             sha256=digest,
+            **({"pruned": pruned} if pruned else {}),
         )
-        for old in committed_checkpoints(self.storage)[: -self.keep_last]:
-            with proven_dir(self.storage.child(old.stage)) as stage_dir:
-                # The marker goes first so a crash mid-delete leaves an ignored directory, never
-                # a committed one with files missing.
-                with stage_dir.subdir(_step_name(old.step)) as step_dir:
-                    step_dir.unlink(COMMIT, missing_ok=True)
-                stage_dir.remove(_step_name(old.step))

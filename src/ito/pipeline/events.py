@@ -51,6 +51,11 @@ class EventWriter:
         line = json.dumps(event, allow_nan=False)
         os.write(self._fd, line.encode() + b"\n")
 
+    @property
+    def enabled(self) -> bool:
+        """Whether this writer writes (rank 0's) or drops what it is given."""
+        return self._fd is not None
+
     def log(self, level: str, message: str) -> None:
         if len(message) > LOG_MESSAGE_MAX_CHARS:
             message = message[: LOG_MESSAGE_MAX_CHARS - 16] + " … (truncated)"

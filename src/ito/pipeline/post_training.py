@@ -283,6 +283,9 @@ class Sample:
 class Group:
     prompt_index: int
     samples: tuple[Sample, ...]
+    filler: bool = False
+    """An uninformative group that only fills the batch (dynamic sampling ran out of rounds):
+    its samples carry no loss."""
 
     @property
     def rewards(self) -> list[float]:
@@ -382,8 +385,9 @@ class RlvrStep:
 
     def rollout(self, round_fn: Round, step: int) -> tuple[list[Group], dict[str, float]]:
         """The step's batch of groups (every rank's, in data-parallel rank order) and its
-        rollout figures. Raises ``dynamic_sampling_exhausted`` when the generation rounds run
-        out (the same on every rank)."""
+        rollout figures. When the generation rounds run out, the informative groups found and
+        uninformative fillers (:attr:`Group.filler`; none informative: the step is skipped by
+        the trainer). The same on every rank."""
         wanted = self.groups_per_rank * self.dp_world
         generated: list[Group] = []
         rounds = [0]
@@ -398,16 +402,22 @@ class RlvrStep:
             filled = DynamicSampler(wanted, self.recipe.dapo.max_generation_rounds).fill(
                 generate, lambda g: g.rewards
             )
-            kept = filled.groups
+            informative = len(filled.groups)
+            kept = filled.groups + [replace(g, filler=True) for g in filled.filler]
         else:
             kept = generate(wanted)[:wanted]
+            informative = len(kept)
         samples = [s for g in generated for s in g.samples]
         figures = {
             "reward_mean": sum(s.reward for s in samples) / len(samples),
-            "kept_group_fraction": len(kept) / len(generated),
+            "kept_group_fraction": informative / len(generated),
             "generation_rounds": float(rounds[0]),
             "response_length": sum(len(s.completion) for s in samples) / len(samples),
             "truncated_fraction": sum(s.truncated for s in samples) / len(samples),
+            "informative_groups": float(informative),
+            # Every sampled reward at the top (1: each reward is in [0, 1], shaping only
+            # subtracts): the policy solves every prompt it was given this step.
+            "solved_fraction": sum(s.reward >= 1.0 for s in samples) / len(samples),
         }
         return kept, figures
 
@@ -446,7 +456,7 @@ class RlvrStep:
                     values = row[lo : lo + len(s.completion)].tolist()
                     scored.append(replace(s, old_logps=tuple(values)))
         it = iter(scored)
-        return [Group(g.prompt_index, tuple(next(it) for _ in g.samples)) for g in groups]
+        return [replace(g, samples=tuple(next(it) for _ in g.samples)) for g in groups]
 
     def train(self, model: torch.nn.Module, groups: list[Group]) -> torch.Tensor:
         """The clipped policy-gradient step on the rank's share of ``groups``: backward of
@@ -459,6 +469,8 @@ class RlvrStep:
         advantages = group_advantages(rewards, size)
         samples = [s for g in groups for s in g.samples]
         ids, labels, mask = self._tensors(samples)
+        filler = torch.tensor([g.filler for g in groups for _ in g.samples], dtype=torch.bool)
+        mask[filler] = 0.0  # a group that only fills the batch teaches nothing
         old = None
         if any(s.old_logps is not None for s in samples):
             old = torch.zeros(ids.shape)

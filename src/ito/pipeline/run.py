@@ -1,9 +1,10 @@
 """Entry point of the pretrain engine: ``torchrun … -m ito.pipeline.run --spec /abs/spec.json``.
 
-Exit status 0 means the run reached an end the events describe (``done`` with ``succeeded`` or
-``gate_failed``); anything else is a crash, which torchrun may answer with a restart that
-resumes from the newest committed checkpoint. On CPU the process group is gloo; with CUDA it is
-NCCL for the tensors and gloo beside it (checkpoint uploads need a CPU backend).
+Exit status 0 means the run reached an end the events describe (``done`` with ``succeeded``,
+``gate_failed``, or ``failed`` with a registered, non-retryable code); anything else is a crash,
+which torchrun may answer with a restart that resumes from the newest committed checkpoint. On
+CPU the process group is gloo; with CUDA it is NCCL for the tensors and gloo beside it
+(checkpoint uploads need a CPU backend).
 """
 
 from __future__ import annotations
@@ -15,8 +16,13 @@ import os
 import traceback
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ito.pipeline.rollout_standby import Standby, lobby_path
+
+if TYPE_CHECKING:
+    from ito.core.errors import ItoError
+    from ito.pipeline.events import EventWriter
 
 __all__ = ["main"]
 
@@ -92,11 +98,18 @@ def main(argv: list[str] | None = None) -> int:
         )
         Trainer(spec, events, device, ckpt_group, standby).run()
     except ItoError as exc:
-        # A refusal with a stable code (the checkpoint storage failing its proof on disk):
-        # the worker fails the run with that code rather than as a crash.
-        events.log("error", traceback.format_exc(limit=20))
-        events.emit("done", status="failed", code=exc.code, reason=exc.message[:500])
-        raise
+        if exc.retryable:
+            events.log("error", traceback.format_exc(limit=20))
+            raise  # a transient condition: torchrun's restart may get past it
+        # A registered, non-retryable outcome (a data or revision error, the rewards giving
+        # nothing to learn from, the checkpoint storage failing its proof on disk) is the same
+        # on a second try: the run ends once, with its code, never restarted, never counted as
+        # an interruption (DESIGN §7.3). Whichever rank found it says so — rank 0 through its
+        # writer, the others by appending the same ``done`` line (whole lines, O_APPEND) — and
+        # leaves cleanly; the worker stops the rest of the job on reading it.
+        events.log("error", f"rank {dist.get_rank()}: {exc.code}: {exc.message}"[:3000])
+        _final_event(spec.events_path, events, exc)
+        return 0
     except BaseException:
         events.log("error", traceback.format_exc(limit=20))
         raise
@@ -104,6 +117,21 @@ def main(argv: list[str] | None = None) -> int:
         events.close()
     dist.destroy_process_group()
     return 0
+
+
+def _final_event(path: Path, events: EventWriter, exc: ItoError) -> None:
+    """The run's ``done`` event for a coded, non-retryable error, from whichever rank found it."""
+    from ito.pipeline.events import EventWriter as Writer
+
+    fields = {"status": "failed", "code": exc.code, "reason": exc.message[:500]}
+    if events.enabled:
+        events.emit("done", **fields)
+        return
+    own = Writer(path, enabled=True)
+    try:
+        own.emit("done", **fields)
+    finally:
+        own.close()
 
 
 def _early_standby(spec_path: Path) -> Standby | None:

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from ito.core.manifest import Manifest, parse_manifest
 from ito.core.run_spec import (
     BookedAccelerator,
+    ErrorAtSpec,
     InitialWeightsSpec,
     LayoutSpec,
     RunSpecDocument,
@@ -85,6 +86,9 @@ class RunSpec:
     """Caps each stage's step count (test hook)."""
     fail_at: FailAt | None = None
     """Fault injection; fires only on attempt 1 and only before torchrun's first restart."""
+    error_at: ErrorAtSpec | None = None
+    """Fault injection: a rank raises a registered error at a step, on every attempt (a
+    deterministic failure, which must end the run once, with its code)."""
     loss_spike_at: int | None = None
     """Fault injection: the batch of this global step is replaced by random tokens (a real loss
     spike); attempt 1 only."""
@@ -186,6 +190,7 @@ def load_spec(path: Path) -> RunSpec:
         stages=stages,
         max_steps_per_stage=doc.max_steps_per_stage,
         fail_at=fail_at,
+        error_at=doc.error_at,
         loss_spike_at=doc.loss_spike_at,
         pause_at_step=doc.pause_at_step,
         min_step_seconds=doc.min_step_seconds,

@@ -21,10 +21,11 @@ import torch
 import torch.distributed as dist
 from tokenizers import Tokenizer
 
-from ito.core.errors import ItoError
+from ito.core.errors import ItoError, is_error_code
 from ito.core.ladder import ladder_plan, proxy_size
 from ito.core.manifest import EvalSpec, post_stage_seq_len
 from ito.core.model_sizes import SIZES, ModelSize
+from ito.core.rl_batches import EmptySteps
 from ito.core.spikes import SpikeDetector
 from ito.pipeline.batteries import BATTERIES, EvalContext
 from ito.pipeline.checkpoint import (
@@ -723,6 +724,14 @@ class Trainer:
         pending: PendingStep | None = None
         if self.replica is not None and resume is None:
             self.position = self._trainer_state(name, 0, plan.first_step, tokens_seen, scheduler)
+        empty = (
+            EmptySteps.restore(
+                self.stage_state.get("empty_steps"), rlvr.recipe.dapo.max_empty_steps
+            )
+            if rlvr is not None and rlvr.recipe.dapo.dynamic_sampling
+            else None
+        )
+        ended_early = False
         k = stage_step
         while k < plan.steps:
             step = plan.first_step + k + 1
@@ -732,6 +741,10 @@ class Trainer:
                     "warning", f"fault injection: rank {self.rank} exits at step {step}"
                 )
                 os._exit(137)
+            error = self.spec.error_at
+            if error is not None and error.rank == self.rank and step >= error.step:
+                code = error.code if is_error_code(error.code) else "internal_error"
+                raise ItoError(code, f"fault injection: rank {self.rank} raises at step {step}")
             if (
                 self.pause_armed
                 and self.spec.pause_at_step is not None
@@ -773,9 +786,23 @@ class Trainer:
                         generator=torch.Generator().manual_seed(step),
                     )
                 backward = self._pretrain_backward(batch.to(self.device))
-            current = self._train_step(backward, step, float(lr))
+            informative = int(extra["informative_groups"]) if empty is not None and extra else -1
+            current = self._train_step(backward, step, float(lr), skip=informative == 0)
             if current is None:
                 continue  # a replica group failed during the step: retried with the others
+            if empty is not None and extra is not None and rlvr is not None:
+                # What the step's rollouts held: the empty ones are counted, and a stage whose
+                # policy has nothing left to learn from its prompts ends early (or fails, if it
+                # never had anything to learn: see ``EmptySteps``).
+                wanted = rlvr.groups_per_rank * rlvr.dp_world
+                verdict = empty.observe(
+                    informative,
+                    complete=informative == wanted,
+                    solved=extra["solved_fraction"] >= 1.0,
+                )
+                self.stage_state["empty_steps"] = empty.state()
+                extra["skipped_steps"] = float(empty.skipped)
+                ended_early = verdict == "end"
             scheduler.step()
             current.extra = extra
             if self.sync is not None:
@@ -783,6 +810,8 @@ class Trainer:
                 current.tokens = step_tokens // self.dp_world * self.layout.dp * current.replicas
             else:
                 current.tokens = step_tokens if post_tokens is None else post_tokens
+                if informative == 0:
+                    current.tokens = 0  # generated, but nothing trained on
             tokens_seen += current.tokens
             if self.spec.min_step_seconds is not None:
                 time.sleep(max(0.0, self.spec.min_step_seconds - (time.perf_counter() - start)))
@@ -790,7 +819,7 @@ class Trainer:
             stop = pending is not None and self._report(name, pending, step_tokens, flops_per_token)
             pending = current
             k += 1
-            saving = stop or step % every == 0 or k == plan.steps
+            saving = stop or step % every == 0 or k == plan.steps or ended_early
             if saving or self.replica is not None:
                 # A committed step has its metrics out first (a crash after the commit must
                 # not lose them: the resumed attempt starts after it). With replica groups
@@ -819,8 +848,21 @@ class Trainer:
                         f"stop requested by the worker: checkpoint committed at step {step}",
                     )
                     raise StopRequested(step)
+            if ended_early:
+                break
         # The stage's last step is always saved, so nothing is pending here.
         assert pending is None
+        last = plan.first_step + k
+        early: dict[str, int] = {}
+        if ended_early and empty is not None:
+            early = {"steps_taken": k, "skipped_steps": empty.skipped}
+            self.events.log(
+                "info",
+                f"{name}: ended early at step {k} of {plan.steps}: {empty.streak} step(s) in a "
+                f"row gave no group whose rewards differ ({empty.skipped} skipped in the stage, "
+                f"{empty.trained} trained, {empty.partial} of them on a partial batch); the "
+                "stage's gate decides",
+            )
         self._stop_rollout()
         results = [
             self._evaluate(spec, config.eval_seq_len)
@@ -828,17 +870,17 @@ class Trainer:
         ]
         self.checkpointer.finish()
         if self._leading():
-            self._export(name, plan.first_step + plan.steps, base)
+            self._export(name, last, base)
         self.events.emit(
             "metric",
             stage=name,
-            step=plan.first_step + plan.steps,
+            step=last,
             values={_metric_name(r["eval"], r["data"]): r["value"] for r in results},
         )
         passed = all(bool(r["passed"]) for r in results)
         self.events.emit("gate", stage=name, battery=config.battery, results=results, passed=passed)
         if passed:
-            self.events.emit("stage", stage=name, status="completed")
+            self.events.emit("stage", stage=name, status="completed", **early)
         return tokens_seen, passed
 
     def _export(self, stage: str, step: int, base: float) -> None:
@@ -972,6 +1014,7 @@ class Trainer:
                 "tokens_per_s": tps,
                 "mfu": mfu,
                 "step_seconds": pending.seconds,
+                "tokens": float(pending.tokens),
                 **({"replicas": pending.replicas} if pending.replicas is not None else {}),
                 **(pending.extra or {}),
             },
@@ -1166,10 +1209,26 @@ class Trainer:
         return {n: float(v) / self.world for n, v in zip(names, reduced.tolist(), strict=True)}
 
     def _train_step(
-        self, backward: Callable[[], torch.Tensor], step: int, lr: float
+        self, backward: Callable[[], torch.Tensor], step: int, lr: float, *, skip: bool = False
     ) -> PendingStep | None:
         """One optimizer step over ``grad_accum`` micro-batches; ``None`` if the replica groups'
-        quorum discarded it."""
+        quorum discarded it. ``skip`` (an RLVR step with nothing to learn from, the same on
+        every rank; never with replica groups): no backward and no optimizer step — the
+        weights and the optimizer's moments stay as they are — and no loss (``NaN``, reported
+        as unknown)."""
+        if skip:
+            assert self.sync is None
+            stop = 1.0 if self.rank == 0 and self.spec.stop_path.exists() else 0.0
+            figures = torch.tensor([math.nan, stop], device=self.device)
+            work = dist.all_reduce(figures, async_op=True)
+            return PendingStep(
+                step=step,
+                lr=lr,
+                seconds=0.0,
+                reduced=figures,
+                work=work,
+                grad_norm=torch.zeros((), device=self.device),
+            )
         loss = backward()
         stop = 1.0 if self.rank == 0 and self.spec.stop_path.exists() else 0.0
         figures = torch.stack([loss.detach().float(), torch.tensor(stop, device=loss.device)])

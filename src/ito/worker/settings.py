@@ -16,9 +16,9 @@ __all__ = ["WorkerSettings"]
 
 class WorkerSettings(ClientConfig):
     fault_injection: dict[str, Any] | None = None
-    """``ITO_FAULT_INJECTION`` (JSON: ``fail_at``, ``loss_spike_at``, ``max_steps_per_stage``,
-    ``min_step_seconds``, ``pause_at_step``) for tests and drills; never settable through the
-    API."""
+    """``ITO_FAULT_INJECTION`` (JSON: ``error_at``, ``fail_at``, ``loss_spike_at``,
+    ``max_steps_per_stage``, ``min_step_seconds``, ``pause_at_step``) for tests and drills; never
+    settable through the API."""
 
     @field_validator("fault_injection", mode="before")
     @classmethod

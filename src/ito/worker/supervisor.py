@@ -50,6 +50,11 @@ _LOST = ("lease_lost", "run_not_found", "credential_revoked")
 """Answers after which this attempt must stop at once: another may be running."""
 log = logging.getLogger("ito.worker")
 POST_TRAINING = ("sft", "dpo", "rlvr")
+_FINAL = ("succeeded", "gate_failed", "failed")
+"""``done`` statuses that end the run (``spike`` and ``stopped`` hand it to a human or a stop)."""
+_FINAL_GRACE_S = 30.0
+"""How long the ranks get to exit by themselves after the final ``done`` before they are
+stopped (an export or a checkpoint's last bytes are written before ``done``)."""
 
 
 def checkpoint_storage(uri: str, storage_root: str | None, run_id: str) -> StoragePath:
@@ -320,6 +325,8 @@ class Supervisor:
                         attempt,
                         Outcome("cancelled", None, "cancelled during data prep")
                         if beat.stop == "cancel"
+                        else _stop_outcome("cost_bound_reached", None, during="data prep")
+                        if beat.stop == "cost_bound"
                         else Outcome(
                             "failed",
                             _stop_code(beat.stop_code),
@@ -405,9 +412,11 @@ class Supervisor:
                 del unsent[:size]
 
         spiked = False
+        final_by: float | None = None
+        """Set once the engine's final ``done`` is read: the ranks are stopped past it."""
         while True:
             try:
-                events = tail.read()
+                events = [] if final_by is not None else _until_final(tail.read())
                 done = next((e for e in events if isinstance(e, DoneEvent)), done)
                 spiked = spiked or any(isinstance(e, SpikeEvent) for e in events)
                 send(events)
@@ -415,9 +424,21 @@ class Supervisor:
                     # The run now awaits a human; the server released the lease.
                     executor_wait(executor)
                     return Outcome("awaiting_approval", None, "loss spike: restart proposed")
+                if done is not None and done.status in _FINAL and final_by is None:
+                    # The engine's last word: nothing after it belongs to the run, and the
+                    # tail is read no more. The ranks leave by themselves (the heartbeat goes
+                    # on meanwhile); after a coded failure they are stopped at once: a peer
+                    # still waiting in a collective for the rank that found the error would
+                    # crash into a torchrun restart (DESIGN §7.3: such an end never restarts).
+                    final_by = time.monotonic() + (
+                        _FINAL_GRACE_S if done.status != "failed" else 0.0
+                    )
                 exit_code = executor.poll()
+                if exit_code is None and final_by is not None and time.monotonic() >= final_by:
+                    executor.kill()
+                    exit_code = -9
                 if exit_code is not None:
-                    rest = tail.read()
+                    rest = [] if final_by is not None else _until_final(tail.read())
                     done = next((e for e in rest if isinstance(e, DoneEvent)), done)
                     send(rest)
                     if done is not None and done.status == "spike":
@@ -447,7 +468,7 @@ class Supervisor:
                                 "last committed checkpoint kept",
                             ),
                         )
-                    if beat.stop in ("budget", "booking") and stop_deadline is None:
+                    if beat.stop in ("budget", "booking", "cost_bound") and stop_deadline is None:
                         # The server stops while the worst case until the next beat is still
                         # under the ceiling (or inside the term): that headroom (the lease TTL)
                         # pays for a final checkpoint.
@@ -492,6 +513,15 @@ def executor_wait(executor: Executor, timeout: float = 120.0) -> None:
         time.sleep(POLL_SECONDS)
 
 
+def _until_final(events: list[PipelineEvent]) -> list[PipelineEvent]:
+    """``events`` up to and including the first final ``done``: what a rank still writes after
+    the engine's last word (a peer's restart, say) is not the run's."""
+    for i, event in enumerate(events):
+        if isinstance(event, DoneEvent) and event.status in _FINAL:
+            return events[: i + 1]
+    return events
+
+
 def _stop_code(code: str | None) -> ErrorCode:
     """The registered code of a heartbeat's stop (a budget stop names none); one this worker
     does not know is an internal error, not a guess."""
@@ -500,7 +530,16 @@ def _stop_code(code: str | None) -> ErrorCode:
     return code if is_error_code(code) else "internal_error"
 
 
-def _stop_outcome(code: ErrorCode, done: DoneEvent | None) -> Outcome:
+def _stop_outcome(code: ErrorCode, done: DoneEvent | None, *, during: str = "") -> Outcome:
+    if code == "cost_bound_reached":
+        # Not an end: the run waits for a human to approve a new bound (or to cancel it).
+        if during:
+            where = f"stopped during {during}"
+        elif done is not None and done.status == "stopped":
+            where = f"checkpoint committed at step {done.step}"
+        else:
+            where = "the engine did not checkpoint in time; the last committed checkpoint is kept"
+        return Outcome("awaiting_approval", code, f"stopped at the approved cost bound; {where}")
     why = (
         "the next interval would cross the budget ceiling"
         if code == "budget_exceeded"

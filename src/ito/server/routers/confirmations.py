@@ -53,6 +53,7 @@ def confirmations_create(
             manifest_digest=body.manifest_id,
             run_id=body.run_id,
             checkpoint_step=body.checkpoint_step,
+            cost_bound_usd=body.cost_bound_usd,
             manifest_raw=raw,
         )
         data = confirmation_dict(confirmation, state.settings.public_url)

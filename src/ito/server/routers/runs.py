@@ -134,6 +134,7 @@ def _action(
         "run.cancel": "cancel",
         "run.cleanup": "cleanup",
         "run.restart_from_checkpoint": "restart",
+        "run.raise_cost_bound": "new cost bound",
     }[action]
     if replayed:
         notice = f"replay: this idempotency key already requested the {verb}; nothing new"
@@ -161,6 +162,13 @@ def runs_restart(
     run_id: str, body: RunActionBody, caller: Requester, state: State
 ) -> dict[str, Any]:
     return _action(run_id, "run.restart_from_checkpoint", body, caller, state)
+
+
+@router.post("/{run_id}/raise-bound", response_model=Envelope[RunActionResult])
+def runs_raise_bound(
+    run_id: str, body: RunActionBody, caller: Requester, state: State
+) -> dict[str, Any]:
+    return _action(run_id, "run.raise_cost_bound", body, caller, state)
 
 
 @router.get("/{run_id}/logs", response_model=Envelope[LogPage])
@@ -204,7 +212,11 @@ def runs_gates(run_id: str, caller: Requester, state: State) -> dict[str, Any]:
     with state.db.read() as session:
         data = gates_of(session, caller.account_id, run_id)
     failed = sum(not g["passed"] for g in data["gates"])
-    return ok_envelope(data, f"{len(data['gates'])} gate record(s), {failed} failed")
+    notice = f"{len(data['gates'])} gate record(s), {failed} failed"
+    if data["state"] in ("failed", "cancelled") and not failed:
+        # No gate failed, yet the run did not succeed: say so, with its code.
+        notice += f"; the run {data['state']} outside any gate ({data['failure_code']})"
+    return ok_envelope(data, notice)
 
 
 @router.get("/{run_id}/checkpoints", response_model=Envelope[CheckpointList])

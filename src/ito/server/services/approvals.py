@@ -149,6 +149,13 @@ def approval_figures(
         "within_incremental": bool(estimate.get("within_incremental", True)),
         "within_bound": cost <= cost_bound_usd + 1e-9,
         "duration": duration(float(estimate.get("seconds", 0.0))),
+        # The upper bound beside the expected figures (plans stored before it: none).
+        "upper_estimate": usd(float(estimate["upper_cost_usd"]))
+        if estimate.get("upper_cost_usd")
+        else None,
+        "upper_duration": duration(float(estimate["upper_seconds"]))
+        if estimate.get("upper_seconds")
+        else None,
         "gpu_hours": f"{float(estimate.get('gpu_hours', 0.0)):.3g}",
         "rate": usd(float(estimate.get("rate_usd_per_gpu_hour", 0.0))),
         "accelerators": estimate.get("accelerators"),
@@ -166,6 +173,7 @@ def approval_figures(
                 "seq_len": stage.seq_len or None,
                 "battery": stage.battery,
                 "duration": duration(stage.seconds),
+                "upper_duration": duration(stage.upper),
             }
             for stage in plan.stages
         ]

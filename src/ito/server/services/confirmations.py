@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from ito.core.errors import ItoError
 from ito.core.gates import check_eligibility, check_resources
 from ito.core.manifest import manifest_digest as _digest
+from ito.core.pricing import CostEstimate
 from ito.core.states import ConfirmationAction, ConfirmationState, RunState
 from ito.server.ids import new_id
 from ito.server.services.bookings import booking_dict, booking_view, get_booking
@@ -29,6 +30,7 @@ from ito.server.services.credentials import AuthContext, hmac_hex
 from ito.server.services.manifest_cache import parsed_manifest
 from ito.server.services.manifests import load_manifest, store_manifest
 from ito.server.services.revisions import resolve_revision
+from ito.server.services.spending import spend_limits
 from ito.server.store.runtime_tables import RunLease
 from ito.server.store.tables import Confirmation, Run, table_of, utcnow
 
@@ -60,6 +62,69 @@ _CONSUME = (
 statement on the session's connection (no ORM bulk machinery, no autoflush)."""
 
 
+def _train_bound(estimate: CostEstimate, asked: float | None) -> float:
+    """The cost bound a train confirmation asks the approver to sign: the estimate's upper
+    bound (within the manifest's ceiling and max incremental cost), rounded up to the cent, or
+    the requester's own bound — never below the expected cost (the run could not start), never
+    above the manifest's ceiling or max incremental cost."""
+    cost = max(0.01, math.ceil(round(estimate.cost_usd * 100, 6)) / 100)
+    hard = min(estimate.ceiling_usd, estimate.max_incremental_cost_usd)
+    if asked is None:
+        upper = math.ceil(round(estimate.upper_cost_usd * 100, 6)) / 100
+        return max(cost, min(upper, hard))
+    asked = math.ceil(round(asked * 100, 6)) / 100
+    if asked < cost:
+        raise ItoError(
+            "budget_exceeded",
+            "the estimate exceeds the cost bound asked for",
+            cost_usd=estimate.cost_usd,
+            bound_usd=asked,
+        )
+    if asked > hard:
+        raise ItoError(
+            "budget_exceeded",
+            "the cost bound asked for is over the manifest's ceiling or max incremental cost",
+            bound_usd=asked,
+            limit_usd=hard,
+        )
+    return asked
+
+
+def _new_bound(session: Session, run: Run, amount: float | None) -> float:
+    """The bound a ``run.raise_cost_bound`` confirmation would approve, checked: the run waits
+    at its bound, the amount is more than it has spent and within the manifest's own limits
+    (its ceiling and max incremental cost: no approval lifts those)."""
+    if amount is None:
+        raise ItoError("invalid_arguments", "a raise-bound confirmation names the new bound")
+    lease = session.get(RunLease, run.id)
+    proposal = lease.proposal if lease is not None else None
+    if (
+        run.state != RunState.awaiting_approval.value
+        or not proposal
+        or proposal.get("action") != "raise_cost_bound"
+    ):
+        raise ItoError(
+            "invalid_transition", "the run is not waiting at its cost bound", state=run.state
+        )
+    assert lease is not None
+    hard, bound = spend_limits(run)
+    amount = math.ceil(round(amount * 100, 6)) / 100
+    if amount <= lease.cost_usd or amount <= bound:
+        raise ItoError(
+            "invalid_arguments",
+            "the new bound must be more than the run's spend and its current bound",
+            spent_usd=round(lease.cost_usd, 6),
+            bound_usd=bound,
+        )
+    if amount > hard:
+        raise ItoError(
+            "budget_exceeded",
+            "the new bound is over the manifest's ceiling or max incremental cost",
+            limit_usd=hard,
+        )
+    return amount
+
+
 def request_confirmation(
     session: Session,
     ctx: AuthContext,
@@ -71,6 +136,7 @@ def request_confirmation(
     run_id: str | None = None,
     checkpoint_step: int | None = None,
     manifest_raw: bytes | None = None,
+    cost_bound_usd: float | None = None,
 ) -> Confirmation:
     """A pending confirmation. For ``train.create`` the manifest may come along as bytes; it is
     then stored in this same transaction, so a refused request leaves nothing behind."""
@@ -106,7 +172,7 @@ def request_confirmation(
         manifest = parsed_manifest(row.content, row.digest)
         result = check_resources(manifest, view, now)
         initial = resolve_revision(session, ctx.account_id, manifest, view)
-        cost = max(0.01, math.ceil(result.estimate.cost_usd * 100) / 100)
+        cost = _train_bound(result.estimate, cost_bound_usd)
         target_id = booking.id
         details = {
             "booking": booking_dict(booking),
@@ -140,7 +206,17 @@ def request_confirmation(
                 )
             details["checkpoint_step"] = checkpoint_step
             details["proposal"] = proposal
-        target_id, cost, manifest_digest = run.id, 0.0, run.manifest_digest
+        cost = 0.0
+        if act is ConfirmationAction.run_raise_bound:
+            cost = _new_bound(session, run, cost_bound_usd)
+            waiting = session.get(RunLease, run.id)
+            details["proposal"] = waiting.proposal if waiting is not None else None
+            details["cost_bound_usd"] = cost
+        elif cost_bound_usd is not None:
+            raise ItoError(
+                "invalid_arguments", "only train and raise-bound confirmations name a bound"
+            )
+        target_id, manifest_digest = run.id, run.manifest_digest
         details["run"] = {"run_id": run.id, "state": run.state, "booking_id": run.booking_id}
     confirmation = Confirmation(
         id=new_id("cfr"),

@@ -49,4 +49,10 @@ def gates_of(session: Session, account_id: str, run_id: str) -> dict[str, Any]:
                     "at": event.created_at.isoformat(),
                 }
             )
-    return {"run_id": run.id, "state": run.state, "gates": records, "ladder": ladder}
+    return {
+        "run_id": run.id,
+        "state": run.state,
+        "failure_code": run.failure_code,
+        "gates": records,
+        "ladder": ladder,
+    }

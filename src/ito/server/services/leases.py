@@ -8,11 +8,12 @@ Every state change goes through :func:`ito.server.services.runs.transition_run`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from ito.core.errors import ItoError
@@ -32,8 +33,9 @@ from ito.core.pipeline_events import (
 from ito.core.states import RunState
 from ito.server.services.bookings import booking_view
 from ito.server.services.credentials import AuthContext
-from ito.server.services.run_progress import stages_completed
+from ito.server.services.run_progress import run_progress, stages_completed
 from ito.server.services.runs import record_event, transition_run
+from ito.server.services.spending import spend_limits
 from ito.server.store.runtime_tables import CheckpointRow, RunLease, RunLog, RunMetric
 from ito.server.store.tables import Booking, ManifestRow, Run, utcnow
 
@@ -155,12 +157,16 @@ def lease_next(
         return None
     lease = lease_for(session, run)
     resuming = run.state == RunState.recovering.value
-    approved_restart = bool(
+    approved = bool(
         lease.proposal and lease.proposal.get("approved") and not lease.proposal.get("applied")
     )
-    if resuming and not approved_restart and lease.last_heartbeat_at is not None:
+    approved_restart = approved and (lease.proposal or {}).get("action") == (
+        "restart_from_checkpoint"
+    )
+    if resuming and not approved and lease.last_heartbeat_at is not None:
         # From the expiry to this lease the run still held the booking, waiting for a worker.
-        # (After a loss spike the wait was a human's decision, not an outage.)
+        # (After a loss spike or at the cost bound the wait was a human's decision, not an
+        # outage.)
         lease.busy_seconds += max((now - lease.last_heartbeat_at).total_seconds(), 0.0)
     lease.attempt += 1
     lease.worker_principal_id = worker.principal_id
@@ -189,6 +195,8 @@ def lease_next(
             "step": lease.proposal["checkpoint_step"],
             "skip_steps": lease.proposal["skip_steps"],
         }
+    if approved:
+        assert lease.proposal is not None
         lease.proposal = dict(lease.proposal) | {"applied": True}
     return {
         "run_id": run.id,
@@ -269,9 +277,9 @@ def heartbeat(
     _account_held(lease, booking, now)
     lease.lease_expires_at = now + settings.ttl
     lease.updated_at = now
-    ceiling = float(run.estimate.get("ceiling_usd", 0.0))
+    hard, bound = spend_limits(run)
     # Until the next beat the run may hold the booking up to the lease TTL: stop while even
-    # that worst case stays under the ceiling.
+    # that worst case stays under the limits.
     next_interval = (
         settings.ttl.total_seconds()
         / 3600.0
@@ -291,8 +299,13 @@ def heartbeat(
         stop = "cancel"
     elif stop_code is not None:
         stop = "booking"
-    elif ceiling and lease.cost_usd + next_interval > ceiling:
-        stop, stop_code = "budget", "budget_exceeded"
+    elif lease.cost_usd + next_interval > min(hard, bound):
+        if bound < hard:
+            # The human's bound, not the manifest's: the run checkpoints and waits for a new
+            # bound to be approved (or a cancel), rather than failing.
+            stop, stop_code = "cost_bound", "cost_bound_reached"
+        else:
+            stop, stop_code = "budget", "budget_exceeded"
     return {
         "run_id": run.id,
         "state": run.state,
@@ -359,6 +372,19 @@ def report(
             )
             if item.productive_seconds is not None:
                 lease.productive_seconds = max(lease.productive_seconds, item.productive_seconds)
+            if item.pruned:
+                session.flush()  # the pruned checkpoints' rows may be in this same batch
+            for gone in item.pruned or []:
+                session.execute(
+                    update(CheckpointRow)
+                    .where(
+                        CheckpointRow.run_id == run.id,
+                        CheckpointRow.stage == gone.stage,
+                        CheckpointRow.step == gone.step,
+                        CheckpointRow.deleted_at.is_(None),
+                    )
+                    .values(deleted_at=now)
+                )
             record_event(
                 session,
                 run,
@@ -377,12 +403,23 @@ def report(
         elif isinstance(item, StageEvent):
             if item.status == "started":
                 run.stage = item.stage
+            early = (
+                {"steps_taken": item.steps_taken, "skipped_steps": item.skipped_steps}
+                if item.steps_taken is not None
+                else {}
+            )
             record_event(
                 session,
                 run,
                 "stage",
-                f"stage {item.stage} {item.status}",
-                data={"stage": item.stage, "status": item.status},
+                f"stage {item.stage} {item.status}"
+                + (
+                    f" early, after {item.steps_taken} step(s) ({item.skipped_steps} skipped: "
+                    "no group whose rewards differ)"
+                    if early
+                    else ""
+                ),
+                data={"stage": item.stage, "status": item.status} | early,
             )
             counts["events"] += 1
         elif isinstance(item, SpikeEvent):
@@ -489,14 +526,22 @@ def finish_run(
         "failed": RunState.failed,
         "gate_failed": RunState.gate_failed,
         "cancelled": RunState.cancelled,
+        "awaiting_approval": RunState.awaiting_approval,
     }
     if status not in targets:
         raise ItoError("invalid_arguments", "status must be one of " + ", ".join(targets))
     target = targets[status]
+    if target is RunState.awaiting_approval and failure_code != "cost_bound_reached":
+        raise ItoError(
+            "invalid_arguments", "an attempt ends awaiting approval only at its cost bound"
+        )
     booking = session.get(Booking, run.booking_id)
     assert booking is not None
     _account_held(lease, booking, now)
     lease.updated_at = now
+    if target is RunState.awaiting_approval and run.state != RunState.cancelling.value:
+        _await_new_bound(session, run, lease, booking, message)
+        return {"run_id": run.id, "state": run.state}
     if run.state == RunState.cancelling.value and target is not RunState.cancelled:
         target = RunState.cancelled
     # The final event names what ran: the stages whose ``completed`` events came, over every
@@ -514,6 +559,46 @@ def finish_run(
     lease.lease_expires_at = None
     lease.worker_principal_id = None
     return {"run_id": run.id, "state": run.state}
+
+
+def _await_new_bound(
+    session: Session, run: Run, lease: RunLease, booking: Booking, message: str
+) -> None:
+    """The attempt stopped at the approved cost bound, its checkpoint committed: the run waits
+    for a human — a ``run.raise_cost_bound`` confirmation, or a cancel — with the figures that
+    decision needs. The lease is let go; no time is held while it waits."""
+    rate = booking.nodes * booking.gpus_per_node * booking.rate_usd_per_gpu_hour / 3600.0
+    remaining = sum(
+        float(p["eta_seconds"] or 0.0) if p["status"] == "running" else p["estimated_seconds"]
+        for p in run_progress(session, run)
+        if p["status"] in ("pending", "running")
+    )
+    hard, bound = spend_limits(run)
+    proposal = {
+        "action": "raise_cost_bound",
+        "reason": "cost_bound_reached",
+        "spent_usd": round(lease.cost_usd, 6),
+        "bound_usd": bound,
+        "hard_limit_usd": None if math.isinf(hard) else hard,
+        "estimate_to_finish_usd": round(remaining * rate, 6),
+        "approved": False,
+    }
+    lease.proposal = proposal
+    lease.lease_expires_at = None
+    lease.worker_principal_id = None
+    transition_run(
+        session,
+        run,
+        RunState.awaiting_approval,
+        reason=(
+            f"cost bound reached: ${lease.cost_usd:.2f} spent of the ${bound:.2f} approved; "
+            f"about ${remaining * rate:.2f} more to finish. {message[:300]} "
+            "To go on, a human approves a new bound (ito confirm --action raise-bound --run "
+            f"{run.id} --cost-bound USD; then ito runs raise-bound {run.id}), or cancels"
+        ),
+        failure_code=None,
+        data=proposal,
+    )
 
 
 def _b64(raw: bytes) -> str:

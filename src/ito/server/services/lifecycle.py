@@ -28,6 +28,7 @@ from ito.server.services.idempotency import (
 )
 from ito.server.services.leases import lease_for
 from ito.server.services.runs import get_run, record_event, transition_run
+from ito.server.services.spending import spend_limits
 from ito.server.store.db import Database
 from ito.server.store.runtime_tables import CheckpointRow, RunLog, RunMetric
 from ito.server.store.tables import Booking, Run, RunEvent, utcnow
@@ -259,6 +260,8 @@ def apply_run_action(
                     raise ItoError("run_not_cancellable", state=run.state)
             elif act is ConfirmationAction.run_restart:
                 _check_restart(session, run, confirmation.details.get("checkpoint_step"))
+            elif act is ConfirmationAction.run_raise_bound:
+                _check_raise(session, run, confirmation.cost_usd)
             elif not RunState(run.state).is_terminal():
                 raise ItoError("run_not_terminal", state=run.state)
             elif run.cleanup_state != CleanupState.none.value:
@@ -277,6 +280,8 @@ def apply_run_action(
                 _cancel(session, run)
             elif act is ConfirmationAction.run_restart:
                 _restart(session, run)
+            elif act is ConfirmationAction.run_raise_bound:
+                _raise_bound(session, run, confirmation.cost_usd)
             else:
                 _request_cleanup(session, run)
             data = {
@@ -309,9 +314,53 @@ def _cancel(session: Session, run: Run) -> None:
         )
 
 
+def _check_raise(session: Session, run: Run, amount: float) -> None:
+    """The run still waits at its bound, and the approved amount still lifts it (the run may
+    have been raised by another confirmation since this one was requested)."""
+    lease = lease_for(session, run)
+    proposal = lease.proposal
+    if (
+        run.state != RunState.awaiting_approval.value
+        or not proposal
+        or proposal.get("action") != "raise_cost_bound"
+        or proposal.get("approved")
+    ):
+        raise ItoError(
+            "invalid_transition", "the run is not waiting at its cost bound", state=run.state
+        )
+    _, bound = spend_limits(run)
+    if amount <= bound or amount <= lease.cost_usd:
+        raise ItoError(
+            "confirmation_mismatch",
+            "the approved bound no longer lifts the run's bound",
+            approved_usd=amount,
+            bound_usd=bound,
+        )
+
+
+def _raise_bound(session: Session, run: Run, amount: float) -> None:
+    lease = lease_for(session, run)
+    assert lease.proposal is not None
+    before = run.cost_bound_usd
+    run.cost_bound_usd = amount
+    lease.proposal = dict(lease.proposal) | {"approved": True, "new_bound_usd": amount}
+    transition_run(
+        session,
+        run,
+        RunState.recovering,
+        reason=f"cost bound raised from ${before or 0:.2f} to ${amount:.2f} by a human; the run "
+        "resumes from its last committed checkpoint",
+        data={"previous_bound_usd": before, "cost_bound_usd": amount},
+    )
+
+
 def _check_restart(session: Session, run: Run, step: object) -> None:
     proposal = lease_for(session, run).proposal
-    if run.state != RunState.awaiting_approval.value or not proposal:
+    if (
+        run.state != RunState.awaiting_approval.value
+        or not proposal
+        or proposal.get("action") != "restart_from_checkpoint"
+    ):
         raise ItoError("invalid_transition", "the run has no proposed restart", state=run.state)
     if step != proposal.get("checkpoint_step"):
         raise ItoError(

@@ -133,4 +133,5 @@ def plan_stage_dict(stage: PlannedStage) -> dict[str, Any]:
         "seq_len": stage.seq_len,
         "battery": stage.battery,
         "estimated_seconds": round(stage.seconds, 1),
+        "upper_seconds": round(stage.upper, 1),
     }

@@ -495,6 +495,8 @@ def _insert_run(
             "updated_at": now,
             "finished_at": None,
             "failure_code": None,
+            # The approved bound is a spending limit, held live (DESIGN §7.7).
+            "cost_bound_usd": confirmation.cost_usd,
         },
     )
     connection.execute(
@@ -678,6 +680,7 @@ def run_dict(run: Run | Row[Any]) -> dict[str, Any]:
         "checkpoint_uri": run.checkpoint_uri,
         "failure_code": run.failure_code,
         "provenance_sha256": run.provenance_sha256,
+        "cost_bound_usd": run.cost_bound_usd,
         "created_at": run.created_at.isoformat(),
         "updated_at": run.updated_at.isoformat(),
         "finished_at": run.finished_at.isoformat() if run.finished_at else None,

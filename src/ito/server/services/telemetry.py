@@ -6,8 +6,11 @@ MFU, per run and per booking — computed from what runs reported, never estimat
   attempt's last heartbeat to the next lease). Never clamped: productive time is measured inside
   the time held, so a figure above 1 is an accounting bug to fix, not to hide. A step counts
   once, with the duration of its latest attempt: steps recomputed after a failure (work lost
-  since the last commit) are not productive.
-* interruption rate = interruptions (expired leases) ÷ node-hours held.
+  since the last commit) are not productive, nor are the steps a failed or cancelled run took
+  after its last commit.
+* tokens/s = tokens of the surviving steps ÷ their seconds (weighted by time).
+* interruption rate = interruptions (expired leases, restarted training processes) ÷
+  node-hours held; a deterministic failure that ends a run is none.
 * checkpoint bandwidth = bytes committed ÷ seconds spent writing them.
 """
 
@@ -16,9 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
+from ito.core.states import RunState
 from ito.server.services.runs import get_run
 from ito.server.store.runtime_tables import CheckpointRow, RunLease, RunMetric
 from ito.server.store.tables import Booking, Run
@@ -34,24 +38,61 @@ __all__ = [
 ]
 
 
-def _productive(session: Session, run_ids: list[str] | None = None) -> dict[str, float]:
-    """Productive seconds by run (of ``run_ids``, or of every run), in one query: each step's
-    ``step_seconds`` as last reported — a step recomputed after a failure counts once, with the
-    duration of the attempt that survived."""
-    last = select(func.max(RunMetric.id)).where(RunMetric.name == "step_seconds")
+_LOST_AFTER_COMMIT = (RunState.failed.value, RunState.cancelled.value)
+"""Ended states whose steps after the last committed checkpoint were lost (a run that succeeded
+or failed its gate committed its last step)."""
+
+
+def _surviving(session: Session, name: str, run_ids: list[str] | None = None) -> dict[str, float]:
+    """The sum of metric ``name`` over each run's surviving steps (of ``run_ids``, or of every
+    run), in one query: each step's value as last reported — a step recomputed after a
+    failure counts once, with the attempt that survived — and, for a run that failed or was
+    cancelled, only the steps its last committed checkpoint kept."""
+    last = select(func.max(RunMetric.id)).where(RunMetric.name == name)
     if run_ids is not None:
         last = last.where(RunMetric.run_id.in_(run_ids))
     last = last.group_by(RunMetric.run_id, RunMetric.stage, RunMetric.step)
+    committed = (
+        select(CheckpointRow.run_id, func.max(CheckpointRow.step).label("step"))
+        .group_by(CheckpointRow.run_id)
+        .subquery()
+    )
     rows = session.execute(
         select(RunMetric.run_id, func.sum(RunMetric.value))
+        .join(Run, Run.id == RunMetric.run_id)
+        .outerjoin(committed, committed.c.run_id == RunMetric.run_id)
         .where(RunMetric.id.in_(last))
+        .where(
+            or_(
+                Run.state.not_in(_LOST_AFTER_COMMIT),
+                RunMetric.step <= func.coalesce(committed.c.step, 0),
+            )
+        )
         .group_by(RunMetric.run_id)
     )
     return {run_id: float(total) for run_id, total in rows}
 
 
+def _productive(session: Session, run_ids: list[str] | None = None) -> dict[str, float]:
+    """Productive seconds by run: the ``step_seconds`` of its surviving steps."""
+    return _surviving(session, "step_seconds", run_ids)
+
+
 def _productive_seconds(session: Session, run_id: str) -> float:
     return _productive(session, [run_id]).get(run_id, 0.0)
+
+
+def _tokens_per_s(session: Session, run_ids: list[str] | None = None) -> dict[str, float]:
+    """Tokens per second by run: the tokens of its surviving steps ÷ their seconds (weighted
+    by time, replayed steps once: not the mean of per-step rates). Runs whose steps carry no
+    token count (before it was reported) are absent."""
+    tokens = _surviving(session, "tokens", run_ids)
+    seconds = _surviving(session, "step_seconds", run_ids)
+    return {
+        run_id: total / seconds[run_id]
+        for run_id, total in tokens.items()
+        if seconds.get(run_id, 0.0) > 0
+    }
 
 
 def _mean(session: Session, run_id: str, name: str) -> float | None:
@@ -137,7 +178,8 @@ def _run_figures(
         "node_hours": round(raw.node_hours, 6),
         "checkpoint_bytes": raw.written,
         "checkpoint_seconds": round(raw.seconds, 3),
-        "tokens_per_s": _mean(session, run.id, "tokens_per_s"),
+        "tokens_per_s": _tokens_per_s(session, [run.id]).get(run.id)
+        or _mean(session, run.id, "tokens_per_s"),
         "mfu": _mean(session, run.id, "mfu"),
         "bytes_freed": raw.bytes_freed,
     }
@@ -222,6 +264,7 @@ def export_snapshot(session: Session) -> list[ExportedBooking]:
         )
     }
     productive = _productive(session)
+    weighted = _tokens_per_s(session)
     means: dict[tuple[str, str], float] = {
         (run_id, name): float(value)
         for run_id, name, value in session.execute(
@@ -251,7 +294,7 @@ def export_snapshot(session: Session) -> list[ExportedBooking]:
                 run.id,
                 run.state,
                 raw,
-                means.get((run.id, "tokens_per_s")),
+                weighted.get(run.id, means.get((run.id, "tokens_per_s"))),
                 means.get((run.id, "mfu")),
             )
         )

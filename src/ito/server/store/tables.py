@@ -231,6 +231,9 @@ class Run(Base):
     failure_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
     provenance_sha256: Mapped[str | None] = mapped_column(String(80), nullable=True)
     """The data-preparation report bound to the run (``run_provenance``), once uploaded."""
+    cost_bound_usd: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """What the run may spend (held time × rate), approved by a human: the creating
+    confirmation's cost bound, raised only by a ``run.raise_cost_bound`` confirmation."""
 
 
 class RunEvent(Base):

@@ -192,14 +192,26 @@ def _charts(points: list[dict[str, Any]], stage_starts: list[tuple[float, str]])
     return charts
 
 
-def _restart_proposal(events: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, Any] | None:
+def _waiting_for(events: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, Any]:
+    """The data of the event that put the run in ``awaiting_approval`` (``{}`` if it is not
+    waiting): a proposed restart, or the figures of a cost bound reached."""
     if run["state"] != RunState.awaiting_approval.value:
-        return None
+        return {}
     for event in reversed(events):
         if event["to_state"] == RunState.awaiting_approval.value:
-            data = event["data"] or {}
-            return data if data.get("checkpoint_step") is not None else None
-    return None
+            return dict(event["data"] or {})
+    return {}
+
+
+def _cost_wait(events: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, Any] | None:
+    """What a run waiting at its approved cost bound needs decided, with the figures."""
+    data = _waiting_for(events, run)
+    return data if data.get("reason") == "cost_bound_reached" else None
+
+
+def _restart_proposal(events: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, Any] | None:
+    data = _waiting_for(events, run)
+    return data if data.get("checkpoint_step") is not None else None
 
 
 def run_page(
@@ -255,6 +267,7 @@ def run_page(
             "restart": proposal is not None,
         },
         "proposal": proposal,
+        "cost_wait": _cost_wait(events, run),
     }
 
 
