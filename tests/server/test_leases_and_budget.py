@@ -7,11 +7,12 @@ the whole time held, never clamped."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
 from ito.core.errors import ItoError
-from ito.core.pipeline_events import MetricEvent, SpikeEvent
+from ito.core.pipeline_events import CheckpointEvent, CheckpointRef, MetricEvent, SpikeEvent
 from ito.server.services.bookings import set_booking_state
 from ito.server.services.credentials import AuthContext, authenticate
 from ito.server.services.leases import (
@@ -375,4 +376,175 @@ def test_goodput_is_never_clamped_so_an_inconsistency_shows(tenant: Tenant) -> N
     with db.read() as session:
         figures = run_telemetry(session, tenant.account_id, run_id)
     assert figures["goodput"] == 1.5
+    db.dispose()
+
+
+def _bounded_run(tenant: Tenant, rate: float):  # type: ignore[no-untyped-def]
+    """A run whose approved cost bound is its expected cost (the requester asked for it), below
+    the manifest's limits; the database, its worker and the run."""
+    booking = tenant.booking(rate_usd_per_gpu_hour=rate)
+    manifest = tenant.manifest()
+    plan = tenant.ito("plan", "--booking", booking, "--manifest", str(manifest)).data["cost"]
+    asked = tenant.ito(
+        "confirm",
+        "--action",
+        "train",
+        "--booking",
+        booking,
+        "--manifest",
+        str(manifest),
+        "--cost-bound",
+        f"{plan['cost_usd']:.6f}",
+    )
+    ref = asked.data["confirmation_ref"]
+    assert tenant.ito("approve", ref, key="approver").rc == 0
+    run_id = tenant.ito(
+        "train",
+        "--booking",
+        booking,
+        "--manifest",
+        str(manifest),
+        "--confirmation-ref",
+        ref,
+        "--idempotency-key",
+        "bounded",
+    ).data["run_id"]
+    key = tenant.server.desk(
+        "/v1/desk/keys", {"account_id": tenant.account_id, "role": "worker", "booking_id": booking}
+    )
+    db = Database(tenant.server.database_url)
+    with db.read() as session:
+        worker = authenticate(session, tenant.server.env["ITO_PEPPER"], key["api_key"])
+    assert isinstance(worker, AuthContext)
+    return db, worker, run_id, asked.data["cost_usd"]
+
+
+def test_a_run_waits_at_its_approved_bound_and_goes_on_only_with_a_new_one(
+    tenant: Tenant,
+) -> None:
+    db, worker, run_id, bound = _bounded_run(tenant, rate=8.0)
+    now = utcnow()
+    with db.write() as session:
+        assert lease_next(session, worker, SETTINGS, now) is not None
+    answers = []
+    for beat in range(1, 200):
+        with db.write() as session:
+            answers.append(
+                heartbeat(session, worker, SETTINGS, run_id, 1, now + timedelta(seconds=5 * beat))
+            )
+        if answers[-1]["stop"]:
+            break
+    # Stopped at the human's bound (not the manifest's ceiling), before crossing it.
+    assert answers[-1]["stop"] == "cost_bound"
+    assert answers[-1]["stop_code"] == "cost_bound_reached"
+    assert all(a["cost_usd"] <= bound for a in answers)
+    stopped_at = now + timedelta(seconds=5 * len(answers))
+    with db.write() as session:
+        finish_run(
+            session,
+            worker,
+            run_id,
+            1,
+            "awaiting_approval",
+            "cost_bound_reached",
+            "checkpoint committed at step 7",
+            now=stopped_at + timedelta(seconds=2),
+        )
+    status = tenant.ito("status", "--run", run_id).data
+    assert status["state"] == "awaiting_approval" and status["failure_code"] is None
+    waiting = status["events"][-1]["data"]
+    assert waiting["reason"] == "cost_bound_reached" and waiting["bound_usd"] == bound
+    assert 0 < waiting["spent_usd"] <= bound and waiting["estimate_to_finish_usd"] > 0
+    # Waiting holds nothing and no worker may take it.
+    with db.write() as session:
+        assert lease_next(session, worker, SETTINGS, stopped_at + timedelta(minutes=5)) is None
+    # A restart confirmation is not a new bound; a bound at the spend is refused.
+    assert (
+        tenant.ito("confirm", "--action", "restart", "--run", run_id, "--checkpoint", "7").code
+        == "confirmation_mismatch"
+    )
+    low = tenant.ito(
+        "confirm", "--action", "raise-bound", "--run", run_id, "--cost-bound", f"{bound:.2f}"
+    )
+    assert low.code == "invalid_arguments"
+    ref = tenant.ito(
+        "confirm", "--action", "raise-bound", "--run", run_id, "--cost-bound", "2"
+    ).data["confirmation_ref"]
+    assert tenant.ito("approve", ref, key="approver").rc == 0
+    raised = tenant.ito(
+        "runs", "raise-bound", run_id, "--confirmation-ref", ref, "--idempotency-key", "up"
+    )
+    assert raised.rc == 0 and raised.data["state"] == "recovering"
+    again = tenant.ito(
+        "runs", "raise-bound", run_id, "--confirmation-ref", ref, "--idempotency-key", "up"
+    )
+    assert again.rc == 0 and again.data["replayed"] is True
+    resumed_at = stopped_at + timedelta(minutes=10)
+    with db.write() as session:
+        leased = lease_next(session, worker, SETTINGS, resumed_at)
+    assert leased is not None and leased["attempt"] == 2 and leased["restart_from"] is None
+    with db.write() as session:
+        resumed = heartbeat(session, worker, SETTINGS, run_id, 2, resumed_at + timedelta(seconds=5))
+    assert resumed["stop"] is None
+    with db.read() as session:
+        lease = session.get(RunLease, run_id)
+        assert lease is not None
+        # The human's ten minutes were not time held, nor an interruption.
+        assert lease.busy_seconds == pytest.approx(5.0 * len(answers) + 2 + 5)
+        assert lease.interruptions == 0
+        run = session.get(Run, run_id)
+        assert run is not None and run.cost_bound_usd == 2.0
+    db.dispose()
+
+
+def test_tokens_per_s_is_weighted_by_time_and_lost_steps_are_not_productive(
+    tenant: Tenant,
+) -> None:
+    db, worker, run_id = _run_with_worker(tenant, rate=1.0)
+    now = utcnow()
+    with db.write() as session:
+        assert lease_next(session, worker, SETTINGS, now) is not None
+    steps = [(1, 1000.0, 1.0), (2, 1000.0, 9.0), (3, 1000.0, 1.0), (4, 1000.0, 1.0)]
+    metrics: list[Any] = [
+        MetricEvent(
+            stage="pretrain",
+            step=step,
+            values={
+                "step_seconds": seconds,
+                "tokens": tokens,
+                "tokens_per_s": tokens / seconds,
+            },
+        )
+        for step, tokens, seconds in steps
+    ]
+    commits = [
+        CheckpointEvent(stage="pretrain", step=1, path="/x/1"),
+        CheckpointEvent(stage="pretrain", step=2, path="/x/2"),
+        # Step 3's commit, and the keep-last policy deleting step 1's.
+        CheckpointEvent(
+            stage="pretrain",
+            step=3,
+            path="/x/3",
+            pruned=[CheckpointRef(stage="pretrain", step=1)],
+        ),
+    ]
+    with db.write() as session:
+        report(session, worker, run_id, 1, metrics + commits, now=now)
+    with db.read() as session:
+        running = run_telemetry(session, tenant.account_id, run_id)
+    # 4,000 tokens in 12 s: not the mean of the per-step rates (~778/s).
+    assert running["tokens_per_s"] == pytest.approx(4000 / 12)
+    assert running["productive_seconds"] == 12.0
+    listed = {
+        c["step"]: c["deleted"]
+        for c in tenant.ito("runs", "checkpoints", run_id).data["checkpoints"]
+    }
+    assert listed == {1: True, 2: False, 3: False}
+    with db.write() as session:
+        finish_run(session, worker, run_id, 1, "failed", "pipeline_crashed", "crashed", now=now)
+    with db.read() as session:
+        failed = run_telemetry(session, tenant.account_id, run_id)
+    # Step 4 came after the last commit (step 3) of a run that failed: lost, not productive.
+    assert failed["productive_seconds"] == 11.0
+    assert failed["tokens_per_s"] == pytest.approx(3000 / 11)
     db.dispose()
