@@ -200,3 +200,21 @@ def test_the_ladder_with_several_replica_groups_is_refused() -> None:
     doc = _with_custom_midtrain_data(_doc())
     doc["resources"]["replica_groups"] = 2
     assert _paths(doc) == [("$.ladder.enabled", "ladder")]
+
+
+def test_a_rollout_worker_on_a_layout_it_cannot_serve_is_refused_at_max_staleness() -> None:
+    """``max_staleness`` ≥ 1 asks for the separate rollout worker; where it cannot serve the
+    planned layout the run is refused at plan, not run synchronously behind the approver's
+    back. On-policy (0) rollouts need no worker."""
+    doc = _doc("post")
+    doc["post_training"]["rlvr"]["max_staleness"] = 1
+    manifest = parse_manifest(json.dumps(doc).encode())
+    assert unsupported_parts(manifest, rollout_worker_served=True) == []
+    with pytest.raises(ItoError) as refused:
+        check_runtime_support(manifest, rollout_worker_served=False)
+    assert refused.value.code == "capability_unavailable"
+    paths = [(f["path"], f["capability"]) for f in refused.value.details["unsupported"]]
+    assert paths == [("$.post_training.rlvr.max_staleness", "rollout_worker")]
+    doc["post_training"]["rlvr"]["max_staleness"] = 0
+    on_policy = parse_manifest(json.dumps(doc).encode())
+    assert unsupported_parts(on_policy, rollout_worker_served=False) == []

@@ -149,7 +149,16 @@ def check_resources(
         fabric=booking.fabric,
     )
 
-    check_runtime_support(manifest, run_plan.layout.pp if run_plan.layout is not None else 1)
+    layout = run_plan.layout
+    check_runtime_support(
+        manifest,
+        layout.pp if layout is not None else 1,
+        # What ``ito.pipeline.rollout_worker.worker_supported`` serves: CPU, fp32, FSDP only.
+        rollout_worker_served=booking.gpu == "cpu"
+        and (
+            layout is None or (layout.tp, layout.pp, layout.cp, layout.dp_replicate) == (1, 1, 1, 1)
+        ),
+    )
     _check_data_policy(manifest)
     uri, checkpoint_bytes = _check_checkpoint_storage(manifest, booking, run_id_hint)
 

@@ -56,14 +56,30 @@ ITEM_EVALS = frozenset({"exact_match", "sampled_exact_match", "multiple_choice"}
 data only, and not under pipeline parallelism."""
 
 
-def unsupported_parts(manifest: Manifest, pipeline_stages: int = 1) -> list[dict[str, str]]:
+def unsupported_parts(
+    manifest: Manifest, pipeline_stages: int = 1, rollout_worker_served: bool = True
+) -> list[dict[str, str]]:
     """Every part of ``manifest`` this runtime cannot carry out on a layout with
-    ``pipeline_stages`` pipeline stages: ``path`` (JSON path), ``capability``
-    (``post_training``, ``data_uri_scheme``, ``data_uri``,
+    ``pipeline_stages`` pipeline stages, where the separate rollout worker can
+    (``rollout_worker_served``) or cannot serve the planned layout: ``path`` (JSON path),
+    ``capability`` (``post_training``, ``rollout_worker``, ``data_uri_scheme``, ``data_uri``,
     ``tokenizer_uri_scheme``, ``tokenizer_uri``, ``eval``, ``eval_layout`` or ``ladder``) and
     ``reason``."""
     found: list[dict[str, str]] = []
     post = manifest.post_training
+    if post.rlvr is not None and post.rlvr.max_staleness > 0 and not rollout_worker_served:
+        # Staleness ≥ 1 asks for rollouts from the separate worker, which serves unsharded
+        # fp32 copies on CPU (FSDP over one mesh dimension): elsewhere it would silently become
+        # the synchronous loop, which is not what was approved.
+        found.append(
+            {
+                "path": "$.post_training.rlvr.max_staleness",
+                "capability": "rollout_worker",
+                "reason": "max_staleness ≥ 1 needs RLVR's separate rollout worker, which serves "
+                "only CPU layouts with FSDP over one mesh dimension; set max_staleness 0 for "
+                "on-policy rollouts in the training ranks",
+            }
+        )
     for name in ("sft", "dpo", "rlvr"):
         if getattr(post, name) is None:
             continue
@@ -188,9 +204,11 @@ def _ladder_parts(manifest: Manifest) -> list[dict[str, str]]:
     return found
 
 
-def check_runtime_support(manifest: Manifest, pipeline_stages: int = 1) -> None:
+def check_runtime_support(
+    manifest: Manifest, pipeline_stages: int = 1, rollout_worker_served: bool = True
+) -> None:
     """Refuse with ``capability_unavailable`` listing :func:`unsupported_parts`, if any."""
-    found = unsupported_parts(manifest, pipeline_stages)
+    found = unsupported_parts(manifest, pipeline_stages, rollout_worker_served)
     if found:
         raise ItoError(
             "capability_unavailable",

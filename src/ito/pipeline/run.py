@@ -61,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     # Before any device is touched: a GPU booking whose GPUs this process does not see fails
     # ``accelerator_unavailable`` (below, once every rank has said), never trains on CPU.
     problem = accelerator_problem(spec.accelerator)
-    if torch.cuda.is_available() and problem is None:
+    # A ``cpu`` stand-in booking trains exactly its stored plan — fp32 on the CPU — even on a
+    # host that has CUDA (whose devices its ranks were never given).
+    stand_in = spec.accelerator is not None and spec.accelerator.gpu == "cpu"
+    if torch.cuda.is_available() and problem is None and not stand_in:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
