@@ -221,7 +221,7 @@ def main() -> None:
         )
         status = run(["ito", "status", "--run", created["run_id"]], agent, show=False)
         if status["state"] == "awaiting_approval":
-            waiting = status["events"][-1]
+            waiting = status["latest_event"]
             raise SystemExit(
                 f"the run waits for a human: {waiting['message']}\n(its state is under {HOME})"
             )
@@ -254,7 +254,13 @@ def main() -> None:
             agent,
             show=False,
         )["points"]
-        if rewards:
+        rlvr_done = any(
+            e["kind"] == "stage"
+            and e["data"].get("stage") == "rlvr"
+            and e["data"].get("status") == "completed"
+            for e in status["events"]
+        )
+        if rewards and rlvr_done:
             # Ten parts of (nearly) equal size, the last one included: no short tail part
             # whose mean over a few steps reads as a trend.
             cuts = sorted({len(rewards) * i // 10 for i in range(11)})
@@ -294,7 +300,7 @@ def main() -> None:
                 f"{event['target_id']} {event['outcome']}"
             )
         if status["state"] != "succeeded":
-            final = status["events"][-1]["message"]
+            final = status["latest_event"]["message"]
             raise SystemExit(
                 f"the run ended {status['state']} ({status['failure_code']}): {final}\n"
                 f"its logs: ito runs logs {created['run_id']} (state under {HOME})"

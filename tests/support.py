@@ -362,7 +362,11 @@ class Tenant:
         return self.server.counts(self.account_id)
 
     def approved_confirmation(
-        self, manifest: Path, booking_id: str | None = None, ttl_seconds: int | None = None
+        self,
+        manifest: Path,
+        booking_id: str | None = None,
+        ttl_seconds: int | None = None,
+        cost_bound: float | None = None,
     ) -> str:
         args = [
             "confirm",
@@ -375,16 +379,25 @@ class Tenant:
         ]
         if ttl_seconds is not None:
             args += ["--ttl-seconds", str(ttl_seconds)]
+        if cost_bound is not None:
+            args += ["--cost-bound", f"{cost_bound:.6f}"]
         ref = str(self.ito(*args).data["confirmation_ref"])
         approved = self.api("POST", f"/v1/confirmations/{ref}/approve", key="approver")
         assert approved["ok"], approved
         return ref
 
-    def train(self, manifest: Path, key: str, booking_id: str | None = None) -> str:
-        """Create a run the way an agent does: an approved confirmation, then ``ito train``
-        with idempotency key ``key``; the new run's id."""
+    def train(
+        self,
+        manifest: Path,
+        key: str,
+        booking_id: str | None = None,
+        cost_bound: float | None = None,
+    ) -> str:
+        """Create a run the way an agent does: an approved confirmation (bound to
+        ``cost_bound`` when given, else the server's default), then ``ito train`` with
+        idempotency key ``key``; the new run's id."""
         booking = booking_id or self.booking_id
-        ref = self.approved_confirmation(manifest, booking_id=booking)
+        ref = self.approved_confirmation(manifest, booking_id=booking, cost_bound=cost_bound)
         created = self.ito(
             "train",
             "--booking",

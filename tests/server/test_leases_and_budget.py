@@ -33,10 +33,17 @@ pytestmark = pytest.mark.slow
 SETTINGS = LeaseSettings(ttl_seconds=30, heartbeat_seconds=5)
 
 
-def _run_with_worker(tenant: Tenant, rate: float):  # type: ignore[no-untyped-def]
+def _run_with_worker(tenant: Tenant, rate: float, *, bounded: bool = False):  # type: ignore[no-untyped-def]
+    """A run on a booking at ``rate``, the database and a worker of the booking. ``bounded``:
+    the requester asked for the tightest cost bound, the expected cost (below the manifest's
+    limits), rather than the server's default."""
     booking = tenant.booking(rate_usd_per_gpu_hour=rate)
     manifest = tenant.manifest()
-    run_id = tenant.train(manifest, "k", booking_id=booking)
+    bound = None
+    if bounded:
+        plan = tenant.ito("plan", "--booking", booking, "--manifest", str(manifest)).data
+        bound = plan["cost"]["cost_usd"]
+    run_id = tenant.train(manifest, "k", booking_id=booking, cost_bound=bound)
     key = tenant.server.desk(
         "/v1/desk/keys", {"account_id": tenant.account_id, "role": "worker", "booking_id": booking}
     )
@@ -379,50 +386,14 @@ def test_goodput_is_never_clamped_so_an_inconsistency_shows(tenant: Tenant) -> N
     db.dispose()
 
 
-def _bounded_run(tenant: Tenant, rate: float):  # type: ignore[no-untyped-def]
-    """A run whose approved cost bound is its expected cost (the requester asked for it), below
-    the manifest's limits; the database, its worker and the run."""
-    booking = tenant.booking(rate_usd_per_gpu_hour=rate)
-    manifest = tenant.manifest()
-    plan = tenant.ito("plan", "--booking", booking, "--manifest", str(manifest)).data["cost"]
-    asked = tenant.ito(
-        "confirm",
-        "--action",
-        "train",
-        "--booking",
-        booking,
-        "--manifest",
-        str(manifest),
-        "--cost-bound",
-        f"{plan['cost_usd']:.6f}",
-    )
-    ref = asked.data["confirmation_ref"]
-    assert tenant.ito("approve", ref, key="approver").rc == 0
-    run_id = tenant.ito(
-        "train",
-        "--booking",
-        booking,
-        "--manifest",
-        str(manifest),
-        "--confirmation-ref",
-        ref,
-        "--idempotency-key",
-        "bounded",
-    ).data["run_id"]
-    key = tenant.server.desk(
-        "/v1/desk/keys", {"account_id": tenant.account_id, "role": "worker", "booking_id": booking}
-    )
-    db = Database(tenant.server.database_url)
-    with db.read() as session:
-        worker = authenticate(session, tenant.server.env["ITO_PEPPER"], key["api_key"])
-    assert isinstance(worker, AuthContext)
-    return db, worker, run_id, asked.data["cost_usd"]
-
-
 def test_a_run_waits_at_its_approved_bound_and_goes_on_only_with_a_new_one(
     tenant: Tenant,
 ) -> None:
-    db, worker, run_id, bound = _bounded_run(tenant, rate=8.0)
+    db, worker, run_id = _run_with_worker(tenant, rate=8.0, bounded=True)
+    with db.read() as session:
+        created = session.get(Run, run_id)
+        assert created is not None and created.cost_bound_usd is not None
+        bound = created.cost_bound_usd
     now = utcnow()
     with db.write() as session:
         assert lease_next(session, worker, SETTINGS, now) is not None
@@ -452,7 +423,7 @@ def test_a_run_waits_at_its_approved_bound_and_goes_on_only_with_a_new_one(
         )
     status = tenant.ito("status", "--run", run_id).data
     assert status["state"] == "awaiting_approval" and status["failure_code"] is None
-    waiting = status["events"][-1]["data"]
+    waiting = status["latest_event"]["data"]
     assert waiting["reason"] == "cost_bound_reached" and waiting["bound_usd"] == bound
     assert 0 < waiting["spent_usd"] <= bound and waiting["estimate_to_finish_usd"] > 0
     # Waiting holds nothing and no worker may take it.

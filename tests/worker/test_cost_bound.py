@@ -91,31 +91,7 @@ def test_a_run_stops_at_its_approved_bound_and_resumes_only_with_a_new_one(
         # (by default the approver signs the estimate's upper bound).
         expected = estimate.data["cost"]["cost_usd"]
         assert estimate.data["cost"]["upper_cost_usd"] > expected
-        asked = t.ito(
-            "confirm",
-            "--action",
-            "train",
-            "--booking",
-            booking,
-            "--manifest",
-            str(manifest),
-            "--cost-bound",
-            f"{expected:.6f}",
-        )
-        ref = asked.data["confirmation_ref"]
-        assert t.ito("approve", ref, key="approver").rc == 0
-        created = t.ito(
-            "train",
-            "--booking",
-            booking,
-            "--manifest",
-            str(manifest),
-            "--confirmation-ref",
-            ref,
-            "--idempotency-key",
-            "bounded-1",
-        )
-        run_id = created.data["run_id"]
+        run_id = t.train(manifest, "bounded-1", booking_id=booking, cost_bound=expected)
         bound = _state(t, run_id)["cost_bound_usd"]
         assert bound == pytest.approx(expected, abs=0.011)
         key = srv.desk(
@@ -140,7 +116,7 @@ def test_a_run_stops_at_its_approved_bound_and_resumes_only_with_a_new_one(
             interval=0.5,
         )
         assert waiting["state"] == "awaiting_approval", waiting
-        proposal = waiting["events"][-1]["data"]
+        proposal = waiting["latest_event"]["data"]
         assert proposal["reason"] == "cost_bound_reached"
         assert proposal["bound_usd"] == bound
         assert 0 < proposal["spent_usd"] <= bound

@@ -80,8 +80,9 @@ def watch_run(ops: Operations, run: str, *, interval: float, json_mode: bool) ->
                     sys.stdout.flush()
                 elif progress is not None:
                     progress.update(rows)
+            latest: dict[str, Any] = data.get("latest_event") or {}
             if data["state"] in TERMINAL:
-                last_event = (data.get("events") or [{}])[-1]
+                last_event = latest
                 ended = view | {
                     "failure_code": data.get("failure_code"),
                     "reason": last_event.get("message"),
@@ -90,14 +91,7 @@ def watch_run(ops: Operations, run: str, *, interval: float, json_mode: bool) ->
             if data["state"] == "awaiting_approval":
                 # A human must decide (a proposed restart, or a new cost bound): watching
                 # longer changes nothing; say what it waits for and how to go on.
-                waiting: dict[str, Any] = next(
-                    (
-                        e
-                        for e in reversed(data.get("events") or [])
-                        if e.get("to_state") == "awaiting_approval"
-                    ),
-                    {},
-                )
+                waiting = latest if latest.get("to_state") == "awaiting_approval" else {}
                 return ok_envelope(
                     view | {"waiting": waiting.get("data"), "reason": waiting.get("message")},
                     f"the run waits for a human: {waiting.get('message') or 'see ito status'}",

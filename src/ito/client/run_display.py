@@ -90,6 +90,6 @@ def render_run(envelope: dict[str, Any]) -> None:
         console.print(f"  {str(row['name']).ljust(width)}  {stage_detail(row)}", markup=False)
     if data.get("cost_bound_usd") is not None:
         console.print(f"cost bound ${data['cost_bound_usd']:.2f} (approved)", markup=False)
-    events = data.get("events") or []
-    if events:
-        console.print(f"last event: {events[-1]['message']}", markup=False)
+    latest = data.get("latest_event") or (data.get("events") or [None])[-1]
+    if latest:
+        console.print(f"last event: {latest['message']}", markup=False)

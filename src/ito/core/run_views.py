@@ -110,6 +110,9 @@ class RunDetail(RunView):
     progress: list[StageProgress]
     """Each stage of :attr:`stage_plan` with its status and progress inside it."""
     events: list[RunEventView]
+    """The run's first events (the rest: ``/events?after=``)."""
+    latest_event: RunEventView | None = None
+    """The run's newest event: how it ended, or what it waits for."""
 
 
 class RunList(_View):

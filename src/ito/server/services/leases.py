@@ -433,21 +433,18 @@ def report(
                 "skip_steps": item.skip_steps,
                 "approved": False,
             }
-            lease.proposal = proposal
             booking = session.get(Booking, run.booking_id)
             assert booking is not None
             _account_held(lease, booking, now)
-            lease.lease_expires_at = None
-            lease.worker_principal_id = None
-            transition_run(
+            _await_human(
                 session,
                 run,
-                RunState.awaiting_approval,
-                reason=f"loss spike at step {item.step}: proposed restart from "
+                lease,
+                proposal,
+                f"loss spike at step {item.step}: proposed restart from "
                 f"checkpoint {item.checkpoint_step} skipping "
                 f"{item.skip_steps} step(s) of data; needs a "
                 "run.restart_from_checkpoint confirmation",
-                data=proposal,
             )
             counts["events"] += 1
             break  # the attempt is over: nothing after a spike belongs to the run
@@ -583,22 +580,27 @@ def _await_new_bound(
         "estimate_to_finish_usd": round(remaining * rate, 6),
         "approved": False,
     }
+    _await_human(
+        session,
+        run,
+        lease,
+        proposal,
+        f"cost bound reached: ${lease.cost_usd:.2f} spent of the ${bound:.2f} approved; "
+        f"about ${remaining * rate:.2f} more to finish. {message[:300]} "
+        "To go on, a human approves a new bound (ito confirm --action raise-bound --run "
+        f"{run.id} --cost-bound USD; then ito runs raise-bound {run.id}), or cancels",
+    )
+
+
+def _await_human(
+    session: Session, run: Run, lease: RunLease, proposal: dict[str, Any], reason: str
+) -> None:
+    """The attempt is over and the run waits for a human's decision on ``proposal``: the lease
+    is let go (no worker holds it, no time is held while it waits)."""
     lease.proposal = proposal
     lease.lease_expires_at = None
     lease.worker_principal_id = None
-    transition_run(
-        session,
-        run,
-        RunState.awaiting_approval,
-        reason=(
-            f"cost bound reached: ${lease.cost_usd:.2f} spent of the ${bound:.2f} approved; "
-            f"about ${remaining * rate:.2f} more to finish. {message[:300]} "
-            "To go on, a human approves a new bound (ito confirm --action raise-bound --run "
-            f"{run.id} --cost-bound USD; then ito runs raise-bound {run.id}), or cancels"
-        ),
-        failure_code=None,
-        data=proposal,
-    )
+    transition_run(session, run, RunState.awaiting_approval, reason=reason, data=proposal)
 
 
 def _b64(raw: bytes) -> str:

@@ -101,6 +101,12 @@ _EVENT_ROWS = (
     .order_by(RunEvent.id)
     .limit(STATUS_EVENTS)
 )
+_LATEST_EVENT = (
+    select(RunEvent.__table__)
+    .where(RunEvent.run_id == bindparam("run_id"), RunEvent.account_id == bindparam("account_id"))
+    .order_by(RunEvent.id.desc())
+    .limit(1)
+)
 _INSERT_RUN = insert(table_of(Run))
 _INSERT_EVENT = insert(table_of(RunEvent))
 _VIEW_FIELDS = [f.name for f in fields(BookingView)]
@@ -661,6 +667,8 @@ def run_status(session: Session | Connection, account_id: str, run_id: str) -> d
     data = run_dict(run)
     data["progress"] = run_progress(session, run)
     data["events"] = [event_dict(e) for e in session.execute(_EVENT_ROWS, params)]
+    latest = session.execute(_LATEST_EVENT, params).first()
+    data["latest_event"] = event_dict(latest) if latest is not None else None
     return data
 
 
