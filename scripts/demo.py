@@ -273,6 +273,24 @@ def main() -> None:
                 + " ".join(f"{r:.2f}" for r in curve)
             )
 
+        # Each stage's time against what the approver was shown: expected, and at most.
+        planned = {st["name"]: st for st in status["stage_plan"]["stages"]}
+        began: dict[str, datetime] = {}
+        for event in status["events"]:
+            if event["kind"] != "stage":
+                continue
+            name, at = event["data"].get("stage"), datetime.fromisoformat(event["at"])
+            if event["data"].get("status") == "started":
+                began[name] = at
+            elif name in began and name in planned:
+                took = (at - began[name]).total_seconds()
+                expected, most = planned[name]["seconds"], planned[name]["upper_seconds"]
+                verdict = "within its upper bound" if took <= most else "PAST its upper bound"
+                print(
+                    f"    {name:<12} took {took:6.0f} s; expected {expected:6.0f} s, at most "
+                    f"{most:6.0f} s: {verdict}"
+                )
+
         step("7. Checkpoints and telemetry")
         checkpoints = run(["ito", "runs", "checkpoints", created["run_id"]], agent, show=False)[
             "checkpoints"
