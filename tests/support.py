@@ -173,7 +173,8 @@ def start_server(
     database_url: str, home: Path, *, worker: bool = False, extra_env: dict[str, str] | None = None
 ) -> Server:
     """Migrate, create an operator (desk) key, serve on a free loopback port; wait until
-    healthy."""
+    healthy. ``home`` is created if it does not exist."""
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ITO_")}
     env |= {
         "ITO_HOME": str(home),

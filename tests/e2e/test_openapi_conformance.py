@@ -310,7 +310,18 @@ def _run_through_a_worker(t: Tenant, digest: str) -> None:
     assert restarted["state"] == "recovering"
     lease = ok(work("/v1/worker/lease", {}))
     assert lease["attempt"] == 2 and lease["restart_from"] == {"step": 1, "skip_steps": 1}
-    finished = ok(work(f"/v1/worker/runs/{run_id}/finish", {"attempt": 2, "status": "succeeded"}))
+    # The attempt stops at the approved cost bound; a human approves a new one.
+    waiting = {"attempt": 2, "status": "awaiting_approval", "failure_code": "cost_bound_reached"}
+    assert ok(work(f"/v1/worker/runs/{run_id}/finish", waiting))["state"] == "awaiting_approval"
+    run = ok(t.api("GET", f"/v1/runs/{run_id}"))
+    assert run["latest_event"]["data"]["reason"] == "cost_bound_reached"
+    limit = min(run["estimate"]["ceiling_usd"], run["estimate"]["max_incremental_cost_usd"])
+    assert run["cost_bound_usd"] < limit
+    raised = _act(t, run_id, "raise-bound", "run.raise_cost_bound", cost_bound_usd=limit)
+    assert raised["state"] == "recovering"
+    lease = ok(work("/v1/worker/lease", {}))
+    assert lease["attempt"] == 3 and lease["restart_from"] is None
+    finished = ok(work(f"/v1/worker/runs/{run_id}/finish", {"attempt": 3, "status": "succeeded"}))
     assert finished == {"run_id": run_id, "state": "succeeded"}
     kinds = [e["kind"] for e in ok(t.api("GET", f"/v1/runs/{run_id}/events"))["events"]]
     assert kinds[0] == "created" and "checkpoint" in kinds

@@ -203,6 +203,7 @@ def test_uninterrupted_run_lowers_the_loss_and_writes_well_formed_events(referen
             "tokens_per_s",
             "mfu",
             "step_seconds",
+            "tokens",
         }
         assert m["values"]["mfu"] is None  # no known peak on CPU
         assert m["values"]["tokens_per_s"] > 0 and m["values"]["grad_norm"] > 0

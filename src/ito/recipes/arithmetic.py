@@ -55,6 +55,8 @@ class Budgets:
     post_sampled_min: float | None = None
     """The minimum held-out accuracy sampled at temperature 1 (``sampled_exact_match``) after
     each post-training stage, if the recipe gates on it."""
+    rlvr_rounds: tuple[int, float] = (64, 1.0)
+    """RLVR's ``max_generation_rounds`` and ``expected_generation_rounds``."""
     post_web_ratio: float = 0.95
     """Post-training's regression gate: held-out web loss at most this × the untrained
     model's (fine-tuning on sums costs some of the language; a collapse fails)."""
@@ -102,6 +104,13 @@ RECIPES: dict[str, Budgets] = {
         # tokens, but the sums did not appear within this budget. This bound, 5.6, catches a
         # collapse towards the untrained model (6.2), not that loss.
         post_web_ratio=0.9,
+        # After SFT and DPO the model answers about 0.99 of the sums: ~89 % of the groups
+        # sampled are all right and carry nothing (a demo's mean kept-group fraction 0.108,
+        # 16.4 rounds a step with 64 allowed, and runs that ended ``dynamic_sampling_exhausted``
+        # when the rounds ran out). At most 8 rounds a step, then the step trains on the groups
+        # it found (a step with none is skipped): the estimate prices the 6 a step is expected
+        # to take, its upper bound all 8.
+        rlvr_rounds=(8, 6.0),
     ),
     "test": Budgets(
         pretrain_tokens=20_000,
@@ -212,15 +221,8 @@ def _post_training(budgets: Budgets) -> dict[str, Any]:
                 "dynamic_sampling": True,
                 "token_level_loss": True,
                 "overlong": {"max_tokens": 6, "soft_tokens": 2},
-                # After SFT and DPO the model answers about 0.99 of the sums: ~89 % of the
-                # groups sampled are all right and carry nothing (a demo's mean kept-group
-                # fraction 0.108, 16.4 rounds a step with 64 allowed, and runs that ended
-                # ``dynamic_sampling_exhausted`` when the rounds ran out). At most 8 rounds a
-                # step, then the step trains on the groups it found (a step with none is
-                # skipped): the estimate prices the 6 a step is expected to take, its upper
-                # bound all 8.
-                "max_generation_rounds": 8,
-                "expected_generation_rounds": 6,
+                "max_generation_rounds": budgets.rlvr_rounds[0],
+                "expected_generation_rounds": budgets.rlvr_rounds[1],
             },
         },
     }

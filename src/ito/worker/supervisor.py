@@ -52,9 +52,6 @@ log = logging.getLogger("ito.worker")
 POST_TRAINING = ("sft", "dpo", "rlvr")
 _FINAL = ("succeeded", "gate_failed", "failed")
 """``done`` statuses that end the run (``spike`` and ``stopped`` hand it to a human or a stop)."""
-_FINAL_GRACE_S = 30.0
-"""How long the ranks get to exit by themselves after the final ``done`` before they are
-stopped (an export or a checkpoint's last bytes are written before ``done``)."""
 
 
 def checkpoint_storage(uri: str, storage_root: str | None, run_id: str) -> StoragePath:
@@ -412,11 +409,11 @@ class Supervisor:
                 del unsent[:size]
 
         spiked = False
-        final_by: float | None = None
-        """Set once the engine's final ``done`` is read: the ranks are stopped past it."""
+        ended = False
+        """Whether the engine's final ``done`` was read (what follows is filtered)."""
         while True:
             try:
-                events = [] if final_by is not None else _until_final(tail.read())
+                events = _until_final(tail.read(), ended=ended)
                 done = next((e for e in events if isinstance(e, DoneEvent)), done)
                 spiked = spiked or any(isinstance(e, SpikeEvent) for e in events)
                 send(events)
@@ -424,21 +421,18 @@ class Supervisor:
                     # The run now awaits a human; the server released the lease.
                     executor_wait(executor)
                     return Outcome("awaiting_approval", None, "loss spike: restart proposed")
-                if done is not None and done.status in _FINAL and final_by is None:
-                    # The engine's last word: nothing after it belongs to the run, and the
-                    # tail is read no more. The ranks leave by themselves (the heartbeat goes
-                    # on meanwhile); after a coded failure they are stopped at once: a peer
-                    # still waiting in a collective for the rank that found the error would
-                    # crash into a torchrun restart (DESIGN §7.3: such an end never restarts).
-                    final_by = time.monotonic() + (
-                        _FINAL_GRACE_S if done.status != "failed" else 0.0
-                    )
+                ended = ended or (done is not None and done.status in _FINAL)
                 exit_code = executor.poll()
-                if exit_code is None and final_by is not None and time.monotonic() >= final_by:
+                if exit_code is None and done is not None and done.status == "failed":
+                    # The engine's last word, a coded failure: the rank that found it is
+                    # leaving, and a peer still waiting in a collective for it would crash into
+                    # a torchrun restart (DESIGN §7.3: such an end never restarts). The ranks
+                    # are stopped now. (After a success or a gate the ranks leave by
+                    # themselves, with their closing log lines — a replica group's digest.)
                     executor.kill()
                     exit_code = -9
                 if exit_code is not None:
-                    rest = [] if final_by is not None else _until_final(tail.read())
+                    rest = _until_final(tail.read(), ended=ended)
                     done = next((e for e in rest if isinstance(e, DoneEvent)), done)
                     send(rest)
                     if done is not None and done.status == "spike":
@@ -513,13 +507,19 @@ def executor_wait(executor: Executor, timeout: float = 120.0) -> None:
         time.sleep(POLL_SECONDS)
 
 
-def _until_final(events: list[PipelineEvent]) -> list[PipelineEvent]:
-    """``events`` up to and including the first final ``done``: what a rank still writes after
-    the engine's last word (a peer's restart, say) is not the run's."""
-    for i, event in enumerate(events):
-        if isinstance(event, DoneEvent) and event.status in _FINAL:
-            return events[: i + 1]
-    return events
+def _until_final(events: list[PipelineEvent], *, ended: bool) -> list[PipelineEvent]:
+    """``events`` as the run's: up to and including the first final ``done``, then (and once
+    the run has ``ended``) only log lines — what a rank writes after the engine's last word (a
+    restarted generation's ``restart`` or ``stage`` events, say) is not the run's."""
+    kept: list[PipelineEvent] = []
+    for event in events:
+        if ended:
+            if isinstance(event, LogEvent):
+                kept.append(event)
+            continue
+        kept.append(event)
+        ended = isinstance(event, DoneEvent) and event.status in _FINAL
+    return kept
 
 
 def _stop_code(code: str | None) -> ErrorCode:
