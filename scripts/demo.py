@@ -295,7 +295,12 @@ def main() -> None:
         checkpoints = run(["ito", "runs", "checkpoints", created["run_id"]], agent, show=False)[
             "checkpoints"
         ]
-        for c in checkpoints:
+        kept = [c for c in checkpoints if not c["deleted"]]
+        print(
+            f"    {len(checkpoints)} committed; the keep-last policy deleted "
+            f"{len(checkpoints) - len(kept)}; on disk:"
+        )
+        for c in kept:
             print(
                 f"    {c['stage']:<13} step {c['step']:>5}  {c['bytes'] / 1e6:7.2f} MB  "
                 f"{c['seconds']:.2f} s"
@@ -310,9 +315,9 @@ def main() -> None:
             "wall_seconds_held",
         ):
             print(f"    {name:<34} {telemetry[name]}")
-        step("8. The desk's audit trail for this account, oldest first (no secrets)")
+        step("8. The desk's audit trail for this account, newest first (no secrets)")
         trail = run(["ito-server", "audit", "--account", account], server_env, show=False)["events"]
-        for event in reversed(trail):
+        for event in trail:
             print(
                 f"    {event['at'][11:19]} {event['actor']:<24} {event['action']:<18} "
                 f"{event['target_id']} {event['outcome']}"
