@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from tests.support import (
-    ITO,
     Tenant,
     make_tenant,
     pg_database,
@@ -25,10 +24,9 @@ from tests.support import (
     stop_server,
     wait_until,
 )
+from tests.worker.test_runtime_local import BIN, TERMINAL, _processes_of
 
 pytestmark = pytest.mark.slow
-BIN = Path(ITO).parent
-TERMINAL = {"succeeded", "failed", "gate_failed", "cancelled"}
 RATE = 3.6
 """USD per GPU-hour of the booking: two "GPUs", so $0.002 a second held."""
 STOP_AFTER_S = 45
@@ -56,11 +54,6 @@ def _manifest(t: Tenant) -> Path:
 
 def _state(t: Tenant, run_id: str) -> dict[str, Any]:
     return dict(t.api("GET", f"/v1/runs/{run_id}")["data"])
-
-
-def _processes_of(run_id: str) -> list[str]:
-    out = subprocess.run(["pgrep", "-af", run_id], capture_output=True, text=True, check=False)
-    return [line for line in out.stdout.splitlines() if "pgrep" not in line]
 
 
 def test_a_run_stops_at_its_approved_bound_and_resumes_only_with_a_new_one(

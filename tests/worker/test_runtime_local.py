@@ -104,6 +104,27 @@ def _worker_env(
     )
 
 
+def _work_once_until_ended(
+    t: Tenant, run_id: str, booking: str, env: dict[str, str]
+) -> dict[str, Any]:
+    """A real ``ito-worker --once`` of ``booking`` with ``env`` until ``run_id`` ends; the
+    run's final status (the worker must exit 0; it is killed if it outlives the test)."""
+    worker = subprocess.Popen(
+        [str(BIN / "ito-worker"), "--booking", booking, "--once"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        final = _wait_state(t, run_id, TERMINAL, timeout=300)
+        assert worker.wait(timeout=60) == 0
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+    return final
+
+
 def _long_manifest(t: Tenant, name: str) -> Path:
     path = t.manifest(name)
     document = json.loads(path.read_text())
@@ -701,19 +722,7 @@ def test_a_budget_stop_checkpoints_the_running_job_and_fails_it_budget_exceeded(
         tmp_path / "worker-home",
         ITO_FAULT_INJECTION=json.dumps({"min_step_seconds": 0.5}),
     )
-    worker = subprocess.Popen(
-        [str(BIN / "ito-worker"), "--booking", booking, "--once"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        final = _wait_state(t, run_id, TERMINAL, timeout=300)
-        assert worker.wait(timeout=60) == 0
-    finally:
-        if worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGKILL)
+    final = _work_once_until_ended(t, run_id, booking, env)
     assert final["state"] == "failed" and final["failure_code"] == "budget_exceeded", final
     assert not _processes_of(run_id)
 
@@ -751,19 +760,7 @@ def test_a_deterministic_engine_error_ends_the_run_once_with_its_code(
             {"error_at": {"rank": 1, "step": 12, "code": "data_invalid"}}
         ),
     )
-    worker = subprocess.Popen(
-        [str(BIN / "ito-worker"), "--booking", t.booking_id, "--once"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        final = _wait_state(t, run_id, TERMINAL, timeout=300)
-        assert worker.wait(timeout=60) == 0
-    finally:
-        if worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGKILL)
+    final = _work_once_until_ended(t, run_id, t.booking_id, env)
     assert final["state"] == "failed" and final["failure_code"] == "data_invalid", final
     assert not _processes_of(run_id)
     kinds = [e["kind"] for e in final["events"]]
