@@ -12,6 +12,7 @@ limit the run never passes without a new approval.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -25,7 +26,19 @@ from ito.core.stage_plan import (
     sequences_per_step,
 )
 
-__all__ = ["STAGE_OVERHEAD_SECONDS", "CostEstimate", "StageEstimate", "estimate_cost"]
+__all__ = [
+    "STAGE_OVERHEAD_SECONDS",
+    "CostEstimate",
+    "StageEstimate",
+    "cents_up",
+    "estimate_cost",
+]
+
+
+def cents_up(usd: float) -> float:
+    """``usd`` rounded up to the cent (a figure a human signs); float noise below a millionth
+    of a cent never adds one (``0.25`` stays ``0.25``)."""
+    return math.ceil(round(usd * 100, 6)) / 100
 
 
 @dataclass(frozen=True)

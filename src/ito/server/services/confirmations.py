@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hmac
 import json
-import math
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -22,7 +21,7 @@ from sqlalchemy.orm import Session
 from ito.core.errors import ItoError
 from ito.core.gates import check_eligibility, check_resources
 from ito.core.manifest import manifest_digest as _digest
-from ito.core.pricing import CostEstimate
+from ito.core.pricing import CostEstimate, cents_up
 from ito.core.states import ConfirmationAction, ConfirmationState, RunState
 from ito.server.ids import new_id
 from ito.server.services.bookings import booking_dict, booking_view, get_booking
@@ -30,7 +29,7 @@ from ito.server.services.credentials import AuthContext, hmac_hex
 from ito.server.services.manifest_cache import parsed_manifest
 from ito.server.services.manifests import load_manifest, store_manifest
 from ito.server.services.revisions import resolve_revision
-from ito.server.services.spending import spend_limits
+from ito.server.services.spending import check_waiting_at_bound, spend_limits
 from ito.server.store.runtime_tables import RunLease
 from ito.server.store.tables import Confirmation, Run, table_of, utcnow
 
@@ -67,12 +66,11 @@ def _train_bound(estimate: CostEstimate, asked: float | None) -> float:
     bound (within the manifest's ceiling and max incremental cost), rounded up to the cent, or
     the requester's own bound — never below the expected cost (the run could not start), never
     above the manifest's ceiling or max incremental cost."""
-    cost = max(0.01, math.ceil(round(estimate.cost_usd * 100, 6)) / 100)
+    cost = max(0.01, cents_up(estimate.cost_usd))
     hard = min(estimate.ceiling_usd, estimate.max_incremental_cost_usd)
     if asked is None:
-        upper = math.ceil(round(estimate.upper_cost_usd * 100, 6)) / 100
-        return max(cost, min(upper, hard))
-    asked = math.ceil(round(asked * 100, 6)) / 100
+        return max(cost, min(cents_up(estimate.upper_cost_usd), hard))
+    asked = cents_up(asked)
     if asked < cost:
         raise ItoError(
             "budget_exceeded",
@@ -96,26 +94,9 @@ def _new_bound(session: Session, run: Run, amount: float | None) -> float:
     (its ceiling and max incremental cost: no approval lifts those)."""
     if amount is None:
         raise ItoError("invalid_arguments", "a raise-bound confirmation names the new bound")
-    lease = session.get(RunLease, run.id)
-    proposal = lease.proposal if lease is not None else None
-    if (
-        run.state != RunState.awaiting_approval.value
-        or not proposal
-        or proposal.get("action") != "raise_cost_bound"
-    ):
-        raise ItoError(
-            "invalid_transition", "the run is not waiting at its cost bound", state=run.state
-        )
-    assert lease is not None
-    hard, bound = spend_limits(run)
-    amount = math.ceil(round(amount * 100, 6)) / 100
-    if amount <= lease.cost_usd or amount <= bound:
-        raise ItoError(
-            "invalid_arguments",
-            "the new bound must be more than the run's spend and its current bound",
-            spent_usd=round(lease.cost_usd, 6),
-            bound_usd=bound,
-        )
+    amount = cents_up(amount)
+    check_waiting_at_bound(run, session.get(RunLease, run.id), amount)
+    hard, _ = spend_limits(run)
     if amount > hard:
         raise ItoError(
             "budget_exceeded",

@@ -28,7 +28,7 @@ from ito.server.services.idempotency import (
 )
 from ito.server.services.leases import lease_for
 from ito.server.services.runs import get_run, record_event, transition_run
-from ito.server.services.spending import spend_limits
+from ito.server.services.spending import check_waiting_at_bound
 from ito.server.store.db import Database
 from ito.server.store.runtime_tables import CheckpointRow, RunLog, RunMetric
 from ito.server.store.tables import Booking, Run, RunEvent, utcnow
@@ -317,25 +317,17 @@ def _cancel(session: Session, run: Run) -> None:
 def _check_raise(session: Session, run: Run, amount: float) -> None:
     """The run still waits at its bound, and the approved amount still lifts it (the run may
     have been raised by another confirmation since this one was requested)."""
-    lease = lease_for(session, run)
-    proposal = lease.proposal
-    if (
-        run.state != RunState.awaiting_approval.value
-        or not proposal
-        or proposal.get("action") != "raise_cost_bound"
-        or proposal.get("approved")
-    ):
-        raise ItoError(
-            "invalid_transition", "the run is not waiting at its cost bound", state=run.state
-        )
-    _, bound = spend_limits(run)
-    if amount <= bound or amount <= lease.cost_usd:
+    try:
+        check_waiting_at_bound(run, lease_for(session, run), amount)
+    except ItoError as exc:
+        if exc.code != "invalid_arguments":
+            raise
         raise ItoError(
             "confirmation_mismatch",
             "the approved bound no longer lifts the run's bound",
             approved_usd=amount,
-            bound_usd=bound,
-        )
+            bound_usd=exc.details.get("bound_usd"),
+        ) from None
 
 
 def _raise_bound(session: Session, run: Run, amount: float) -> None:
