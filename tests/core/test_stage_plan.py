@@ -283,3 +283,21 @@ def test_the_estimate_carries_the_upper_cost_beside_the_expected_one() -> None:
     )
     assert estimate.upper_cost_usd > estimate.cost_usd
     assert estimate.to_dict()["upper_cost_usd"] == estimate.upper_cost_usd
+
+
+def test_a_stage_that_ended_early_is_done_at_the_steps_it_took() -> None:
+    plan = _plan(per_step=8)
+    pretrain = plan.stage("pretrain")
+    assert pretrain is not None and pretrain.steps is not None and pretrain.steps > 3
+    rows = _progress(
+        plan,
+        started={"data_prep", "pretrain"},
+        completed={"data_prep", "pretrain"},
+        last_step={"pretrain": 3},
+        taken={"pretrain": 3},
+    )
+    row = rows["pretrain"]
+    assert (row["status"], row["step"], row["steps"]) == ("done", 3, pretrain.steps)
+    assert row["tokens"] == 3 * pretrain.tokens_per_step
+    whole = _progress(plan, started={"pretrain"}, completed={"data_prep", "pretrain"})
+    assert whole["pretrain"]["step"] == pretrain.steps  # no record: it took its plan

@@ -28,7 +28,8 @@ def stage_detail(row: dict[str, Any]) -> str:
     if steps is not None and status in ("running", "stopped"):
         parts.append(f"step {step or 0}/{steps}")
     elif steps is not None and status == "done":
-        parts.append(f"{steps}/{steps} steps")
+        taken = steps if step is None else step
+        parts.append(f"{taken}/{steps} steps" + (" (ended early)" if taken < steps else ""))
     elif steps is not None and status == "pending":
         parts.append(f"{steps} steps")
     tokens = row.get("tokens")

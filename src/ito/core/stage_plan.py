@@ -355,6 +355,7 @@ def stage_progress(
     completed: Collection[str],
     last_step: Mapping[str, int],
     step_seconds: float | None,
+    taken: Mapping[str, int] | None = None,
 ) -> list[StageProgress]:
     """Each planned stage's progress. ``started``/``completed``: the stages whose events say
     so; ``last_step``: the run's latest global step reported per stage; ``step_seconds``: the
@@ -373,7 +374,11 @@ def stage_progress(
         if stage.steps is not None:
             global_step = last_step.get(stage.name)
             step = 0 if global_step is None else global_step - stage.first_step
-            step = stage.steps if done else max(0, min(step, stage.steps))
+            if done:
+                # A stage that ended early (RLVR with nothing left to learn) says how far.
+                step = min((taken or {}).get(stage.name, stage.steps), stage.steps)
+            else:
+                step = max(0, min(step, stage.steps))
             tokens = step * stage.tokens_per_step
         elif stage.name in last_step and not plan.exact:
             step = last_step[stage.name]

@@ -39,11 +39,14 @@ _LAST_STEP_SECONDS = (
 )
 
 
-def _stage_events(session: Session | Connection, run_id: str) -> tuple[set[str], list[str]]:
-    """The stages that started (or reached their gate: the ladder reports only its gate) and
-    the stages that completed, in order."""
+def _stage_events(
+    session: Session | Connection, run_id: str
+) -> tuple[set[str], list[str], dict[str, int]]:
+    """The stages that started (or reached their gate: the ladder reports only its gate), the
+    stages that completed, in order, and the steps taken by those that ended early."""
     started: set[str] = set()
     completed: list[str] = []
+    taken: dict[str, int] = {}
     for kind, data in session.execute(_STAGE_EVENTS, {"run_id": run_id}):
         name, status = (data or {}).get("stage"), (data or {}).get("status")
         if not isinstance(name, str):
@@ -52,7 +55,9 @@ def _stage_events(session: Session | Connection, run_id: str) -> tuple[set[str],
             started.add(name)
         elif status == "completed" and name not in completed:
             completed.append(name)
-    return started, completed
+            if isinstance(data.get("steps_taken"), int):
+                taken[name] = data["steps_taken"]
+    return started, completed, taken
 
 
 def stages_completed(session: Session | Connection, run_id: str) -> list[str]:
@@ -63,7 +68,7 @@ def stages_completed(session: Session | Connection, run_id: str) -> list[str]:
 def run_progress(session: Session | Connection, run: Run | Row[Any]) -> list[dict[str, Any]]:
     """Each stage of the run's plan with its status and progress inside it."""
     plan = stored_stage_plan(run.estimate)
-    started, completed = _stage_events(session, run.id)
+    started, completed, taken = _stage_events(session, run.id)
     params = {"run_id": run.id}
     last_step = {str(stage): int(step) for stage, step in session.execute(_LAST_STEPS, params)}
     pace = session.execute(_LAST_STEP_SECONDS, params).scalar()
@@ -72,6 +77,7 @@ def run_progress(session: Session | Connection, run: Run | Row[Any]) -> list[dic
         terminal=RunState(run.state).is_terminal(),
         started=started,
         completed=completed,
+        taken=taken,
         last_step=last_step,
         step_seconds=None if pace is None else float(pace),
     )
