@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +113,7 @@ def _refused_everywhere(
 
 def _hf_dir(root: Path, *, vocab: int | None = None) -> tuple[Path, str]:
     """A Hugging Face directory of the tiny size (``vocab`` to make it another architecture);
-    the server reads config.json and hashes model.safetensors, it does not parse it."""
+    the server reads config.json; the engine alone hashes model.safetensors."""
     root.mkdir(parents=True)
     config = llama_config(SIZES["tiny"]).to_dict()
     config["architectures"] = ["LlamaForCausalLM"]
@@ -172,6 +173,7 @@ def test_a_hugging_face_directory_with_its_digest_is_resolved_and_recorded(
         "path": str(directory),
         "sha256": sha,
         "revision": f"hf:{directory}@sha256:{sha}",
+        "verified_by_engine": "sha256 of model.safetensors, as it loads it, before step 0",
     }
 
 
@@ -228,10 +230,45 @@ def test_a_checkpoint_trained_with_another_tokenizer_is_refused(tenant: Tenant) 
     _refused_everywhere(tenant, manifest, "tokenizer_mismatch")
 
 
-def test_a_hugging_face_directory_with_another_digest_is_refused(tenant: Tenant) -> None:
+def test_the_server_never_hashes_the_weights_and_the_plan_says_the_engine_will(
+    tenant: Tenant,
+) -> None:
+    """Hashing a tenant's file inside a request held a write transaction for as long as the
+    file took (a 16 GiB sparse file: 112 s, other tenants got ``store_busy``). The digest is
+    the engine's to verify as it loads the weights (``tests/pipeline/test_initial_weights``
+    refuses a wrong one before step 0); the plan names that check."""
     directory, _ = _hf_dir(tenant.workdir / "storage" / "models" / "tiny")
+    with (directory / "model.safetensors").open("r+b") as weights:
+        weights.truncate(16 << 30)  # sparse: nothing is written, reading it would take minutes
     manifest = _edited(tenant, "hf-digest", _revision(f"hf:{directory}@sha256:{'0' * 64}"))
-    _refused_everywhere(tenant, manifest, "digest_mismatch")
+    plan = tenant.ito("plan", "--booking", tenant.booking_id, "--manifest", str(manifest))
+    assert plan.rc == 0 and plan.data["ready"] is True, plan.stdout
+    assert "model.safetensors" in plan.data["initial_weights"]["verified_by_engine"]
+
+
+@pytest.mark.parametrize("planted", ["fifo", "too_large", "link", "directory"])
+def test_a_config_json_the_server_cannot_read_at_once_is_refused_at_once(
+    tenant: Tenant, planted: str
+) -> None:
+    """A FIFO as ``config.json`` held another tenant's confirm for as long as it stayed closed;
+    twelve froze the API. Now: a regular file, opened without following a link and without
+    blocking, at most 1 MiB, or ``weights_unreadable`` — plan, confirm and create alike."""
+    directory, sha = _hf_dir(tenant.workdir / "storage" / "models" / "tiny")
+    config = directory / "config.json"
+    config.unlink()
+    if planted == "fifo":
+        os.mkfifo(config)
+    elif planted == "too_large":
+        with config.open("wb") as handle:
+            handle.truncate(768 << 20)
+    elif planted == "link":
+        elsewhere = tenant.workdir / "config.json"
+        elsewhere.write_text(json.dumps(llama_config(SIZES["tiny"]).to_dict()))
+        config.symlink_to(elsewhere)
+    else:
+        config.mkdir()
+    manifest = _edited(tenant, f"hf-{planted}", _revision(f"hf:{directory}@sha256:{sha}"))
+    _refused_everywhere(tenant, manifest, "weights_unreadable")
 
 
 def test_a_hugging_face_directory_of_another_architecture_is_refused(tenant: Tenant) -> None:

@@ -155,7 +155,9 @@ def test_a_checkpoint_written_at_dp_shard_2_resumes_under_another_layout(
     for step in (15, 20):
         shutil.rmtree(tmp_path / "ckpt" / "pretrain" / f"step_{step:08d}")
     nproc, layout = LAYOUTS[target]
-    result = torchrun(layout_spec(tmp_path, layout), nproc=nproc)
+    # A later attempt of that run: it may resume from the checkpoints the server recorded.
+    recorded = [e["sha256"] for e in events(runs["dp_shard_2"]) if e["type"] == "checkpoint"]
+    result = torchrun(layout_spec(tmp_path, layout, recorded_checkpoints=recorded), nproc=nproc)
     assert result.returncode == 0, result.stdout[-4000:]
     evs = events(tmp_path)
     # Resumed at step 10: the losses start at 11 and follow the saved run's curve.

@@ -278,7 +278,10 @@ def test_killed_rank_resumes_from_the_last_commit_with_the_same_losses(
 
 
 def test_half_written_checkpoint_is_ignored_on_resume(reference: Path, tmp_path: Path) -> None:
-    spec = make_spec(tmp_path)
+    # A later attempt of the reference run: the checkpoints it may resume from are those the
+    # server recorded (its checkpoint events), as the worker passes them.
+    recorded = [e["sha256"] for e in events(reference) if e["type"] == "checkpoint"]
+    spec = make_spec(tmp_path, recorded_checkpoints=recorded)
     shutil.copytree(reference / "ckpt", tmp_path / "ckpt")
     # Back to the end of pretrain, plus two step directories a killed save could leave behind.
     shutil.rmtree(tmp_path / "ckpt" / "long_context" / "step_00000009")

@@ -190,6 +190,9 @@ class InitialWeights:
     """``run``: the source run's checkpoint storage (a URI inside the booking's storage)."""
     path: str | None = None
     """``hf``: the directory."""
+    verified_by_engine: str | None = None
+    """What only the engine verifies, before step 0 (``hf``: the weights' digest, as it reads
+    them); the plan and approval page say so."""
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}

@@ -181,6 +181,13 @@ class RunSpecDocument(_Spec):
     """The booked accelerator; ``None`` (the engine run alone, in tests): not checked."""
     initial_weights: InitialWeightsSpec | None = None
     """What the run starts from; ``None``: the seeded random initialisation."""
+    recorded_checkpoints: (
+        Annotated[list[Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]], Field(max_length=10_000)]
+        | None
+    ) = None
+    """Digests of the checkpoints the server recorded for the run (not deleted): with those the
+    engine's own journal lists, the only checkpoints it resumes from or prunes. ``None`` (the
+    engine run alone, in tests): its journal's only."""
     provenance_sha256: Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")] | None = None
     """The data-preparation report bound to the run: training reads a prepared shard only if
     ``provenance.json`` has this digest and lists the shard's digest. ``None`` (the engine run

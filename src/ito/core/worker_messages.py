@@ -98,6 +98,11 @@ class Lease(_Answer):
     provenance_sha256: Annotated[str, Field(max_length=80)] | None = None
     """The data-preparation report already bound to the run (an earlier attempt uploaded it):
     this attempt's preparation must reproduce it."""
+    recorded_checkpoints: Annotated[
+        list[Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]], Field(max_length=10_000)
+    ] = []
+    """Digests of the run's checkpoints the server recorded (still on disk): the only ones this
+    attempt may resume from."""
 
 
 # ---- heartbeat -----------------------------------------------------------------------------

@@ -31,20 +31,28 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse, async_save
 
-from ito.core.errors import ItoError
+from ito.core.errors import ErrorCode, ItoError
 from ito.core.revisions import checkpoint_digest
+from ito.pipeline.dcp_files import (
+    COMMIT,
+    METADATA,
+    VerifiedReader,
+    checkpoint_writer,
+    commit_digest,
+    file_manifest,
+    read_commit,
+)
 from ito.pipeline.events import EventWriter
-from ito.pipeline.storage_fs import ProvenDir, StoragePath, open_proven, proven_dir, tree_bytes
+from ito.pipeline.storage_fs import ProvenDir, StoragePath, open_proven, proven_dir
 
 __all__ = [
     "COMMIT",
@@ -58,10 +66,6 @@ __all__ = [
     "rng_record",
 ]
 
-COMMIT = "COMMIT"
-METADATA = ".metadata"
-"""DCP's metadata file (the shards' layout), written once every rank's bytes are on disk."""
-
 
 @dataclass(frozen=True)
 class Committed:
@@ -70,6 +74,9 @@ class Committed:
     path: Path
     info: dict[str, Any]
     """The ``COMMIT`` document."""
+    digest: str | None = None
+    """What its ``.metadata`` and ``COMMIT`` hash to (:func:`ito.core.revisions.checkpoint_digest`):
+    compared with the digests the run recorded before anything in it is trusted."""
 
 
 def _storage(root: Path | StoragePath) -> StoragePath:
@@ -104,12 +111,13 @@ def committed_checkpoints(root: Path | StoragePath) -> list[Committed]:
                 for name in stage_dir.subdirs():
                     try:
                         with stage_dir.subdir(name) as step_dir:
-                            info = json.loads(step_dir.read(COMMIT))
+                            info = json.loads(read_commit(step_dir))
+                            digest = commit_digest(step_dir)
                         step = int(info["step"])
                     except (OSError, ItoError, ValueError, KeyError, TypeError):
                         continue
                     if name == _step_name(step) and info.get("stage") == stage:
-                        found.append(Committed(stage, step, stage_dir.real / name, info))
+                        found.append(Committed(stage, step, stage_dir.real / name, info, digest))
     return sorted(found, key=lambda c: c.step)
 
 
@@ -175,14 +183,15 @@ def _state(
 def load_checkpoint(
     path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, group: dist.ProcessGroup
 ) -> tuple[dict[str, Any], bytes | None]:
-    """Load in place; returns the trainer record and this rank's RNG record (``None`` when the
-    checkpoint was written by a world without this rank)."""
+    """Load in place from ``path``, a verified private copy of a checkpoint
+    (:func:`ito.pipeline.dcp_files.stage_verified`); returns the trainer record and this rank's
+    RNG record (``None`` when the checkpoint was written by a world without this rank)."""
     rng_key = f"rng_rank{dist.get_rank()}"
     state = _state(model, optimizer, b"", b"")
-    saved_keys = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    saved_keys = VerifiedReader(path).read_metadata().state_dict_metadata
     if rng_key not in saved_keys:
         del state[rng_key]
-    load(state, checkpoint_id=str(path), process_group=group)
+    load(state, storage_reader=VerifiedReader(path), process_group=group)
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
     )
@@ -216,6 +225,9 @@ class Checkpointer:
         keep_last: int,
         events: EventWriter,
         group: dist.ProcessGroup,
+        *,
+        recorded: frozenset[str] = frozenset(),
+        journal: Path | None = None,
     ) -> None:
         self.storage = _storage(root)
         """The run's checkpoint directory inside the booking's storage."""
@@ -235,6 +247,41 @@ class Checkpointer:
             )
         )
         self._pending: _Pending | None = None
+        self.trusted: set[str] = set(recorded)
+        """Digests of the checkpoints this run recorded (the server's list, the journal's and
+        each commit's): only these are resumed from or pruned; anything else in the storage
+        was not written by the run and is left alone."""
+        self._journal = journal
+        self._journal_read = 0
+
+    def recorded(self) -> list[Committed]:
+        """The committed checkpoints under the storage that this run recorded, oldest first."""
+        self._read_journal()
+        return [c for c in committed_checkpoints(self.storage) if c.digest in self.trusted]
+
+    def _read_journal(self) -> None:
+        """Add the digests of the checkpoint events in the run's journal (the events file in
+        the worker's own directory, outside the booking's storage) written since the last read:
+        the commits of this attempt's earlier processes and of other replica groups."""
+        if self._journal is None:
+            return
+        try:
+            with self._journal.open("rb") as journal:
+                journal.seek(self._journal_read)
+                data = journal.read()
+        except FileNotFoundError:
+            return
+        complete = data.rfind(b"\n") + 1
+        self._journal_read += complete
+        for line in data[:complete].splitlines():
+            if b'"checkpoint"' not in line:
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("type") == "checkpoint" and isinstance(event.get("sha256"), str):
+                self.trusted.add(event["sha256"])
 
     def save(
         self,
@@ -250,13 +297,35 @@ class Checkpointer:
         start = time.monotonic()
         self.finish()
         name = _step_name(step)
-        with proven_dir(self.storage.child(stage), create=True) as stage_dir:
-            directory = stage_dir.subdir(name, create=True)
+        # Rank 0 creates the step directory (new, never one already there); the others then
+        # open the one it made.
+        verdict: list[object] = [None]
+        made: ProvenDir | None = None
+        if self.is_coordinator:
+            try:
+                with proven_dir(self.storage.child(stage), create=True) as stage_dir:
+                    made = self._fresh(stage_dir, name)
+            except ItoError as exc:
+                verdict[0] = (exc.code, exc.message, dict(exc.details))
+        try:
+            dist.broadcast_object_list(verdict, src=0, group=self.group)
+        except BaseException:
+            if made is not None:
+                made.close()
+            raise
+        failure = cast("tuple[ErrorCode, str, dict[str, Any]] | None", verdict[0])
+        if failure is not None:
+            raise ItoError(failure[0], failure[1], **failure[2])
+        if made is not None:
+            directory = made
+        else:
+            with proven_dir(self.storage.child(stage)) as stage_dir:
+                directory = stage_dir.subdir(name)
         try:
             state = _state(model, optimizer, json.dumps(trainer).encode(), rng_record())
             response = async_save(
                 state,
-                checkpoint_id=str(directory.handle),
+                storage_writer=checkpoint_writer(directory.handle),
                 process_group=self.group,
                 async_stager=self._stager,
             )
@@ -281,6 +350,26 @@ class Checkpointer:
         )
         upload.add_done_callback(lambda _: setattr(pending, "finished_at", time.monotonic()))
         self._pending = pending
+
+    def _fresh(self, stage_dir: ProvenDir, name: str) -> ProvenDir:
+        """The step directory ``name``, created now: never one already there. What a crashed
+        attempt left uncommitted is deleted first (without following a link inside); a
+        committed one refuses the save (``checkpoint_storage_invalid``)."""
+        if name in stage_dir.entries():
+            try:
+                with stage_dir.subdir(name) as old:
+                    committed = COMMIT in old.entries()
+            except ItoError:
+                committed = True  # a link or a file where the step directory would go
+            if committed:
+                raise ItoError(
+                    "checkpoint_storage_invalid",
+                    "checkpoint storage already holds the step directory a save would create",
+                    reason="entry_exists",
+                )
+            stage_dir.remove(name)
+            self.events.log("warning", f"removed an uncommitted checkpoint at {name}")
+        return stage_dir.subdir(name, create=True, new=True)
 
     def wait_staging(self) -> None:
         """Block until the in-flight save has copied the state (call before mutating it)."""
@@ -330,7 +419,8 @@ class Checkpointer:
                     "checkpoint storage changed while a checkpoint was written",
                     reason="step directory replaced",
                 )
-            size = tree_bytes(again)
+            files = file_manifest(again)
+            size = sum(int(f["bytes"]) for f in files.values())
             info = {
                 "step": pending.step,
                 "stage": pending.stage,
@@ -339,6 +429,9 @@ class Checkpointer:
                 "blocking_seconds": round(pending.blocking, 6),
                 "tokens_seen": pending.tokens_seen,
                 "world_size": dist.get_world_size(),
+                # Every file of the step with its size and sha256: the digest below covers
+                # them all, and nothing is loaded from here unless they still match.
+                "files": files,
             }
             tmp = f".{COMMIT}.tmp"
             commit = json.dumps(info).encode()
@@ -346,8 +439,9 @@ class Checkpointer:
             again.write_new(tmp, commit)
             again.replace(tmp, COMMIT)
             digest = checkpoint_digest(again.read(METADATA), commit)
+        self.trusted.add(digest)
         pruned = []
-        for old in committed_checkpoints(self.storage)[: -self.keep_last]:
+        for old in self.recorded()[: -self.keep_last]:
             with proven_dir(self.storage.child(old.stage)) as stage_dir:
                 # The marker goes first so a crash mid-delete leaves an ignored directory, never
                 # a committed one with files missing.

@@ -128,7 +128,7 @@ def export_model(
             # A torn export of a crashed attempt, or this step's export from an attempt that
             # had written it already (the same weights): written again whole.
             parent.remove(tmp)
-            with parent.subdir(tmp, create=True) as out:
+            with parent.subdir(tmp, create=True, new=True) as out:
                 for file, data in files.items():
                     out.write_new(file, data)
             parent.remove(name)

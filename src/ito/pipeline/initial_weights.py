@@ -34,22 +34,21 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
 from safetensors import safe_open
 from tokenizers import Tokenizer
-from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load
 
 from ito.core.errors import ItoError
-from ito.core.revisions import architecture_mismatch, checkpoint_digest, unresolvable
-from ito.pipeline.checkpoint import COMMIT, METADATA
+from ito.core.revisions import architecture_mismatch, unresolvable
+from ito.pipeline.dcp_files import VerifiedReader, remove_staged, stage_verified, staging_path
 from ito.pipeline.export import EXPORTS_DIR
-from ito.pipeline.storage_fs import ProvenDir, StoragePath, proven_dir
+from ito.pipeline.storage_fs import ProvenDir, StoragePath, open_proven, proven_dir
 from ito.pipeline.tokenizer import TOKENIZER_FILE
 
 if TYPE_CHECKING:
@@ -59,6 +58,8 @@ if TYPE_CHECKING:
 __all__ = ["load_initial_weights"]
 
 WEIGHTS_FILE = "model.safetensors"
+MAX_CONFIG_BYTES = 1 << 20
+MAX_TOKENIZER_BYTES = 64 << 20
 _HASH_CHUNK = 1 << 20
 
 
@@ -69,6 +70,7 @@ def load_initial_weights(
     size: ModelSize,
     tokenizer: Tokenizer,
     storage_root: Path | None,
+    workdir: Path,
     group: dist.ProcessGroup,
 ) -> None:
     """Verify ``weights`` (rank 0, the verdict shared over ``group``) and load them into the
@@ -76,32 +78,43 @@ def load_initial_weights(
     the vocabulary of the weights' own tokenizer where one is beside them. ``storage_root``:
     the booking's storage, which the directory (checkpoint or Hugging Face) must lie below,
     proven on disk without following a link; ``None`` (the engine run alone, in tests): the
-    directory is its own root."""
+    directory is its own root. ``workdir``: the engine's own directory, where rank 0 copies
+    the weights as it verifies them; every rank loads that copy, so the bytes verified are the
+    bytes trained (the tenant's files are read once)."""
     where = _location(weights, storage_root)
-    verdict: list[tuple[str, str] | None] = [None]
+    verdict: list[object] = [None, None]
     if dist.get_rank() == 0:
+        dest = staging_path(workdir, "initial")
         try:
-            _verify(weights, where, size)
-            _check_tokenizer(weights, tokenizer)
+            _verify(weights, where, size, dest)
+            _check_tokenizer(weights, where, tokenizer)
+            verdict[0] = str(dest)
         except ItoError as exc:
-            verdict[0] = (str(exc.details.get("reason", "weights_unreadable")), exc.message)
-        except Exception as exc:  # safetensors and tokenizers raise bare Exception
+            remove_staged(dest)
+            verdict[1] = (str(exc.details.get("reason", "weights_unreadable")), exc.message)
+        except Exception:  # safetensors and tokenizers raise bare Exception
+            remove_staged(dest)
             # Converted where it enters: every rank must learn the verdict, never wait on it.
-            verdict[0] = ("weights_unreadable", f"cannot read the initial weights: {exc}"[:500])
+            # Their messages may quote the file: never passed on.
+            verdict[1] = ("weights_unreadable", "cannot read the initial weights")
     dist.broadcast_object_list(verdict, src=0, group=group)
-    if verdict[0] is not None:
-        reason, message = verdict[0]
-        raise unresolvable(reason, message)  # type: ignore[arg-type]
-    state = get_model_state_dict(model)
-    if weights.kind == "run":
-        with proven_dir(where) as step_dir:
+    failure = cast("tuple[str, str] | None", verdict[1])
+    if failure is not None:
+        raise unresolvable(failure[0], failure[1])  # type: ignore[arg-type]
+    copy = Path(str(verdict[0]))
+    try:
+        state = get_model_state_dict(model)
+        if weights.kind == "run":
             loaded: dict[str, Any] = {"model": state}
-            load(loaded, checkpoint_id=str(step_dir.handle), process_group=group)
+            load(loaded, storage_reader=VerifiedReader(copy), process_group=group)
             state = loaded["model"]
-    else:
-        with proven_dir(where) as directory:
-            _read_shards(_weights_file(directory), state)
-    set_model_state_dict(model, state)
+        else:
+            _read_shards(str(copy / WEIGHTS_FILE), state)
+        set_model_state_dict(model, state)
+    finally:
+        dist.barrier(group=group)
+        if dist.get_rank() == 0:
+            remove_staged(copy)
 
 
 def _location(weights: InitialWeightsSpec, storage_root: Path | None) -> StoragePath:
@@ -128,21 +141,29 @@ def _expected_shapes(size: ModelSize) -> dict[str, tuple[int, ...]]:
     return {name: tuple(t.shape) for name, t in whole.state_dict().items()}
 
 
-def _verify(weights: InitialWeightsSpec, where: StoragePath, size: ModelSize) -> None:
+def _verify(weights: InitialWeightsSpec, where: StoragePath, size: ModelSize, dest: Path) -> None:
+    """Copy the weights into ``dest`` (new), verifying them as they are read."""
     expected = _expected_shapes(size)
     if weights.kind == "run":
         try:
             with proven_dir(where) as step_dir:
-                commit = step_dir.read(COMMIT)
-                metadata = step_dir.read(METADATA)
-                handle = str(step_dir.handle)
-                saved = FileSystemReader(handle).read_metadata().state_dict_metadata
+                stage_verified(step_dir, weights.sha256, dest)
         except FileNotFoundError:
             raise unresolvable(
                 "checkpoint_not_committed", "the checkpoint directory has no COMMIT"
             ) from None
-        if checkpoint_digest(metadata, commit) != weights.sha256:
-            raise unresolvable("digest_mismatch", "the checkpoint's digest is not the recorded one")
+        except ItoError as exc:
+            reason = str(exc.details.get("reason"))
+            if reason == "file_missing":
+                raise unresolvable(
+                    "checkpoint_not_committed", "the checkpoint directory has no COMMIT"
+                ) from None
+            if reason in ("digest_mismatch", "checkpoint_tampered"):
+                raise unresolvable(
+                    "digest_mismatch", "the checkpoint's files are not the recorded ones"
+                ) from None
+            raise unresolvable("weights_unreadable", exc.message) from None
+        saved = VerifiedReader(dest).read_metadata().state_dict_metadata
         shapes = {
             key.removeprefix("model."): tuple(meta.size)
             for key, meta in saved.items()
@@ -150,7 +171,7 @@ def _verify(weights: InitialWeightsSpec, where: StoragePath, size: ModelSize) ->
         }
     else:
         with proven_dir(where) as directory:
-            config = json.loads(directory.read("config.json"))
+            config = json.loads(_read_small(directory, "config.json", MAX_CONFIG_BYTES))
             wrong = (
                 architecture_mismatch(config, size) if isinstance(config, dict) else "config.json"
             )
@@ -158,10 +179,11 @@ def _verify(weights: InitialWeightsSpec, where: StoragePath, size: ModelSize) ->
                 raise unresolvable(
                     "architecture_mismatch", f"config.json's {wrong} is not the manifest's model's"
                 )
-            if _sha256(directory) != weights.sha256:
+            os.mkdir(dest, 0o700)
+            if _copy_hashed(directory, dest / WEIGHTS_FILE) != weights.sha256:
                 raise unresolvable("digest_mismatch", "model.safetensors does not have that sha256")
-            with safe_open(_weights_file(directory), framework="pt", device="cpu") as f:
-                shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
+        with safe_open(str(dest / WEIGHTS_FILE), framework="pt", device="cpu") as f:
+            shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
     for name, shape in expected.items():
         if shapes.get(name) != shape:
             raise unresolvable(
@@ -170,40 +192,91 @@ def _verify(weights: InitialWeightsSpec, where: StoragePath, size: ModelSize) ->
             )
 
 
-def _beside_tokenizer(weights: InitialWeightsSpec) -> Path | None:
+def _open_regular(directory: ProvenDir, name: str) -> int:
+    """``name`` in ``directory`` for reading: a regular file, reached without a link (a FIFO,
+    a device or a link is refused before anything waits on it)."""
+    try:
+        fd = os.open(
+            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory.fd
+        )
+    except FileNotFoundError:
+        raise unresolvable("weights_unreadable", f"{name} is missing") from None
+    except OSError:
+        raise unresolvable("weights_unreadable", f"{name} is not a readable regular file") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise unresolvable("weights_unreadable", f"{name} is not a regular file")
+    return fd
+
+
+def _read_small(directory: ProvenDir, name: str, limit: int) -> bytes:
+    with os.fdopen(_open_regular(directory, name), "rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise unresolvable("weights_unreadable", f"{name} is larger than {limit} bytes")
+    return data
+
+
+def _copy_hashed(directory: ProvenDir, dest: Path) -> str:
+    """Copy ``model.safetensors`` to ``dest`` (created new), returning the sha256 of what was
+    copied: one open and one read of the tenant's file."""
+    h = hashlib.sha256()
+    out_fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with (
+        os.fdopen(_open_regular(directory, WEIGHTS_FILE), "rb") as src,
+        os.fdopen(out_fd, "wb") as out,
+    ):
+        while chunk := src.read(_HASH_CHUNK):
+            h.update(chunk)
+            out.write(chunk)
+    return h.hexdigest()
+
+
+def _beside_tokenizer(weights: InitialWeightsSpec, where: StoragePath) -> bytes | None:
     """The tokenizer the weights were trained with, where it lies beside them: a Hugging Face
     directory's ``tokenizer.json``; for a checkpoint, the one of its run's newest export
-    (``<run storage>/exports/<stage>/step_N/``), the run's tokenizer whichever stage wrote it."""
-    directory = Path(weights.path)
+    (``<run storage>/exports/<stage>/step_N/``), the run's tokenizer whichever stage wrote it.
+    Read through directories proven from the storage root, a regular file, bounded."""
     if weights.kind == "hf":
-        found = directory / TOKENIZER_FILE
-        return found if found.is_file() else None
-    exports = directory.parent.parent / EXPORTS_DIR
-    candidates = sorted(
-        exports.glob(f"*/step_*/{TOKENIZER_FILE}"), key=lambda p: p.parent.name, reverse=True
-    )
-    return candidates[0] if candidates else None
+        with proven_dir(where) as directory:
+            if TOKENIZER_FILE not in directory.entries():
+                return None
+            return _read_small(directory, TOKENIZER_FILE, MAX_TOKENIZER_BYTES)
+    if len(where.parts) < 2:
+        return None
+    exports = StoragePath(where.root, (*where.parts[:-2], EXPORTS_DIR))
+    try:
+        top = open_proven(exports)
+    except (FileNotFoundError, ItoError):
+        return None
+    with top:
+        candidates = []
+        for stage in top.subdirs():
+            with top.subdir(stage) as stage_dir:
+                candidates += [(name, stage) for name in stage_dir.subdirs()]
+        for name, stage in sorted(candidates, reverse=True):
+            with top.subdir(stage) as stage_dir, stage_dir.subdir(name) as step_dir:
+                if TOKENIZER_FILE in step_dir.entries():
+                    return _read_small(step_dir, TOKENIZER_FILE, MAX_TOKENIZER_BYTES)
+    return None
 
 
-def _check_tokenizer(weights: InitialWeightsSpec, tokenizer: Tokenizer) -> None:
+def _check_tokenizer(weights: InitialWeightsSpec, where: StoragePath, tokenizer: Tokenizer) -> None:
     """Weights trained with another vocabulary would be read with the wrong token ids: a run
     that would silently learn from garbage is refused instead."""
-    beside = _beside_tokenizer(weights)
+    beside = _beside_tokenizer(weights, where)
     if beside is None:
         return
-    theirs = Tokenizer.from_file(str(beside))
+    try:
+        theirs = Tokenizer.from_str(beside.decode())
+    except Exception:  # tokenizers raises bare Exception, quoting the file
+        raise unresolvable(
+            "tokenizer_mismatch", "the tokenizer beside the weights is unreadable"
+        ) from None
     if theirs.get_vocab(with_added_tokens=True) != tokenizer.get_vocab(with_added_tokens=True):
         raise unresolvable(
             "tokenizer_mismatch", "the weights were trained with another tokenizer than the run's"
         )
-
-
-def _weights_file(directory: ProvenDir) -> str:
-    """``model.safetensors`` of the proven directory, for readers that take a path: a regular
-    file there (a link in its place is refused), named through the directory's handle."""
-    if not stat.S_ISREG(os.lstat(WEIGHTS_FILE, dir_fd=directory.fd).st_mode):
-        raise unresolvable("weights_unreadable", "model.safetensors is not a regular file")
-    return str(directory.handle / WEIGHTS_FILE)
 
 
 def _read_shards(file: str, state: dict[str, Any]) -> None:
@@ -227,12 +300,3 @@ def _read_shards(file: str, state: dict[str, Any]) -> None:
                 local.copy_(f.get_slice(name)[index])
             else:
                 value.copy_(f.get_tensor(name))
-
-
-def _sha256(directory: ProvenDir) -> str:
-    h = hashlib.sha256()
-    fd = os.open(WEIGHTS_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory.fd)
-    with os.fdopen(fd, "rb") as handle:
-        while chunk := handle.read(_HASH_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()

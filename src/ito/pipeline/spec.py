@@ -129,6 +129,9 @@ class RunSpec:
     """The data-preparation report bound to the run: a prepared shard is read only if
     ``provenance.json`` has this digest and lists the shard's digest
     (:func:`ito.pipeline.data.read_documents`). ``None``: read as they are (tests)."""
+    recorded_checkpoints: frozenset[str] = frozenset()
+    """Digests of the checkpoints the server recorded for the run; with the journal's
+    (``events_path``), the only ones resumed from or pruned."""
     document: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The spec as read, for logging."""
 
@@ -202,5 +205,6 @@ def load_spec(path: Path) -> RunSpec:
         accelerator=doc.accelerator,
         initial_weights=doc.initial_weights,
         provenance_sha256=doc.provenance_sha256,
+        recorded_checkpoints=frozenset(doc.recorded_checkpoints or ()),
         document=json.loads(raw),
     )

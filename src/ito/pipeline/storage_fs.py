@@ -109,8 +109,14 @@ class ProvenDir:
         st = os.fstat(self.fd)
         return st.st_dev, st.st_ino
 
-    def subdir(self, name: str, *, create: bool = False) -> ProvenDir:
-        """A child directory, opened without following a link (created ``0700`` if asked)."""
+    def subdir(self, name: str, *, create: bool = False, new: bool = False) -> ProvenDir:
+        """A child directory, opened without following a link (created ``0700`` if asked;
+        with ``new``, created here and now: an entry already there refuses)."""
+        if new:
+            try:
+                os.mkdir(name, _DIR_MODE, dir_fd=self.fd)
+            except FileExistsError:
+                raise _refuse("already holds an entry where a new directory goes") from None
         return ProvenDir(_open_child(self.fd, name, create=create), self.real / name)
 
     def write_new(self, name: str, data: bytes) -> None:

@@ -16,12 +16,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from tokenizers import Tokenizer
 
-from ito.core.errors import ItoError, is_error_code
+from ito.core.errors import ErrorCode, ItoError, is_error_code
 from ito.core.ladder import ladder_plan, proxy_size
 from ito.core.manifest import EvalSpec, post_stage_seq_len
 from ito.core.model_sizes import SIZES, ModelSize
@@ -45,6 +46,7 @@ from ito.pipeline.data import (
     split_heldout,
 )
 from ito.pipeline.data_prep import named_tokenizer
+from ito.pipeline.dcp_files import remove_staged, stage_verified, staging_path
 from ito.pipeline.events import EventWriter
 from ito.pipeline.export import export_model
 from ito.pipeline.grad_accum import accumulate
@@ -246,6 +248,8 @@ class Trainer:
             spec.manifest.checkpoint.keep_last,
             self.events,  # type: ignore[arg-type]
             ckpt_group,
+            recorded=spec.recorded_checkpoints,
+            journal=spec.events_path,
         )
         self.peak = peak_flops()
         self.fault_armed = False
@@ -393,8 +397,11 @@ class Trainer:
         post-training is gated on eval data)."""
         return [(i, row) for i in data_ids for row in self._data_rows(i)]
 
-    def _latest(self) -> tuple[str, int, Path] | None:
-        found: list[tuple[str, int, Path] | None] = [None]
+    def _latest(self) -> tuple[str, int, Path, str] | None:
+        """The checkpoint to resume from (stage, step, path, recorded digest): the newest the
+        run recorded, or the one a human chose. A committed directory the run never recorded
+        (planted, or of another run) is named in a warning and never read."""
+        found: list[tuple[str, int, Path, str] | None] = [None]
         self.apply_restart = False
         if self.rank == 0:
             # With replica groups a live peer may be writing one of them right now: they are
@@ -403,7 +410,14 @@ class Trainer:
                 remove_uncommitted(self.spec.checkpoint_storage) if self.replica is None else []
             ):
                 self.events.log("warning", f"ignored uncommitted checkpoint {path}")
-            committed = committed_checkpoints(self.spec.checkpoint_storage)
+            committed = self.checkpointer.recorded()
+            recorded = {(c.stage, c.step) for c in committed}
+            for c in committed_checkpoints(self.spec.checkpoint_storage):
+                if (c.stage, c.step) not in recorded:
+                    self.events.log(
+                        "warning",
+                        f"ignored checkpoint {c.stage}/step {c.step}: the run never recorded it",
+                    )
             restart = self.spec.restart_from
             if restart is not None and not any(c.step > restart.step for c in committed):
                 # A human chose this checkpoint: resume from it exactly. (Once the restarted
@@ -414,9 +428,41 @@ class Trainer:
                 committed = chosen
                 self.apply_restart = True
             if committed:
-                found[0] = (committed[-1].stage, committed[-1].step, committed[-1].path)
+                newest = committed[-1]
+                assert newest.digest is not None  # recorded() keeps only known digests
+                found[0] = (newest.stage, newest.step, newest.path, newest.digest)
         dist.broadcast_object_list(found, src=0, group=self.ckpt_group)
         return found[0]
+
+    def _load_verified(
+        self, stage: str, step: int, digest: str
+    ) -> tuple[dict[str, object], bytes | None]:
+        """Load the run's own checkpoint from a private copy that rank 0 verified against
+        ``digest`` as it copied it (:func:`ito.pipeline.dcp_files.stage_verified`); a file
+        changed since its commit ends the run ``checkpoint_storage_invalid``, on every rank."""
+        verdict: list[object] = [None, None]
+        if self.rank == 0:
+            dest = staging_path(self.spec.workdir, f"{stage}-step_{step:08d}")
+            try:
+                with proven_dir(
+                    checkpoint_location(self.spec.checkpoint_storage, stage, step)
+                ) as step_dir:
+                    stage_verified(step_dir, digest, dest)
+                verdict[0] = str(dest)
+            except ItoError as exc:
+                verdict[1] = (exc.code, exc.message, dict(exc.details))
+        dist.broadcast_object_list(verdict, src=0, group=self.ckpt_group)
+        failure = cast("tuple[ErrorCode, str, dict[str, Any]] | None", verdict[1])
+        if failure is not None:
+            raise ItoError(failure[0], failure[1], **failure[2])
+        dest = Path(str(verdict[0]))
+        try:
+            trainer_state, rng = load_checkpoint(dest, self.model, self.optimizer, self.ckpt_group)
+        finally:
+            dist.barrier(group=self.ckpt_group)
+            if self.rank == 0:
+                remove_staged(dest)
+        return trainer_state, rng
 
     def _restart_applies(self) -> bool:
         flag = [self.apply_restart]
@@ -450,17 +496,11 @@ class Trainer:
         self._hold_rejoin()
         latest = self._latest()
         if latest is not None:
-            stage_name, resumed_step, path = latest
+            stage_name, resumed_step, path, digest = latest
             names = [p.config.stage for p in self.plans]
             if stage_name not in names:
                 raise ValueError(f"checkpoint {path} is of stage {stage_name!r}, not in this run")
-            # Read through the directory proven on disk, as it is written.
-            with proven_dir(
-                checkpoint_location(self.spec.checkpoint_storage, stage_name, resumed_step)
-            ) as step_dir:
-                trainer_state, rng = load_checkpoint(
-                    step_dir.handle, self.model, self.optimizer, self.ckpt_group
-                )
+            trainer_state, rng = self._load_verified(stage_name, resumed_step, digest)
             if rng is not None:
                 restore_rng(rng)
             start_pos, stage_step, tokens_seen = self._resume_position(trainer_state)
@@ -538,6 +578,7 @@ class Trainer:
             size=self.size,
             tokenizer=self.tokenizer,
             storage_root=self.spec.storage_root,
+            workdir=self.spec.workdir,
             group=self.ckpt_group,
         )
         self.events.log("info", f"initial weights loaded from {weights.revision}")
@@ -1036,9 +1077,7 @@ class Trainer:
         self.checkpointer.finish()
         committed = [0]
         if self.rank == 0:
-            found = [
-                c for c in committed_checkpoints(self.spec.checkpoint_storage) if c.step < step
-            ]
+            found = [c for c in self.checkpointer.recorded() if c.step < step]
             committed[0] = found[-1].step if found else 0
         dist.broadcast_object_list(committed, src=0, group=self.ckpt_group)
         good = int(committed[0])

@@ -219,6 +219,8 @@ class Supervisor:
             "layout": (lease.parallelism or {}).get("layout"),
             # Training reads only shards whose digests are those of this bound report.
             "provenance_sha256": bound,
+            # What it may resume from: the checkpoints the server recorded for the run.
+            "recorded_checkpoints": list(lease.recorded_checkpoints),
             # The weights it starts from (None: random); the engine verifies them first.
             "initial_weights": initial,
         }

@@ -7,9 +7,11 @@ that step must have been reported committed, not deleted by cleanup nor pruned (
 the source's manifest), with its digest reported; and the source's checkpoint storage must lie
 inside the new booking's storage (what its worker can read). ``hf:<dir>@sha256:<hex>``: the
 directory must lie inside the booking's storage; when this server can read it there (no link
-out of it), its ``config.json`` must describe the manifest's architecture and its
-``model.safetensors`` must have that digest; when it cannot (another host's storage), the
-engine checks both before step 0.
+out of it), its ``config.json`` — a regular file, opened without blocking, at most
+:data:`MAX_CONFIG_BYTES` — must describe the manifest's architecture. The digest of
+``model.safetensors`` is the engine's to verify before step 0, as it reads the file once (the
+plan says so: ``verified_by_engine``); the server never hashes a tenant's file inside a
+request, nor waits on one (a FIFO, a device, a sparse 16 GiB file).
 
 Any refusal is ``revision_unresolvable`` (:func:`ito.core.revisions.unresolvable`); what was
 resolved is recorded on the new run (its estimate's ``initial_weights``) for the worker.
@@ -17,10 +19,9 @@ resolved is recorded on the new run (its estimate's ``initial_weights``) for the
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import threading
+import stat
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -48,11 +49,8 @@ from ito.server.store.tables import Run, RunEvent
 
 __all__ = ["resolve_revision"]
 
-_HASH_CHUNK = 1 << 20
-_digests: dict[tuple[str, int, int, int], str] = {}
-"""sha256 of weight files this process hashed, by (path, inode, size, mtime): plan, confirm and
-create of one run hash a file once."""
-_digests_lock = threading.Lock()
+MAX_CONFIG_BYTES = 1 << 20
+"""The largest ``config.json`` the server reads (a real one is a few kilobytes)."""
 
 
 def resolve_revision(
@@ -164,7 +162,11 @@ def _reported_digest(session: Session, run: Run, step: int) -> str | None:
 def _resolve_hf(manifest: Manifest, booking: BookingView, revision: HfRevision) -> InitialWeights:
     parts = storage_parts(revision.path, booking.storage_uri)
     weights = InitialWeights(
-        kind="hf", sha256=revision.sha256, revision=manifest.model.revision, path=revision.path
+        kind="hf",
+        sha256=revision.sha256,
+        revision=manifest.model.revision,
+        path=revision.path,
+        verified_by_engine="sha256 of model.safetensors, as it loads it, before step 0",
     )
     assert booking.storage_uri is not None  # storage_parts refuses a booking without one
     root = Path(unquote(urlsplit(booking.storage_uri).path))
@@ -174,13 +176,11 @@ def _resolve_hf(manifest: Manifest, booking: BookingView, revision: HfRevision) 
     real_root = os.path.realpath(root)
     if not directory.is_dir() or not os.path.realpath(directory).startswith(real_root + "/"):
         return weights  # not on this host: the engine checks it before step 0
-    try:
-        config = json.loads((directory / "config.json").read_bytes())
-        digest = _file_sha256(directory / "model.safetensors")
-    except (OSError, ValueError):
-        raise unresolvable(
-            "weights_unreadable", "the directory has no readable config.json and model.safetensors"
-        ) from None
+    # The server never waits on a tenant's file: config.json is opened without following a
+    # link and without blocking (a FIFO answers at once), must be a regular file and is read
+    # up to a bound. The weights' digest is the engine's to verify, as it reads them (one
+    # read, however large the file): nothing here hashes gigabytes inside a request.
+    config = _read_config(directory / "config.json")
     wrong = (
         architecture_mismatch(config, SIZES[manifest.model.size])
         if isinstance(config, dict)
@@ -190,25 +190,26 @@ def _resolve_hf(manifest: Manifest, booking: BookingView, revision: HfRevision) 
         raise unresolvable(
             "architecture_mismatch", f"config.json's {wrong} is not the manifest's model's"
         )
-    if digest != revision.sha256:
-        raise unresolvable("digest_mismatch", "model.safetensors does not have that sha256")
     return weights
 
 
-def _file_sha256(path: Path) -> str:
-    st = os.stat(path)
-    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
-    with _digests_lock:
-        known = _digests.get(key)
-    if known is not None:
-        return known
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            h.update(chunk)
-    digest = h.hexdigest()
-    with _digests_lock:
-        if len(_digests) > 256:
-            _digests.clear()
-        _digests[key] = digest
-    return digest
+def _read_config(path: Path) -> object:
+    unreadable = unresolvable(
+        "weights_unreadable", "the directory has no readable config.json (a regular file)"
+    )
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        raise unreadable from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_CONFIG_BYTES:
+        os.close(fd)
+        raise unreadable
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise unreadable
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise unreadable from None
