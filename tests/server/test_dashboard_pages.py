@@ -150,6 +150,11 @@ def test_run_page_shows_the_runs_stages_gate_charts_logs_and_checkpoints_as_the_
     assert pretrain["step"] == STEPS and pretrain["steps"] > STEPS
     row = re.search(r'<tr data-stage="pretrain" data-status="running">.*?</tr>', html, re.S)
     assert row is not None and f"{STEPS} / {pretrain['steps']}" in row.group(0)
+    # The header says the same step of the same stage; the global step is named as such.
+    header = re.search(r"<th>Stage</th><td>(.*?)</td>", html, re.S)
+    assert header is not None
+    assert f'step <span id="stage-step">{STEPS}</span> of {pretrain["steps"]}' in header[1]
+    assert "global step" in header[1]
 
     # The log tail ends at the last line, the checkpoint is listed, telemetry is shown.
     logs = tenant.api("GET", f"/v1/runs/{run_id}/logs")["data"]["lines"]

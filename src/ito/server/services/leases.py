@@ -33,11 +33,12 @@ from ito.core.pipeline_events import (
 from ito.core.states import RunState
 from ito.server.services.bookings import booking_view
 from ito.server.services.credentials import AuthContext
+from ito.server.services.metric_buckets import add_points
 from ito.server.services.run_progress import run_progress, stages_completed
 from ito.server.services.runs import record_event, transition_run
 from ito.server.services.spending import spend_limits
 from ito.server.store.runtime_tables import CheckpointRow, RunLease, RunLog, RunMetric
-from ito.server.store.tables import Booking, ManifestRow, Run, utcnow
+from ito.server.store.tables import Booking, ManifestRow, Run, RunEvent, utcnow
 
 __all__ = [
     "LeaseSettings",
@@ -219,7 +220,38 @@ def lease_next(
         "parallelism": (run.estimate or {}).get("parallelism"),
         "initial_weights": (run.estimate or {}).get("initial_weights"),
         "provenance_sha256": run.provenance_sha256,
+        "recorded_checkpoints": recorded_checkpoints(session, run),
     }
+
+
+def recorded_checkpoints(session: Session, run: Run) -> list[str]:
+    """Digests of the run's checkpoints still on disk, as its engine reported them: the only
+    ones a later attempt may resume from (anything else in its storage was not written by
+    it)."""
+    live = {
+        (stage, step)
+        for stage, step in session.execute(
+            select(CheckpointRow.stage, CheckpointRow.step).where(
+                CheckpointRow.run_id == run.id,
+                CheckpointRow.account_id == run.account_id,
+                CheckpointRow.deleted_at.is_(None),
+            )
+        )
+    }
+    if not live:
+        return []
+    digests: list[str] = []
+    for (data,) in session.execute(
+        select(RunEvent.data).where(
+            RunEvent.run_id == run.id,
+            RunEvent.account_id == run.account_id,
+            RunEvent.kind == "checkpoint",
+        )
+    ):
+        data = data or {}
+        if (data.get("stage"), data.get("step")) in live and isinstance(data.get("sha256"), str):
+            digests.append(str(data["sha256"]))
+    return sorted(set(digests))
 
 
 def held_lease(
@@ -330,6 +362,8 @@ def report(
     let go."""
     run, lease = held_lease(session, worker, run_id, attempt)
     counts = {"logs": 0, "metrics": 0, "checkpoints": 0, "events": 0}
+    points: list[tuple[str, int, str, float]] = []
+    metric_rows: list[RunMetric] = []
     for item in events:
         if isinstance(item, LogEvent):
             session.add(
@@ -345,7 +379,7 @@ def report(
         elif isinstance(item, MetricEvent):
             for name, value in item.values.items():
                 if value is not None:  # a figure that is not finite or not known
-                    session.add(
+                    metric_rows.append(
                         RunMetric(
                             run_id=run.id,
                             account_id=run.account_id,
@@ -356,6 +390,7 @@ def report(
                             value=float(value),
                         )
                     )
+                    points.append((item.stage, item.step, name, float(value)))
                     counts["metrics"] += 1
         elif isinstance(item, CheckpointEvent):
             session.add(
@@ -500,6 +535,10 @@ def report(
             )
             counts["events"] += 1
     session.flush()
+    # The charts' buckets, in the same transaction as the points (first: a step reported
+    # again is told apart from its earlier report by the rows already stored).
+    add_points(session, run.id, run.account_id, points)
+    session.add_all(metric_rows)
     return counts
 
 

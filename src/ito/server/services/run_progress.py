@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import bindparam, select
 
 from ito.core.stage_plan import stage_progress, stored_stage_plan
 from ito.core.states import RunState
+from ito.server.services.metric_buckets import last_steps
 from ito.server.store.runtime_tables import RunMetric
 from ito.server.store.tables import RunEvent
 
@@ -25,11 +26,6 @@ _STAGE_EVENTS = (
     select(RunEvent.kind, RunEvent.data)
     .where(RunEvent.run_id == bindparam("run_id"), RunEvent.kind.in_(("stage", "gate")))
     .order_by(RunEvent.id)
-)
-_LAST_STEPS = (
-    select(RunMetric.stage, func.max(RunMetric.step))
-    .where(RunMetric.run_id == bindparam("run_id"), RunMetric.name == "loss")
-    .group_by(RunMetric.stage)
 )
 _LAST_STEP_SECONDS = (
     select(RunMetric.value)
@@ -70,7 +66,7 @@ def run_progress(session: Session | Connection, run: Run | Row[Any]) -> list[dic
     plan = stored_stage_plan(run.estimate)
     started, completed, taken = _stage_events(session, run.id)
     params = {"run_id": run.id}
-    last_step = {str(stage): int(step) for stage, step in session.execute(_LAST_STEPS, params)}
+    last_step = last_steps(session, run.id)
     pace = session.execute(_LAST_STEP_SECONDS, params).scalar()
     rows = stage_progress(
         plan,

@@ -23,6 +23,7 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from ito.core.states import RunState
+from ito.server.services.metric_buckets import series_mean, surviving_total
 from ito.server.services.runs import get_run
 from ito.server.store.runtime_tables import CheckpointRow, RunLease, RunMetric
 from ito.server.store.tables import Booking, Run
@@ -78,8 +79,27 @@ def _productive(session: Session, run_ids: list[str] | None = None) -> dict[str,
     return _surviving(session, "step_seconds", run_ids)
 
 
-def _productive_seconds(session: Session, run_id: str) -> float:
-    return _productive(session, [run_id]).get(run_id, 0.0)
+def _one_surviving(session: Session, run: Run, name: str) -> float:
+    """:func:`_surviving` of one run, from its bucket summaries: a few bounded queries whatever
+    its length (the run page refreshes every 2 s; a scan of a million-step series would not
+    do)."""
+    up_to = None
+    if run.state in _LOST_AFTER_COMMIT:
+        committed = session.scalar(
+            select(func.max(CheckpointRow.step)).where(CheckpointRow.run_id == run.id)
+        )
+        up_to = int(committed or 0)
+    return surviving_total(session, run.id, name, up_to)
+
+
+def _productive_seconds(session: Session, run: Run) -> float:
+    return _one_surviving(session, run, "step_seconds")
+
+
+def _one_tokens_per_s(session: Session, run: Run) -> float | None:
+    tokens = _one_surviving(session, run, "tokens")
+    seconds = _one_surviving(session, run, "step_seconds")
+    return tokens / seconds if tokens > 0 and seconds > 0 else None
 
 
 def _tokens_per_s(session: Session, run_ids: list[str] | None = None) -> dict[str, float]:
@@ -96,10 +116,8 @@ def _tokens_per_s(session: Session, run_ids: list[str] | None = None) -> dict[st
 
 
 def _mean(session: Session, run_id: str, name: str) -> float | None:
-    value = session.scalar(
-        select(func.avg(RunMetric.value)).where(RunMetric.run_id == run_id, RunMetric.name == name)
-    )
-    return float(value) if value is not None else None
+    # From the run's bucket summaries: a few rows, whatever the run's length.
+    return series_mean(session, run_id, name)
 
 
 @dataclass(frozen=True)
@@ -141,7 +159,7 @@ def _raw(session: Session, run: Run, booking: Booking) -> RawFigures:
     ).one()
     return RawFigures(
         busy=busy,
-        productive=_productive_seconds(session, run.id),
+        productive=_productive_seconds(session, run),
         interruptions=lease.interruptions if lease else 0,
         node_hours=busy * booking.nodes / 3600.0,
         written=int(written),
@@ -178,8 +196,7 @@ def _run_figures(
         "node_hours": round(raw.node_hours, 6),
         "checkpoint_bytes": raw.written,
         "checkpoint_seconds": round(raw.seconds, 3),
-        "tokens_per_s": _tokens_per_s(session, [run.id]).get(run.id)
-        or _mean(session, run.id, "tokens_per_s"),
+        "tokens_per_s": _one_tokens_per_s(session, run) or _mean(session, run.id, "tokens_per_s"),
         "mfu": _mean(session, run.id, "mfu"),
         "bytes_freed": raw.bytes_freed,
     }

@@ -22,7 +22,14 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from ito.server.store.tables import Base, UTCDateTime, utcnow
 
-__all__ = ["CheckpointRow", "RunLease", "RunLog", "RunMetric", "RunProvenance"]
+__all__ = [
+    "CheckpointRow",
+    "RunLease",
+    "RunLog",
+    "RunMetric",
+    "RunMetricBucket",
+    "RunProvenance",
+]
 
 _ID = BigInteger().with_variant(Integer, "sqlite")
 
@@ -69,6 +76,8 @@ class RunMetric(Base):
     __tablename__ = "run_metrics"
     __table_args__ = (
         Index("ix_run_metrics_run_id_name", "run_id", "name", "id"),
+        # A step's earlier reports (a replay after a restart), found as a report arrives.
+        Index("ix_run_metrics_run_id_name_step", "run_id", "name", "step"),
         # Every series of a run in cursor order (no name filter).
         Index("ix_run_metrics_run_id_id", "run_id", "id"),
     )
@@ -81,6 +90,39 @@ class RunMetric(Base):
     name: Mapped[str] = mapped_column(String(64))
     value: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class RunMetricBucket(Base):
+    """A run's metric series summarised per bucket of ``width`` global steps (one row per
+    series, stage, width and bucket), kept as points are reported: the run page draws a fixed
+    number of buckets whatever the history, instead of every point
+    (:mod:`ito.server.services.metric_buckets`)."""
+
+    __tablename__ = "run_metric_buckets"
+    __table_args__ = (
+        Index(
+            "ux_run_metric_buckets_key", "run_id", "name", "width", "bucket", "stage", unique=True
+        ),
+    )
+    id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    name: Mapped[str] = mapped_column(String(64))
+    stage: Mapped[str] = mapped_column(String(30))
+    width: Mapped[int] = mapped_column(Integer)
+    bucket: Mapped[int] = mapped_column(Integer)
+    first_step: Mapped[int] = mapped_column(Integer)
+    last_step: Mapped[int] = mapped_column(Integer)
+    min_value: Mapped[float] = mapped_column(Float)
+    max_value: Mapped[float] = mapped_column(Float)
+    last_value: Mapped[float] = mapped_column(Float)
+    """The value reported last in the bucket (a replayed step's newer value included)."""
+    count: Mapped[int] = mapped_column(Integer)
+    sum_value: Mapped[float] = mapped_column(Float)
+    """The sum of the values reported in the bucket (a series' mean is Σ sums ÷ Σ counts)."""
+    surviving_sum: Mapped[float] = mapped_column(Float)
+    """The sum of each step's value as last reported (a step replayed after a restart counts
+    once, with its newest value): telemetry's productive time and tokens."""
 
 
 class CheckpointRow(Base):

@@ -2,9 +2,12 @@
 
 No chart library and nothing fetched at run time: a chart is a ``<figure>`` holding one
 ``<svg>`` whose ``viewBox`` scales to any width (laptop or phone), one ``<polyline>`` per series
-in step order as reported, and a legend. Every point the series holds is drawn — none is
-dropped or resampled — and the figure says how many in ``data-points``, so a reader (or a test)
-can check the chart against the API's ``runs metrics``. Every text is escaped.
+in step order, and a legend. A short series is drawn point by point (a replayed step once, with
+its newest value); a long one as the minimum and maximum of each bucket of steps
+(:mod:`ito.server.services.metric_buckets`), so a page costs the same whatever the history and
+a spike stays visible. The figure says how many points it drew (``data-points``) and how many
+the run reported (``data-reported``), and the legend says when buckets were drawn, so a reader
+(or a test) can check the chart against the API's ``runs metrics``. Every text is escaped.
 """
 
 from __future__ import annotations
@@ -32,6 +35,12 @@ class Series:
 
     name: str
     points: Sequence[tuple[float, float]]
+    reported: int | None = None
+    """Points the run reported (``None``: those drawn)."""
+    width: int = 1
+    """1: drawn point by point; else the steps per bucket whose minimum and maximum are drawn."""
+    last: float | None = None
+    """The value reported last (``None``: the last point's)."""
 
 
 def _span(values: list[float]) -> tuple[float, float]:
@@ -58,17 +67,25 @@ def line_chart(
     vertical line and its label at each of ``marks`` inside the steps drawn (where a stage
     begins)."""
     clean = [
-        Series(s.name, [(x, y) for x, y in s.points if math.isfinite(x) and math.isfinite(y)])
+        Series(
+            s.name,
+            [(x, y) for x, y in s.points if math.isfinite(x) and math.isfinite(y)],
+            s.reported,
+            s.width,
+            s.last,
+        )
         for s in series
     ]
     clean = [s for s in clean if s.points]
     total = sum(len(s.points) for s in clean)
+    reported = sum(s.reported if s.reported is not None else len(s.points) for s in clean)
     head = Markup(
-        '<figure class="chart" id="chart-{key}" data-chart="{key}" data-points="{total}">'
-        "<figcaption>{title}{unit}</figcaption>"
+        '<figure class="chart" id="chart-{key}" data-chart="{key}" data-points="{total}" '
+        'data-reported="{reported}"><figcaption>{title}{unit}</figcaption>'
     ).format(
         key=key,
         total=total,
+        reported=reported,
         title=title,
         unit=Markup(' <span class="muted">({})</span>').format(unit) if unit else "",
     )
@@ -147,11 +164,18 @@ def line_chart(
                 )
                 for x, y in s.points
             )
+        last = s.last if s.last is not None and math.isfinite(s.last) else s.points[-1][1]
+        count = s.reported if s.reported is not None else len(s.points)
+        how = (
+            Markup(", drawn as the min and max of every {w} steps").format(w=s.width)
+            if s.width > 1
+            else ""
+        )
         legend.append(
             Markup(
                 '<li><span class="swatch" style="background:{colour}"></span>{name} '
-                '<span class="muted">last {last}, {n} point(s)</span></li>'
-            ).format(colour=colour, name=s.name, last=_number(s.points[-1][1]), n=len(s.points))
+                '<span class="muted">last {last}, {n} point(s){how}</span></li>'
+            ).format(colour=colour, name=s.name, last=_number(last), n=count, how=how)
         )
     return (
         head

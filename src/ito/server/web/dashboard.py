@@ -25,9 +25,9 @@ from ito.server.services.lifecycle import (
     checkpoint_dict,
     list_checkpoints,
     list_exports,
-    list_metrics,
     log_tail,
 )
+from ito.server.services.metric_buckets import ChartSeries, chart_series
 from ito.server.services.provenance import provenance_of
 from ito.server.services.run_progress import run_progress
 from ito.server.services.runs import event_dict, get_run, list_events, list_runs, run_dict
@@ -44,7 +44,6 @@ __all__ = [
 ]
 
 LOG_TAIL_LINES = 100
-_PAGE = 5000
 _EVENT_PAGE = 1000
 
 
@@ -100,16 +99,6 @@ def _all_events(session: Session, account_id: str, run_id: str) -> list[dict[str
             return events
 
 
-def _all_metrics(session: Session, account_id: str, run_id: str) -> list[dict[str, Any]]:
-    points: list[dict[str, Any]] = []
-    since = 0
-    while True:
-        page, since = list_metrics(session, account_id, run_id, since=since, limit=_PAGE)
-        points.extend(page)
-        if len(page) < _PAGE:
-            return points
-
-
 def timeline_of(
     run: dict[str, Any],
     events: list[dict[str, Any]],
@@ -156,37 +145,36 @@ def timeline_of(
     return list(entries.values())
 
 
-def _charts(points: list[dict[str, Any]], stage_starts: list[tuple[float, str]]) -> list[Markup]:
-    by_name: dict[str, list[tuple[float, float]]] = {}
-    for p in points:
-        if p["value"] is not None:
-            by_name.setdefault(p["name"], []).append((float(p["step"]), float(p["value"])))
+def _charts(series: dict[str, ChartSeries], stage_starts: list[tuple[float, str]]) -> list[Markup]:
+    def drawn(name: str, label: str | None = None) -> Series:
+        s = series[name]
+        return Series(label or name, s.points, reported=s.reported, width=s.width, last=s.last)
 
-    def series(names: list[str]) -> list[Series]:
-        return [Series(n, by_name[n]) for n in names if n in by_name]
+    def several(names: list[str]) -> list[Series]:
+        return [drawn(n) for n in names if n in series]
 
-    evals = sorted(n for n in by_name if n.startswith("eval/"))
-    rewards = sorted(n for n in by_name if "reward" in n)
+    evals = sorted(n for n in series if n.startswith("eval/"))
+    rewards = sorted(n for n in series if "reward" in n)
     charts = [
-        line_chart("loss", "Training loss", series(["loss"]), marks=stage_starts),
+        line_chart("loss", "Training loss", several(["loss"]), marks=stage_starts),
         line_chart(
             "eval",
             "Eval results",
-            [Series(n.removeprefix("eval/"), by_name[n]) for n in evals],
+            [drawn(n, n.removeprefix("eval/")) for n in evals],
             marks=stage_starts,
         ),
         line_chart(
             "tokens_per_s",
             "Throughput",
-            series(["tokens_per_s"]),
+            several(["tokens_per_s"]),
             unit="tokens/s",
             marks=stage_starts,
         ),
-        line_chart("mfu", "MFU", series(["mfu"]), unit="fraction of peak", marks=stage_starts),
+        line_chart("mfu", "MFU", several(["mfu"]), unit="fraction of peak", marks=stage_starts),
     ]
     if rewards:
-        charts.append(line_chart("reward", "Reward", series(rewards), marks=stage_starts))
-    preference = series(["dpo_margin", "dpo_accuracy"])
+        charts.append(line_chart("reward", "Reward", several(rewards), marks=stage_starts))
+    preference = several(["dpo_margin", "dpo_accuracy"])
     if preference:
         charts.append(line_chart("dpo", "Preference (DPO)", preference, marks=stage_starts))
     return charts
@@ -222,11 +210,11 @@ def run_page(
     run = run_dict(row)
     events = _all_events(session, account_id, run_id)
     gates = gates_of(session, account_id, run_id)
-    points = _all_metrics(session, account_id, run_id)
-    steps: dict[str, list[int]] = {}
-    for p in points:
-        if p["name"] == "loss":
-            steps.setdefault(p["stage"], []).append(p["step"])
+    # Bounded whatever the history: each series' span from a few summary rows, then at most
+    # a fixed number of points or buckets (ito.server.services.metric_buckets).
+    series = chart_series(session, account_id, run_id)
+    loss = series.get("loss")
+    steps = {stage: list(span) for stage, span in (loss.stage_steps if loss else {}).items()}
     timeline = timeline_of(run, events, gates["gates"], steps)
     # Step / total, tokens and ETA inside each stage of the stored plan.
     inside = {p["name"]: p for p in run_progress(session, row)}
@@ -243,17 +231,20 @@ def run_page(
     state = RunState(run["state"])
     confirmations = run_confirmations(session, account_id, run_id, public_url, now)
     proposal = _restart_proposal(events, run)
-    last_step = max((p["step"] for p in points if p["name"] == "loss"), default=None)
+    last_step = loss.last_step if loss is not None else None
     return {
         "run": run,
         "progress": progress_of(run, completed),
         "last_step": last_step,
+        # The header's step is the one the stage table shows (N of M inside the current
+        # stage); the global step is beside it, named as such.
+        "current": inside.get(str(run["stage"])) if run["stage"] else None,
         "timeline": timeline,
         "ladder": gates["ladder"],
         "charts": _charts(
-            points, [(float(t["steps"][0]), t["stage"]) for t in timeline if t["steps"]]
+            series, [(float(t["steps"][0]), t["stage"]) for t in timeline if t["steps"]]
         ),
-        "loss_points": sum(1 for p in points if p["name"] == "loss" and p["value"] is not None),
+        "loss_points": loss.reported if loss is not None else 0,
         "logs": log_tail(session, account_id, run_id, limit=LOG_TAIL_LINES),
         "events": events[-15:],
         "checkpoints": [checkpoint_dict(r) for r in list_checkpoints(session, account_id, run_id)],
