@@ -163,6 +163,12 @@ CREDENTIALS: list[tuple[str, str]] = [
         "uri_with_token_query",
         "https://data.example.com/web.jsonl?access_" + "token=" + r(ALNUM, 40),
     ),
+    # Three shapes a hostile review found passing (issue 26): a netrc line, a Supabase
+    # personal token, and a W&B key (40 hex digits: a SHA-1's shape, told apart by context).
+    ("netrc_password", "machine api.wandb.ai login user pass" + "word " + r(ALNUM, 16)),
+    ("supabase_token", "sb" + "p_" + r(HEX, 40)),
+    ("wandb_key_assignment", "WANDB_API_" + "KEY=" + r(HEX, 40)),
+    ("wandb_login", "wandb " + "login " + r(HEX, 40)),
 ]
 assert len({name for name, _ in CREDENTIALS}) == len(CREDENTIALS)
 
@@ -197,4 +203,11 @@ BENIGN: list[tuple[str, str]] = [
     ("long_path_segment", "file:///data/ThisIsALongDirectoryName2024/AnotherFolderV2/x.jsonl"),
     ("dataset_slug", "allenai/tulu-3-sft-mixture-0225"),
     ("base64_word_path", "gs://bucket/Datasets/WebText2023Q4Release/shard_0001_of_4096"),
+    # The path `ito runs checkpoints` lists for an export: a run id and a step directory.
+    (
+        "export_path",
+        "/srv/storage/booking_7Hq2kT9xW4mZ8pL3/runs/run_k3j5m2q7w4x6z8b2c4d6f8h2/ckpt/"
+        "exports/sft/step_00000625",
+    ),
+    ("prose_login_password", "log in with your login and password to see the dashboard"),
 ]

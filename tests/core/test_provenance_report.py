@@ -70,6 +70,14 @@ def test_a_well_formed_report_parses_and_lists_its_shard_digests() -> None:
         _raw(_report(datasets=[{"id": "web"}])),
         _raw(_report(eval_contaminated_fraction=2.0)),
         _raw(_report(datasets=_report()["datasets"] * 2)),  # a data set twice
+        # Past the request's text guard (it travels base64-encoded), a bidi override or an
+        # escape in any string, keys included, would reach the run's page.
+        _raw(_report(manifest_name="m\u202egnp.exe")),
+        _raw(_report(parameters={"max_contamination": 0.0, "note\x1b[2J": 1})),
+        _raw({**_report(), "extra": [[{"deep": "\x00"}]]}),
+        # Nesting: 200,000 levels answered 500 (a RecursionError); any past 16 is refused.
+        b"[" * 200_000 + b"]" * 200_000,
+        _raw({**_report(), "extra": json.loads("[" * 17 + "]" * 17)}),
     ],
 )
 def test_a_malformed_report_is_refused_invalid_arguments(broken: bytes) -> None:

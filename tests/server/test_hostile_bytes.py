@@ -164,6 +164,48 @@ def test_hostile_characters_in_json_strings_at_any_depth_are_invalid_arguments(
     assert ok.status_code == 200, ok.text
 
 
+@pytest.mark.parametrize(
+    "content_types",
+    [
+        [("content-type", "application/json"), ("content-type", "text/plain")],
+        [("Content-Type", "text/plain"), ("content-type", "application/json")],
+        [("content-type", "application/json"), ("CONTENT-TYPE", "application/json")],
+        [("content-type", "application/json, text/plain")],
+    ],
+    ids=["json-then-text", "text-then-json", "twice-the-same", "a-list-in-one"],
+)
+def test_more_than_one_content_type_is_refused_before_the_body_is_read(
+    tenant: Tenant, content_types: list[tuple[str, str]]
+) -> None:
+    """Two media types would let the guard read the body as one and a route parse it as the
+    other: a NUL then reached PostgreSQL and answered 500. Refused, whatever the spelling, and
+    nothing is created."""
+    worker = _worker_key(tenant)
+    before = tenant.counts()
+    for path, key, body in [
+        ("/v1/desk/accounts", tenant.server.desk_key, {"name": "tenant\u0000x"}),
+        (
+            "/v1/desk/keys",
+            tenant.server.desk_key,
+            {"account_id": tenant.account_id, "role": "requester", "name": "k\u0000"},
+        ),
+        ("/v1/device/code", "none", {"client_name": "a\u0000b"}),
+        (
+            "/v1/worker/runs/run_x/report",
+            worker,
+            {"attempt": 1, "events": [{"type": "log", "message": "a\u0000b"}]},
+        ),
+    ]:
+        response = httpx.post(
+            tenant.server.url + path,
+            headers=[("authorization", f"Bearer {key}"), *content_types],
+            content=json.dumps(body).encode(),
+            timeout=30,
+        )
+        _refused(response)
+    assert tenant.counts() == before
+
+
 def test_hostile_characters_in_web_form_fields_get_the_error_page(tenant: Tenant) -> None:
     for char in IN_TEXT[:-1]:  # a form cannot even encode a lone surrogate
         response = httpx.post(

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
+import httpx
 import pytest
 
 from tests.support import Tenant, database_text
@@ -68,6 +71,11 @@ def test_another_accounts_objects_look_missing_on_every_read(
 
 def test_no_api_key_is_stored_or_logged(tenant: Tenant) -> None:
     _run(tenant)
+    # A client that puts a key in the path, percent-encoded: refused, and not logged either.
+    for key in (tenant.requester_key, tenant.approver_key):
+        encoded = quote(key, safe="").replace("_", "%5F")
+        httpx.get(f"{tenant.server.url}/v1/runs/{encoded}", timeout=30)
+        httpx.get(f"{tenant.server.url}/ui/runs/{encoded}", timeout=30)
     keys = [tenant.requester_key, tenant.approver_key, tenant.server.desk_key]
     stored = database_text(tenant.server)
     log = tenant.server.log_path.read_bytes()

@@ -5,10 +5,11 @@ The client address is the socket's peer unless the operator names trusted proxie
 against the address and against the presented key's public prefix; past the limit, failures
 are answered ``rate_limited`` — but a key that verifies always gets in, so one tenant's (or an
 attacker's) failures behind a shared NAT cannot lock another tenant out. At the sign-in page
-(guessable passwords) failures count per email and per address-and-email, never per address
-alone. (On SQLite only: the failure window lives in the store, shared by every server on it,
-the same code on both backends; each test starts its minute without the failures other tests'
-servers counted from this address.)"""
+(guessable passwords) failures count per email and per address-and-email, and per address over
+all emails at three times the limit: a spray of emails is stopped, one account's guesser behind
+a NAT does not reach it. (On SQLite only: the failure window lives in the store, shared by
+every server on it, the same code on both backends; each test starts its minute without the
+failures other tests' servers counted from this address.)"""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from ito.server.state import SIGN_IN_ADDRESS_FACTOR
 from tests.server.web_browser import browser, make_approver
 from tests.support import Server, extra_server, make_tenant
 
@@ -116,3 +118,21 @@ def test_wrong_passwords_for_one_account_do_not_lock_out_another_behind_the_same
         assert locked.status_code == 429 and "rate_limited" in locked.text
         # Same address, another account: signs in.
         assert web.sign_in(neighbour.email, neighbour.password).status_code == 303
+
+
+def test_a_spray_of_emails_from_one_address_is_stopped_for_the_minute(
+    server: Server, tmp_path: Path
+) -> None:
+    """Thirty emails sprayed from one address went unthrottled: each email's own count stayed
+    under the limit. Past three times the limit over all emails, the address is refused —
+    a real approver's right password included — and no session starts."""
+    neighbour = make_approver(server, make_tenant(server, tmp_path / "b", "b").account_id)
+    with (
+        extra_server(server, tmp_path, ITO_AUTH_FAILURES_PER_MINUTE=str(LIMIT)) as url,
+        browser(url) as web,
+    ):
+        for i in range(SIGN_IN_ADDRESS_FACTOR * LIMIT):
+            assert web.sign_in(f"sprayed-{i}@example.com", "guess").status_code == 401
+        refused = web.sign_in(neighbour.email, neighbour.password)
+        assert refused.status_code == 429 and "rate_limited" in refused.text
+        assert web.session_cookie() is None

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ito.core.errors import ItoError
+from ito.core.text import unsafe_json_paths
 
 __all__ = [
     "PROVENANCE_MAX_BYTES",
@@ -106,6 +107,24 @@ class ProvenanceReport(_Part):
         return {d.id: d.output_sha256 for d in self.datasets}
 
 
+MAX_DEPTH = 16
+"""The deepest nesting a report may have (a real one is 4 levels deep)."""
+
+
+def json_depth(value: object) -> int:
+    """How deeply ``value`` (parsed JSON) nests lists and objects, without recursion."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(item, dict):
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
+    return deepest
+
+
 def provenance_digest(raw: bytes) -> str:
     return "sha256:" + hashlib.sha256(raw).hexdigest()
 
@@ -116,8 +135,23 @@ def parse_provenance(raw: bytes) -> ProvenanceReport:
         raise ItoError("request_too_large", max_bytes=PROVENANCE_MAX_BYTES)
     try:
         document = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise ItoError("invalid_arguments", "the provenance report is not UTF-8 JSON") from None
+    if json_depth(document) > MAX_DEPTH:
+        raise ItoError(
+            "invalid_arguments", f"the provenance report nests deeper than {MAX_DEPTH} levels"
+        )
+    # It arrived base64-encoded, past the request's text guard: the same rule applies to
+    # every string in it before it is stored (and shown on the run's page).
+    unsafe = unsafe_json_paths(document)
+    if unsafe:
+        raise ItoError(
+            "invalid_arguments",
+            "the provenance report carries a control, bidirectional override or other refused "
+            "character",
+            location="body",
+            paths=unsafe,
+        )
     try:
         report = ProvenanceReport.model_validate(document)
     except ValidationError as exc:

@@ -33,8 +33,8 @@ quotes. Tuned for manifests, which legitimately hold digests and paths:
   SHA-512 hex digest (40, 64, 128) — ``sha256`` fields, ``sha256:…`` revisions, digests inside
   data file names — and is then not judged; a hex key of one of those lengths is not told apart
   from a digest (no detector can);
-- in a URI, '/' separates path segments and each segment is judged alone (elsewhere '/' is part
-  of the base64 alphabet, as in an AWS secret access key);
+- in a URI or an absolute path, '/' separates path segments and each segment is judged alone
+  (elsewhere '/' is part of the base64 alphabet, as in an AWS secret access key);
 - a base64 run is judged only if it mixes upper case, lower case and digits (a random 20+
   character key does with probability > 0.999; paths, words and model names mostly do not), and
   is not a UUID or a sequential string (``detect_secrets.filters.heuristic``).
@@ -185,8 +185,10 @@ def detector_hits(
 
 
 def is_uri(text: str) -> bool:
-    """Whether ``text`` starts like a URI (``scheme://``)."""
-    return _URI_START.match(text) is not None
+    """Whether ``text`` names a location whose '/' separates segments: a URI (``scheme://``),
+    an absolute path, or a revision naming one (``hf:/…``) — an export's own path, which
+    ``ito runs checkpoints`` lists, is judged segment by segment, not as one long run."""
+    return _URI_START.match(text) is not None or text.startswith(("/", "hf:/"))
 
 
 def high_entropy_kind(run: str) -> str | None:

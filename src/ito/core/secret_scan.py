@@ -102,6 +102,7 @@ _EXACT: list[tuple[str, str, tuple[str, ...]]] = [
     ("api_token", _word("dapi", r"[a-f0-9]{32}"), ("dapi",)),
     ("api_token", _word("SG\\.", r"[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16}"), ("SG.",)),
     ("api_token", _word("ito_", r"[a-z]+_[A-Za-z0-9]{8}_[A-Za-z0-9_-]{20}"), ("ito_",)),
+    ("api_token", _word("sbp_", r"[a-f0-9]{40}"), ("sbp_",)),
     ("jwt", _word("eyJ", r"[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8}"), ("eyJ",)),
     # Scheme-less on purpose: a `[a-z]+://` prefix would be retried at every letter of a long
     # word (quadratic); the class stops at '/', so each `://` is looked at once.
@@ -115,6 +116,11 @@ _FOLDED: list[tuple[str, str, tuple[str, ...]]] = [
         ("authorization_header", rf"{name}\s*:\s*\S{{8}}", (name,))
         for name in ("api-key", "x-auth-token", "cookie")
     ),
+    # A netrc line (``machine … login … password …``), and a W&B key by its context (its 40 hex
+    # digits alone are a SHA-1's shape, which digests legitimately take).
+    ("secret_assignment", r"login[ \t]+\S+[ \t]+password[ \t]+\S{4}", ("login",)),
+    ("api_token", r"wandb_api_key\s*[=:]\s*[\"']?(?:local-)?[0-9a-f]{40}", ("wandb_api_key",)),
+    ("api_token", r"wandb[ \t]+login[ \t]+(?:-\S+[ \t]+)*(?:local-)?[0-9a-f]{40}", ("wandb",)),
     ("cloud_key", r"accountkey=[a-z0-9+/=]{20}", ("accountkey=",)),
     ("cloud_key", r"sharedaccesskey=[a-z0-9+/=]{20}", ("sharedaccesskey=",)),
     ("cloud_key", r"sharedaccesssignature=\S{8}", ("sharedaccesssignature=",)),

@@ -16,6 +16,7 @@ from pathlib import Path
 from sqlalchemy import or_, select
 
 from ito.core.states import RunState
+from ito.server.services.audit import Actor, audited
 from ito.server.services.credentials import create_key, revoke_key
 from ito.server.store.db import Database
 from ito.server.store.tables import Booking, Run
@@ -90,13 +91,23 @@ class EmbeddedWorkers:
         from ito.worker.executors import LocalExecutor
         from ito.worker.loop import WorkerLoop
 
-        with self.db.write() as session:
+        # Every key minted is in the desk's audit trail, these too: who (the server itself),
+        # for which account and booking, and which key it revoked first.
+        with audited(
+            self.db,
+            Actor("server:embedded-worker"),
+            "key.create",
+            target_kind="key",
+            details={"role": "worker", "name": "embedded worker", "booking_id": booking_id},
+        ) as (session, note):
             booking = session.get(Booking, booking_id)
             assert booking is not None
+            note.account_id = booking.account_id
             previous = self.keys.get(booking_id)
             if previous is not None:
                 # A loop that ended (its key revoked, say) leaves no usable key behind.
                 revoke_key(session, previous)
+                note.details["revoked_key_id"] = previous
             minted = create_key(
                 session,
                 self.pepper,
@@ -105,6 +116,7 @@ class EmbeddedWorkers:
                 booking_id=booking_id,
                 name="embedded worker",
             )
+            note.target_id = minted.key_id
         self.keys[booking_id] = minted.key_id
         api = WorkerApi(self.api_url, minted.api_key)
         loop = WorkerLoop(

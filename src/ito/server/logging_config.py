@@ -6,6 +6,7 @@ no log line ever holds a credential or a raw control character (DESIGN §4).
   print it. The path keeps ``?[redacted]`` so the line still shows that there was one.
 * Anything shaped like one of our keys (``ito_req_AbCdEfGh_<secret>``) keeps its public prefix
   and loses its secret; a ``Bearer <token>`` loses the token. Request headers are never logged.
+* A path is logged percent-decoded, so what is redacted is what the server read.
 * Control characters (newlines included: one record, one line) and bidi overrides are written
   as visible escapes, so a hostile path cannot forge or hide log lines.
 
@@ -18,6 +19,7 @@ import copy
 import logging
 import re
 from typing import Any
+from urllib.parse import unquote
 
 from ito.core.text import escape_unsafe
 
@@ -32,7 +34,9 @@ def redact(text: str, *, is_path: bool = False) -> str:
     """``text`` fit for a log line: no query string (paths), no key secret, no bearer token,
     no raw control character."""
     if is_path:
-        text = _QUERY.sub("?[redacted]", text, count=1)
+        # Redacted as the server reads it: a key percent-encoded in the path
+        # (``ito%5Freq%5F…``) is a key all the same.
+        text = unquote(_QUERY.sub("?[redacted]", text, count=1))
     text = _KEY.sub(r"\1_[redacted]", text)
     text = _BEARER.sub(r"\1[redacted]", text)
     safe: str = escape_unsafe(text, multiline=False)

@@ -30,6 +30,12 @@ class Limits:
         self._failures = AuthFailures(
             db, settings.pepper.get_secret_value(), settings.auth_failures_per_minute, 60.0
         )
+        self._sign_in_addresses = AuthFailures(
+            db,
+            settings.pepper.get_secret_value(),
+            SIGN_IN_ADDRESS_FACTOR * settings.auth_failures_per_minute,
+            60.0,
+        )
 
     def admit(self, principal_id: str) -> None:
         """Spend one request of a principal, or refuse with ``rate_limited``."""
@@ -53,6 +59,18 @@ class Limits:
     def failed(self, key: str) -> None:
         self._failures.record([key], utcnow())
 
+    def check_sign_in_address(self, address: str) -> None:
+        """Refuse sign-in from an address whose failures, over every email, passed
+        :data:`SIGN_IN_ADDRESS_FACTOR` × the per-email limit lately (an email spray)."""
+        wait = self._sign_in_addresses.blocked([f"sign-in-address:{address}"], utcnow())
+        if wait is not None:
+            raise ItoError(
+                "rate_limited", "too many failed sign-ins from here", retry_after_s=round(wait, 3)
+            )
+
+    def sign_in_address_failed(self, address: str) -> None:
+        self._sign_in_addresses.record([f"sign-in-address:{address}"], utcnow())
+
     def key_failed(self, source: str, key_prefix: str | None) -> None:
         """Count an API key that did not verify against its source address and, when it had
         the shape of one, its public prefix; refuse with ``rate_limited`` when either was
@@ -65,6 +83,12 @@ class Limits:
             raise ItoError(
                 "rate_limited", "too many failed sign-ins from here", retry_after_s=round(wait, 3)
             )
+
+
+SIGN_IN_ADDRESS_FACTOR = 3
+"""Sign-in failures one address may make per minute over all emails, as a multiple of the
+per-email limit: a spray of many emails from one address is stopped, while one account's
+guesser behind a shared NAT (up to the per-email limit) never locks its neighbours out."""
 
 
 @dataclass

@@ -96,9 +96,16 @@ def _head_problem(scope: Scope) -> dict[str, Any] | None:
     for name, value in pairs:
         if not (is_safe(name) and is_safe(value)):
             return {"location": "query", **({"field": name} if _plain(name) else {})}
+    content_types = 0
     for name, value in scope.get("headers", ()):
         if name.lower() in _HEADERS_READ and not is_safe(value.decode("latin-1")):
             return {"location": "header", "field": name.decode("latin-1").lower()}
+        if name.lower() == b"content-type":
+            content_types += 1
+            # One media type per request: two headers, or a list in one, would let this guard
+            # read the body as one type while the route's parser reads it as another.
+            if content_types > 1 or b"," in value:
+                return {"location": "header", "field": "content-type", "reason": "ambiguous"}
     return None
 
 

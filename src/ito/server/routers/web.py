@@ -193,13 +193,15 @@ async def login_submit(
     if not csrf_valid(state.pepper, "login", request.cookies.get(LOGIN_COOKIE), csrf_token):
         return error_page(ItoError("csrf_failed"))
     # Password guessing gets a few tries a minute per account email (from anywhere) and per
-    # address and email. Never per address alone: one approver's (or an attacker's) failures
-    # behind a shared NAT must not lock out another account's approvers.
+    # address and email; an address gets a few times that over all emails (a spray of many
+    # emails is stopped, while one account's guesser behind a shared NAT never reaches it).
     account = "email:" + email.strip().lower()
-    sources = (f"{source_of(request)} {account}", account)
+    address = source_of(request)
+    sources = (f"{address} {account}", account)
     try:
         for source in sources:  # the window is in the database: off the event loop
             await run_in_threadpool(state.limits.check_source, source)
+        await run_in_threadpool(state.limits.check_sign_in_address, address)
     except ItoError as limited:
         log.warning("web sign-in refused: rate limited")
         return _login_page(
@@ -232,6 +234,7 @@ async def login_submit(
     if outcome is None:
         for source in sources:
             await run_in_threadpool(state.limits.failed, source)
+        await run_in_threadpool(state.limits.sign_in_address_failed, address)
         log.warning("web sign-in refused: invalid credentials")
         return _login_page(
             state,

@@ -54,6 +54,9 @@ class Database:
                 pool_size=pool_size,
                 max_overflow=pool_size * 2,
                 pool_recycle=POSTGRES_RECYCLE_S,
+                # A statement's error never carries its bound parameters (a key's hash, a
+                # tenant's text) into a traceback or a log line.
+                hide_parameters=True,
             )
             event.listen(engine, "connect", _postgres_on_connect)
             event.listen(engine, "checkout", _ping_if_idle(engine, ping_idle_s))
@@ -161,7 +164,12 @@ def _sqlite_engine(url: str, pool_size: int, *, immediate: bool) -> Engine:
     kwargs: dict[str, Any] = {}
     if ":memory:" not in url and url.rstrip("/") not in ("sqlite:", "sqlite+pysqlite:"):
         kwargs = {"pool_size": pool_size, "max_overflow": pool_size * 2}
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **kwargs)
+    engine = create_engine(
+        url,
+        connect_args={"check_same_thread": False, "timeout": 30},
+        hide_parameters=True,
+        **kwargs,
+    )
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
