@@ -259,6 +259,11 @@ def test_confirmation_page_shows_the_bindings_and_approving_there_lets_the_run_s
         )
     )
     assert "uncalibrated" in html
+    # Time and cost rest on one stated assumption (the accelerator's assumed MFU).
+    assumed = re.search(
+        r'class="uncalibrated assumed-mfu">\(time and cost both assume (\d+) %', html
+    )
+    assert assumed is not None and int(assumed[1]) == round(estimate["assumed_mfu"] * 100)
     assert f'<strong class="bound">${details["cost_usd"]:.2f}</strong>' in html
     # The expiry counted down beside the exact time (a fresh confirmation: 15 minutes).
     assert re.search(r'class="expires-in">expires in 1[45] min</strong>', html)

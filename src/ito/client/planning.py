@@ -219,7 +219,13 @@ def render_run_plan(envelope: dict[str, Any]) -> None:
             f"[bold]cost[/bold] expected ${cost['cost_usd']:.2f} in {duration(cost['seconds'])}; "
             f"at most ${cost['upper_cost_usd']:.2f} in {duration(cost['upper_seconds'])} (an "
             "uncalibrated throughput, RLVR at its most generation rounds): by default the "
-            "approver signs that upper figure as the run's spending limit",
+            "approver signs that upper figure as the run's spending limit"
+            + (
+                f"; time and cost both assume {cost['assumed_mfu']:.0%} of peak FLOP/s, "
+                "uncalibrated"
+                if cost.get("assumed_mfu")
+                else ""
+            ),
             highlight=False,
         )
     section = data.get("parallelism")
@@ -268,8 +274,9 @@ def _print_layout(console: Any, p: dict[str, Any]) -> None:
         (
             "predicted",
             f"{pred['step_seconds']:.3g} s per step of {p['global_batch_tokens']} tokens, "
-            f"{pred['tokens_per_second']:,.0f} tokens/s, MFU {pred['mfu']:.1%} (uncalibrated: "
-            "no benchmark on this accelerator has measured it), exposed "
+            f"{pred['tokens_per_second']:,.0f} tokens/s, MFU {pred['mfu']:.1%} (the planner's "
+            "model to compare layouts, uncalibrated; the cost above assumes its own figure), "
+            "exposed "
             f"communication {pred['exposed_communication_seconds']:.3g} s, bubble "
             f"{pred['bubble_fraction']:.0%}",
         ),

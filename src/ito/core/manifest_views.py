@@ -170,6 +170,8 @@ class PlanCost(_View):
     throughput, RLVR at its most generation rounds)."""
     upper_cost_usd: float = 0.0
     """The cost at ``upper_seconds``: the bound the approver signs by default."""
+    assumed_mfu: float = 0.0
+    """The fraction of peak FLOP/s both the time and the cost assume (uncalibrated)."""
 
 
 class PlanWarning(_View):

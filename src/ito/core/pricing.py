@@ -78,6 +78,10 @@ class CostEstimate:
     """What the run costs at :attr:`upper_seconds`: the cost bound a train confirmation asks
     the approver to sign by default (within the manifest's ceiling and max incremental
     cost)."""
+    assumed_mfu: float = 0.0
+    """The one fraction of peak FLOP/s that both the time and the cost above assume (the
+    accelerator's :attr:`~ito.core.hardware.Accelerator.assumed_mfu`; uncalibrated until a
+    benchmark on that accelerator measures it)."""
 
     @property
     def stages(self) -> list[StageEstimate]:
@@ -149,6 +153,7 @@ def estimate_cost(
         ceiling_usd=manifest.budget.ceiling_usd,
         max_incremental_cost_usd=manifest.budget.max_incremental_cost_usd,
         upper_seconds=round(upper, 3),
+        assumed_mfu=accel.assumed_mfu,
         upper_cost_usd=round(upper / 3600.0 * count * rate_usd_per_gpu_hour, 6),
     )
 

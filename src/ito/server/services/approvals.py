@@ -160,6 +160,8 @@ def approval_figures(
         "rate": usd(float(estimate.get("rate_usd_per_gpu_hour", 0.0))),
         "accelerators": estimate.get("accelerators"),
         "accelerator": str(estimate.get("accelerator", "")).upper(),
+        # Time and cost rest on one assumption, named beside them.
+        "assumed_mfu": float(estimate["assumed_mfu"]) if estimate.get("assumed_mfu") else None,
     }
     stored = estimate.get("stage_plan")
     if isinstance(stored, Mapping):
