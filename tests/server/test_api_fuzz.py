@@ -3,7 +3,8 @@ number of generated requests each, with hostile characters (NUL, other C0 and C1
 DEL, bidi overrides and isolates, newlines) spliced into its strings — path parameters, query
 values and JSON bodies at any depth. Whatever arrives, the answer is never a server error (5xx),
 and every answer matches the schema its operation documents for that status in the same
-OpenAPI document (schemathesis' response schema conformance).
+OpenAPI document (schemathesis' response schema conformance). Bodies are also sent with two
+media types (duplicated or listed ``Content-Type``): always ``invalid_arguments``.
 
 Each operation is called with the credential its role needs (desk, worker, approver or
 requester; none for device login), so generated requests get past authentication and reach
@@ -12,9 +13,11 @@ the code behind it. Generation is derandomized: the same requests on every run.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
@@ -138,6 +141,51 @@ def _fuzz(schema: Any, operation: Any, headers: dict[str, str]) -> list[str]:
     return failures
 
 
+DUPLICATED_CONTENT_TYPES = [
+    [("content-type", "application/json"), ("content-type", "text/plain")],
+    [("Content-Type", "text/plain"), ("content-type", "application/json")],
+    [("content-type", "application/json, text/plain")],
+]
+EXAMPLES_WITH_DUPLICATES = 8
+
+
+def _fuzz_duplicated(operation: Any, base_url: str, key: str | None) -> list[str]:
+    """The operation's generated bodies sent with two media types: always refused before the
+    body is read (``invalid_arguments``), never a server error."""
+    failures: list[str] = []
+    cases = operation.as_strategy(GenerationMode.POSITIVE)
+
+    @given(case=cases, content_types=st.sampled_from(DUPLICATED_CONTENT_TYPES))
+    @settings(
+        max_examples=EXAMPLES_WITH_DUPLICATES,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    def call(case: Any, content_types: list[tuple[str, str]]) -> None:
+        sent = case.as_transport_kwargs(base_url=base_url)
+        auth = [("authorization", f"Bearer {key}")] if key else []
+        response = httpx.request(
+            sent["method"],
+            sent["url"],
+            params=sent.get("params"),
+            headers=[*auth, *content_types],
+            content=json.dumps(sent.get("json")).encode(),
+            timeout=30,
+        )
+        body = response.json() if response.content else {}
+        code = (body.get("error") or {}).get("code")
+        if response.status_code >= 500 or code != "invalid_arguments":
+            failures.append(
+                f"{operation.label} with {content_types} -> {response.status_code} {code}"
+            )
+
+    call()
+    return failures
+
+
 def test_no_generated_request_gets_a_server_error(
     server: Server, fuzz_keys: dict[str, str]
 ) -> None:
@@ -146,7 +194,7 @@ def test_no_generated_request_gets_a_server_error(
     schema.hook("flatmap_query")(lambda _ctx, value: _poisoned(value))
     schema.hook("flatmap_body")(lambda _ctx, value: _poisoned(value))
     failures: list[str] = []
-    operations = 0
+    operations = with_body = 0
     for result in schema.get_all_operations():
         assert isinstance(result, Ok), result
         operation = result.ok()
@@ -156,5 +204,9 @@ def test_no_generated_request_gets_a_server_error(
         role = _role(operation.path)
         headers = {"authorization": f"Bearer {fuzz_keys[role]}"} if role else {}
         failures += _fuzz(schema, operation, headers)
-    assert operations >= 25  # every operation of the published API was exercised
+        if operation.method.upper() in ("POST", "PUT", "PATCH") and operation.body:
+            with_body += 1
+            failures += _fuzz_duplicated(operation, server.url, fuzz_keys[role] if role else None)
+    assert operations >= 25
+    assert with_body >= 10  # the operations taking a JSON body got duplicated media types  # every operation of the published API was exercised
     assert not failures, "\n".join(failures[:20])
