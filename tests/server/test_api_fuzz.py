@@ -146,7 +146,7 @@ DUPLICATED_CONTENT_TYPES = [
     [("Content-Type", "text/plain"), ("content-type", "application/json")],
     [("content-type", "application/json, text/plain")],
 ]
-EXAMPLES_WITH_DUPLICATES = 8
+EXAMPLES_WITH_DUPLICATES = 3
 
 
 def _fuzz_duplicated(operation: Any, base_url: str, key: str | None) -> list[str]:
