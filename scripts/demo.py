@@ -137,7 +137,8 @@ def main() -> None:
         client = base | {"ITO_API_URL": url, "ITO_HOME": str(HOME / "client")}
         agent = client | {"ITO_API_KEY": requester}
         human = client | {"ITO_API_KEY": approver}
-        manifest = HOME / "manifests" / "demo" / "manifest.json"
+        # The recipe's data lies in the booking's storage: a run reads nothing outside it.
+        manifest = HOME / "storage" / "manifests" / "demo" / "manifest.json"
 
         step("3. The agent: a reviewed manifest, eligibility, a plan (creates nothing)")
         run(["ito", "manifest", "init", "--recipe", "demo", "--out", str(manifest.parent)], client)

@@ -347,9 +347,10 @@ class Tenant:
         self.server.desk(f"/v1/desk/bookings/{booking_id}/state", {"state": state})
 
     def manifest(self, name: str = "m", recipe: str = "test", **edits: Any) -> Path:
-        """Write a recipe's manifest (0600, in a 0700 directory); ``edits`` replace top-level
-        fields of the document."""
-        directory = self.workdir / name
+        """Write a recipe's manifest (0600, in a 0700 directory) and its data, inside the
+        bookings' storage (where a run may read it); ``edits`` replace top-level fields of the
+        document."""
+        directory = self.workdir / "storage" / "manifests" / name
         result = self.ito("manifest", "init", "--recipe", recipe, "--out", str(directory), key=None)
         assert result.rc == 0, result.stderr
         path = directory / "manifest.json"

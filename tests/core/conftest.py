@@ -35,10 +35,12 @@ none."""
 
 
 @pytest.fixture
-def doc(tmp_path: Any) -> dict[str, Any]:
+def doc() -> dict[str, Any]:
     """The test recipe's manifest as a fresh document (a JSON round trip, not deepcopy: the
-    recipe shares lists between entries)."""
-    document: dict[str, Any] = json.loads(json.dumps(build_recipe("test", str(tmp_path)).manifest))
+    recipe shares lists between entries), its data in the storage of the bookings of
+    :mod:`tests.core.booking_views` (where a run may read it)."""
+    data_dir = "/srv/ckpt/bkg_1/data"
+    document: dict[str, Any] = json.loads(json.dumps(build_recipe("test", data_dir).manifest))
     return document
 
 

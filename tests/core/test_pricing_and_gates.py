@@ -29,9 +29,11 @@ Doc = dict[str, Any]
 
 
 @pytest.fixture
-def doc(tmp_path: Any) -> Doc:
-    # A JSON round trip, not deepcopy: the recipe shares lists between entries.
-    document: Doc = json.loads(json.dumps(build_recipe("test", str(tmp_path)).manifest))
+def doc() -> Doc:
+    # A JSON round trip, not deepcopy: the recipe shares lists between entries. Its data lies
+    # in the booking's storage, where the run may read it.
+    data_dir = "/srv/ckpt/bkg_1/data"
+    document: Doc = json.loads(json.dumps(build_recipe("test", data_dir).manifest))
     return document
 
 
@@ -141,6 +143,59 @@ def test_a_fitting_booking_passes_every_resource_gate(doc: Doc) -> None:
     assert result.checkpoint_uri == f"{STORAGE}/runs/run_9"
     assert result.checkpoint_bytes > 0
     assert result.estimate.cost_usd > 0
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "file:///etc/passwd",
+        "file:///srv/ckpt/bkg_2/web.jsonl",  # another booking's storage
+        "file:///srv/ckpt/bkg_1/../bkg_2/web.jsonl",
+        "file:///srv/ckpt/bkg_1/%2e%2e/bkg_2/web.jsonl",
+        "file:///srv/ckpt/bkg_10/web.jsonl",  # a prefix is not containment
+    ],
+)
+def test_a_data_file_outside_the_bookings_storage_is_refused_at_its_path(
+    doc: Doc, uri: str
+) -> None:
+    """The worker's host holds every tenant's files and its own: a data URI names only what
+    lies in the booking's storage, decided on the URI alone (nothing is opened)."""
+
+    def elsewhere(d: Doc) -> None:
+        d["data"][2]["uri"] = uri
+
+    with pytest.raises(ItoError) as refused:
+        check_resources(_manifest(doc, elsewhere), _booking(), NOW, run_id_hint="run_9")
+    assert refused.value.code == "data_policy_violation"
+    assert refused.value.details["violations"] == [
+        {"path": "$.data[2].uri", "reason": "not inside the booking's storage"}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("uri", "inside"),
+    [
+        ("/opt/tokenizers/t.json", False),
+        ("file:///root/.ito/t.json", False),
+        ("/srv/ckpt/bkg_1/tokenizers/t.json", True),
+        ("file:///srv/ckpt/bkg_1/t%20j.json", True),
+    ],
+)
+def test_a_tokenizer_file_must_lie_inside_the_bookings_storage(
+    doc: Doc, uri: str, inside: bool
+) -> None:
+    def named(d: Doc) -> None:
+        d["model"]["tokenizer"] = {"uri": uri, "sha256": "c" * 64}
+
+    manifest = _manifest(doc, named)
+    if inside:
+        checked = check_resources(manifest, _booking(), NOW, run_id_hint="run_9")
+        assert checked.estimate.cost_usd > 0
+        return
+    with pytest.raises(ItoError) as refused:
+        check_resources(manifest, _booking(), NOW, run_id_hint="run_9")
+    assert refused.value.code == "tokenizer_invalid"
+    assert refused.value.details["path"] == "$.model.tokenizer.uri"
 
 
 def test_an_accelerator_the_manifest_does_not_accept_is_a_mismatch(doc: Doc) -> None:

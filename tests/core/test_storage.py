@@ -359,7 +359,8 @@ def test_booking_storage_in_an_ordinary_directory_is_accepted(uri: str, expected
 
 
 def _manifest_with(tmp_path: Path, storage: str) -> Manifest:
-    document: dict[str, Any] = json.loads(json.dumps(build_recipe("test", str(tmp_path)).manifest))
+    # The data in the booking's storage (ROOT's path), where a run may read it.
+    document: dict[str, Any] = json.loads(json.dumps(build_recipe("test", "/data/bkg/in").manifest))
     document["checkpoint"]["storage"] = storage
     return parse_manifest(json.dumps(document).encode())
 

@@ -562,7 +562,35 @@ def test_checkpoint_storage_escaping_the_booking_is_refused_and_creates_nothing(
             train(tenant, manifest, spare_ref, f"k-{name}"), "checkpoint_storage_invalid"
         )
         assert tenant.counts() == before, name
-    assert not (tenant.workdir / "storage").exists()
+    # Nothing was created for a run (the manifests and their data live in the storage too).
+    assert not (tenant.workdir / "storage" / "runs").exists()
+
+
+@pytest.mark.parametrize("target", ["/etc/shadow", "/nonexistent/web.jsonl", "{workdir}/web.jsonl"])
+def test_a_data_file_outside_the_bookings_storage_is_refused_and_says_nothing_of_it(
+    tenant: Tenant, target: str
+) -> None:
+    """The worker's host holds other tenants' files and the server's own: a data URI names
+    only what lies in the booking's storage. Refused on the URI alone — the answer is the same
+    for a file that exists, one that does not, and one that is readable — and nothing is
+    created."""
+    manifest = tenant.manifest("outside")
+    document = json.loads(manifest.read_text())
+    document["data"][0]["uri"] = "file://" + target.format(workdir=tenant.workdir)
+    manifest.write_text(json.dumps(document, indent=2))
+    before = tenant.counts()
+    plan = tenant.ito("plan", "--booking", tenant.booking_id, "--manifest", str(manifest))
+    assert plan.rc == 0 and plan.data["ready"] is False, plan.stdout
+    (refusal,) = plan.data["refusals"]
+    assert refusal["code"] == "data_policy_violation"
+    assert refusal["details"]["violations"] == [
+        {"path": "$.data[0].uri", "reason": "not inside the booking's storage"}
+    ]
+    confirm = tenant.ito(
+        "confirm", "--action", "train", "--booking", tenant.booking_id, "--manifest", str(manifest)
+    )
+    assert_refused(confirm, "data_policy_violation")
+    assert tenant.counts() == before
 
 
 def test_an_unplannable_manifest_is_refused_plan_refused_and_creates_nothing(

@@ -214,7 +214,9 @@ def test_another_accounts_run_is_refused_exactly_like_a_missing_one(
 
 def test_a_checkpoint_outside_the_bookings_storage_is_refused(tenant: Tenant) -> None:
     source = _source_run(tenant)
-    elsewhere = tenant.booking(storage_uri=f"file://{tenant.workdir}/elsewhere")
+    # A booking whose storage holds the manifests and their data but not the source's
+    # checkpoints (under storage/runs).
+    elsewhere = tenant.booking(storage_uri=f"file://{tenant.workdir}/storage/manifests")
     manifest = _edited(tenant, "elsewhere", _revision(f"run:{source}@6"))
     _refused_everywhere(tenant, manifest, "outside_booking_storage", booking=elsewhere)
 
@@ -224,7 +226,10 @@ def test_a_checkpoint_trained_with_another_tokenizer_is_refused(tenant: Tenant) 
 
     def edit(doc: dict[str, Any]) -> None:
         doc["model"]["revision"] = f"run:{source}@6"
-        doc["model"]["tokenizer"] = {"uri": "/opt/tokenizers/t.json", "sha256": "c" * 64}
+        doc["model"]["tokenizer"] = {
+            "uri": f"{tenant.workdir}/storage/tokenizers/t.json",
+            "sha256": "c" * 64,
+        }
 
     manifest = _edited(tenant, "tokenizer", edit)
     _refused_everywhere(tenant, manifest, "tokenizer_mismatch")

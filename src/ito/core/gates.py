@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import quote
 
 from ito.core.errors import ItoError
 from ito.core.manifest import Manifest
@@ -20,7 +21,7 @@ from ito.core.pricing import CostEstimate, estimate_cost
 from ito.core.run_plan import RunPlan, plan_run_parallelism
 from ito.core.runtime_support import check_runtime_support
 from ito.core.stage_plan import data_parallel, sequences_per_step
-from ito.core.storage import run_checkpoint_uri
+from ito.core.storage import contained_storage_uri, run_checkpoint_uri
 
 __all__ = [
     "BookingView",
@@ -161,6 +162,7 @@ def check_resources(
     )
     _check_data_policy(manifest)
     uri, checkpoint_bytes = _check_checkpoint_storage(manifest, booking, run_id_hint)
+    _check_data_locations(manifest, booking)
 
     estimate = estimate_cost(
         manifest,
@@ -233,6 +235,48 @@ def _check_data_policy(manifest: Manifest) -> None:
             )
     if violations:
         raise ItoError("data_policy_violation", violations=violations)
+
+
+def _inside_storage(uri: str, storage_uri: str) -> bool:
+    try:
+        contained_storage_uri(uri, storage_uri)
+    except ItoError:
+        return False
+    return True
+
+
+def _check_data_locations(manifest: Manifest, booking: BookingView) -> None:
+    """Local files the run reads — data (custom data for the ladder included) and the tokenizer
+    — must lie inside the booking's storage: what the tenant may read on the node, not any
+    path of the worker's host. Decided on the URIs alone (nothing is opened here, so no answer
+    says anything about a file outside); the worker then reads them through directories proven
+    from the storage root."""
+    assert booking.storage_uri is not None  # _check_checkpoint_storage refused it otherwise
+    violations = [
+        {"path": f"$.data[{i}].uri", "reason": "not inside the booking's storage"}
+        for i, ref in enumerate(manifest.data)
+        if ref.uri.startswith("file://") and not _inside_storage(ref.uri, booking.storage_uri)
+    ]
+    if violations:
+        raise ItoError(
+            "data_policy_violation",
+            "data files must lie inside the booking's storage",
+            violations=violations,
+        )
+    tokenizer = manifest.model.tokenizer
+    if tokenizer is not None and tokenizer.uri.startswith(("file://", "/")):
+        uri = (
+            tokenizer.uri
+            if tokenizer.uri.startswith("file://")
+            else "file://" + quote(tokenizer.uri)
+        )
+        if not _inside_storage(uri, booking.storage_uri):
+            raise ItoError(
+                "tokenizer_invalid",
+                "the tokenizer file must lie inside the booking's storage",
+                path="$.model.tokenizer.uri",
+                reason="outside_booking_storage",
+            )
 
 
 def _check_checkpoint_storage(
