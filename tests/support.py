@@ -346,11 +346,13 @@ class Tenant:
     def set_booking_state(self, booking_id: str, state: str) -> None:
         self.server.desk(f"/v1/desk/bookings/{booking_id}/state", {"state": state})
 
-    def manifest(self, name: str = "m", recipe: str = "test", **edits: Any) -> Path:
+    def manifest(
+        self, name: str = "m", recipe: str = "test", storage: Path | None = None, **edits: Any
+    ) -> Path:
         """Write a recipe's manifest (0600, in a 0700 directory) and its data, inside the
-        bookings' storage (where a run may read it); ``edits`` replace top-level fields of the
-        document."""
-        directory = self.workdir / "storage" / "manifests" / name
+        bookings' storage (where a run may read it; ``storage``: another booking's, as a local
+        path); ``edits`` replace top-level fields of the document."""
+        directory = (storage or self.workdir / "storage") / "manifests" / name
         result = self.ito("manifest", "init", "--recipe", recipe, "--out", str(directory), key=None)
         assert result.rc == 0, result.stderr
         path = directory / "manifest.json"

@@ -405,7 +405,14 @@ def test_cleanup_deletes_a_run_directory_without_following_links_planted_in_it(
     t.booking_id = t.booking(storage_uri=f"file://{t.workdir}/volume/storage")
     storage = real / "storage"
     (storage / "runs").symlink_to(tmp_path / "nowhere")  # dangling: the run fails at once
-    run_id = t.train(t.manifest(), "planted-1")
+    # The manifest's data in the booking's storage, named as the booking names it (through
+    # the operator's link; the manifest file itself is read at its real path).
+    manifest = t.manifest(storage=real / "storage")
+    document = json.loads(manifest.read_text())
+    for ref in document["data"]:
+        ref["uri"] = ref["uri"].replace(str(real), str(t.workdir / "volume"), 1)
+    manifest.write_text(json.dumps(document))
+    run_id = t.train(manifest, "planted-1")
     failed = _wait_state(t, run_id, TERMINAL)
     assert failed["failure_code"] == "checkpoint_storage_invalid", failed
     assert not (tmp_path / "nowhere").exists()
