@@ -135,7 +135,9 @@ def _weights(source: Path, path: Path | None = None) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("planting", ["metadata_pickle", "flipped_shard_byte", "linked_shard"])
+@pytest.mark.parametrize(
+    "planting", ["metadata_pickle", "flipped_shard_byte", "linked_shard", "fifo_shard"]
+)
 def test_a_run_revision_whose_files_changed_after_the_commit_is_refused_before_any_parse(
     source: Path, tmp_path: Path, planting: str
 ) -> None:
@@ -149,6 +151,9 @@ def test_a_run_revision_whose_files_changed_after_the_commit_is_refused_before_a
         data = bytearray(shard.read_bytes())
         data[len(data) // 2] ^= 0xFF  # same size, one byte changed
         shard.write_bytes(bytes(data))
+    elif planting == "fifo_shard":
+        shard.unlink()
+        os.mkfifo(shard)  # opened for reading, it would wait for a writer forever
     else:
         outside = tmp_path / "outside.distcp"
         shutil.move(shard, outside)  # the same bytes, reached through a link

@@ -177,17 +177,15 @@ class VerifiedReader(FileSystemReader):
 
 
 def _open_regular(directory: ProvenDir, name: str) -> int:
-    """``name`` in ``directory`` opened for reading: a regular file reached without a link."""
+    """``name`` in ``directory`` opened for reading (:meth:`ProvenDir.open_regular`)."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory.fd)
+        return directory.open_regular(name)
     except FileNotFoundError:
         raise _refuse("file_missing", "a file the checkpoint lists is missing") from None
     except OSError:
-        raise _refuse("file_unreadable", "a file the checkpoint lists cannot be read") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise _refuse("file_unreadable", "a file the checkpoint lists is not a regular file")
-    return fd
+        raise _refuse(
+            "file_unreadable", "a file the checkpoint lists is not a regular file"
+        ) from None
 
 
 def file_manifest(directory: ProvenDir) -> dict[str, dict[str, Any]]:
@@ -217,12 +215,12 @@ def file_manifest(directory: ProvenDir) -> dict[str, dict[str, Any]]:
 
 def read_commit(directory: ProvenDir) -> bytes:
     """The ``COMMIT`` document's bytes (bounded; a regular file reached without a link)."""
-    fd = _open_regular(directory, COMMIT)
-    with os.fdopen(fd, "rb") as handle:
-        data = handle.read(MAX_COMMIT_BYTES + 1)
-    if len(data) > MAX_COMMIT_BYTES:
-        raise _refuse("commit_unreadable", "the checkpoint's COMMIT is too large")
-    return data
+    try:
+        return directory.read_bounded(COMMIT, MAX_COMMIT_BYTES)
+    except FileNotFoundError:
+        raise _refuse("file_missing", "the checkpoint has no COMMIT") from None
+    except OSError:
+        raise _refuse("commit_unreadable", "the checkpoint's COMMIT is unreadable") from None
 
 
 def commit_digest(directory: ProvenDir) -> str | None:
@@ -302,13 +300,9 @@ def stage_verified(source: ProvenDir, digest: str, dest: Path) -> dict[str, Any]
                 "digest_mismatch", "the checkpoint's digest is not the one the server recorded"
             )
     except BaseException:
-        _remove(dest)
+        remove_staged(dest)
         raise
     return cast(dict[str, Any], info)
-
-
-def _remove(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def staging_path(workdir: Path, label: str) -> Path:
@@ -321,4 +315,4 @@ def staging_path(workdir: Path, label: str) -> Path:
 
 def remove_staged(path: Path) -> None:
     """Delete a directory :func:`stage_verified` filled."""
-    _remove(path)
+    shutil.rmtree(path, ignore_errors=True)

@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -193,28 +192,25 @@ def _verify(weights: InitialWeightsSpec, where: StoragePath, size: ModelSize, de
 
 
 def _open_regular(directory: ProvenDir, name: str) -> int:
-    """``name`` in ``directory`` for reading: a regular file, reached without a link (a FIFO,
-    a device or a link is refused before anything waits on it)."""
+    """``name`` in ``directory`` for reading (:meth:`ProvenDir.open_regular`: a FIFO, a device
+    or a link is refused before anything waits on it)."""
     try:
-        fd = os.open(
-            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory.fd
-        )
+        return directory.open_regular(name)
     except FileNotFoundError:
         raise unresolvable("weights_unreadable", f"{name} is missing") from None
     except OSError:
         raise unresolvable("weights_unreadable", f"{name} is not a readable regular file") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise unresolvable("weights_unreadable", f"{name} is not a regular file")
-    return fd
 
 
 def _read_small(directory: ProvenDir, name: str, limit: int) -> bytes:
-    with os.fdopen(_open_regular(directory, name), "rb") as handle:
-        data = handle.read(limit + 1)
-    if len(data) > limit:
-        raise unresolvable("weights_unreadable", f"{name} is larger than {limit} bytes")
-    return data
+    try:
+        return directory.read_bounded(name, limit)
+    except FileNotFoundError:
+        raise unresolvable("weights_unreadable", f"{name} is missing") from None
+    except OSError:
+        raise unresolvable(
+            "weights_unreadable", f"{name} is not a regular file of at most {limit} bytes"
+        ) from None
 
 
 def _copy_hashed(directory: ProvenDir, dest: Path) -> str:

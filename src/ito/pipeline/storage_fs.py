@@ -137,6 +137,29 @@ class ProvenDir:
         with os.fdopen(fd, "rb") as handle:
             return handle.read()
 
+    def open_regular(self, name: str) -> int:
+        """``name`` here opened for reading (the caller closes it): a regular file reached
+        without a link, and never waited on — ``O_NONBLOCK``, so a FIFO planted in its place
+        answers at once instead of holding the reader until someone writes to it.
+        ``FileNotFoundError`` when it is missing, another ``OSError`` for a link, a FIFO, a
+        device or a directory."""
+        fd = os.open(
+            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self.fd
+        )
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, "not a regular file", name)
+        return fd
+
+    def read_bounded(self, name: str, limit: int) -> bytes:
+        """The bytes of the regular file ``name`` here (:meth:`open_regular`), at most
+        ``limit`` of them: a larger one raises ``OSError`` (``EFBIG``) without being read."""
+        with os.fdopen(self.open_regular(name), "rb") as handle:
+            data = handle.read(limit + 1)
+        if len(data) > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes", name)
+        return data
+
     def replace(self, src: str, dst: str) -> None:
         os.replace(src, dst, src_dir_fd=self.fd, dst_dir_fd=self.fd)
 
