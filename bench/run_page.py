@@ -7,7 +7,7 @@ Issue 26's goal: at one million points per series the page renders in ≤ 0.3 s 
 bucket summaries, 21–27 s). The long run's points are written with one ``INSERT … SELECT`` per
 series and its buckets with the migration's own backfill statement (the report route's
 incremental path would take minutes to write a million points); the short run goes through
-``add_points`` like a report.
+``record_points`` like a report.
 
 It prints both medians over ``--reps`` renders, the ratio, and, last, one JSON line. A real
 server on SQLite in a temporary directory creates the account, booking and runs (through the
@@ -31,9 +31,8 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' server helpers
 
-from ito.server.services.metric_buckets import WIDTHS, add_points
+from ito.server.services.metric_buckets import WIDTHS, record_points
 from ito.server.store.db import Database
-from ito.server.store.runtime_tables import RunMetric
 from ito.server.web.dashboard import run_page
 from tests.support import Server, Tenant, make_tenant, start_server, stop_server
 
@@ -83,19 +82,7 @@ def _fill_long(db: Database, account: str, run_id: str, points: int) -> None:
 def _fill_short(db: Database, account: str, run_id: str) -> None:
     points = [("pretrain", step, name, 1.0 / step) for step in range(1, 101) for name in SERIES]
     with db.write() as session:
-        add_points(session, run_id, account, points)
-        session.add_all(
-            RunMetric(
-                run_id=run_id,
-                account_id=account,
-                attempt=1,
-                stage=stage,
-                step=step,
-                name=name,
-                value=value,
-            )
-            for stage, step, name, value in points
-        )
+        record_points(session, run_id, account, 1, points)
 
 
 def _render(db: Database, account: str, run_id: str, reps: int) -> float:

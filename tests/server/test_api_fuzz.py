@@ -48,6 +48,14 @@ HOSTILE = [
     "\u2069",
 ]
 EXAMPLES_PER_OPERATION = 25
+_SETTINGS = settings(
+    derandomize=True,
+    database=None,
+    deadline=None,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=list(HealthCheck),
+)
+"""Every generation here: the same requests on every run, no example database."""
 EXCLUDED = ("/v1/credentials/self/revoke",)
 """Revoking the fuzzer's own key would leave every later request unauthenticated."""
 
@@ -115,14 +123,7 @@ def _fuzz(schema: Any, operation: Any, headers: dict[str, str]) -> list[str]:
     )
 
     @given(case=cases)
-    @settings(
-        max_examples=EXAMPLES_PER_OPERATION,
-        derandomize=True,
-        database=None,
-        deadline=None,
-        phases=[Phase.explicit, Phase.generate],
-        suppress_health_check=list(HealthCheck),
-    )
+    @settings(_SETTINGS, max_examples=EXAMPLES_PER_OPERATION)
     def call(case: Any) -> None:
         response = case.call(headers=headers, timeout=30)
         if response.status_code >= 500:
@@ -156,14 +157,7 @@ def _fuzz_duplicated(operation: Any, base_url: str, key: str | None) -> list[str
     cases = operation.as_strategy(GenerationMode.POSITIVE)
 
     @given(case=cases, content_types=st.sampled_from(DUPLICATED_CONTENT_TYPES))
-    @settings(
-        max_examples=EXAMPLES_WITH_DUPLICATES,
-        derandomize=True,
-        database=None,
-        deadline=None,
-        phases=[Phase.explicit, Phase.generate],
-        suppress_health_check=list(HealthCheck),
-    )
+    @settings(_SETTINGS, max_examples=EXAMPLES_WITH_DUPLICATES)
     def call(case: Any, content_types: list[tuple[str, str]]) -> None:
         sent = case.as_transport_kwargs(base_url=base_url)
         auth = [("authorization", f"Bearer {key}")] if key else []

@@ -14,11 +14,10 @@ import pytest
 from ito.server.services.metric_buckets import (
     MAX_BUCKETS,
     RAW_UP_TO,
-    add_points,
     chart_series,
+    record_points,
 )
 from ito.server.store.db import Database
-from ito.server.store.runtime_tables import RunMetric
 from ito.server.web.dashboard import run_page
 from tests.support import Tenant
 
@@ -33,19 +32,7 @@ def _report(
 ) -> None:
     """What the report route stores for these points: the rows and their buckets."""
     with db.write() as session:
-        add_points(session, run_id, tenant.account_id, points)
-        session.add_all(
-            RunMetric(
-                run_id=run_id,
-                account_id=tenant.account_id,
-                attempt=1,
-                stage=stage,
-                step=step,
-                name=name,
-                value=value,
-            )
-            for stage, step, name, value in points
-        )
+        record_points(session, run_id, tenant.account_id, 1, points)
 
 
 def test_a_long_series_is_drawn_as_bounded_buckets_that_keep_its_spike(tenant: Tenant) -> None:

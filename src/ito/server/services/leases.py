@@ -33,11 +33,11 @@ from ito.core.pipeline_events import (
 from ito.core.states import RunState
 from ito.server.services.bookings import booking_view
 from ito.server.services.credentials import AuthContext
-from ito.server.services.metric_buckets import add_points
+from ito.server.services.metric_buckets import record_points
 from ito.server.services.run_progress import run_progress, stages_completed
 from ito.server.services.runs import record_event, transition_run
 from ito.server.services.spending import spend_limits
-from ito.server.store.runtime_tables import CheckpointRow, RunLease, RunLog, RunMetric
+from ito.server.store.runtime_tables import CheckpointRow, RunLease, RunLog
 from ito.server.store.tables import Booking, ManifestRow, Run, RunEvent, utcnow
 
 __all__ = [
@@ -363,7 +363,6 @@ def report(
     run, lease = held_lease(session, worker, run_id, attempt)
     counts = {"logs": 0, "metrics": 0, "checkpoints": 0, "events": 0}
     points: list[tuple[str, int, str, float]] = []
-    metric_rows: list[RunMetric] = []
     for item in events:
         if isinstance(item, LogEvent):
             session.add(
@@ -379,17 +378,6 @@ def report(
         elif isinstance(item, MetricEvent):
             for name, value in item.values.items():
                 if value is not None:  # a figure that is not finite or not known
-                    metric_rows.append(
-                        RunMetric(
-                            run_id=run.id,
-                            account_id=run.account_id,
-                            attempt=attempt,
-                            stage=item.stage,
-                            step=item.step,
-                            name=name,
-                            value=float(value),
-                        )
-                    )
                     points.append((item.stage, item.step, name, float(value)))
                     counts["metrics"] += 1
         elif isinstance(item, CheckpointEvent):
@@ -535,10 +523,8 @@ def report(
             )
             counts["events"] += 1
     session.flush()
-    # The charts' buckets, in the same transaction as the points (first: a step reported
-    # again is told apart from its earlier report by the rows already stored).
-    add_points(session, run.id, run.account_id, points)
-    session.add_all(metric_rows)
+    # The points and the charts' buckets, in the same transaction.
+    record_points(session, run.id, run.account_id, attempt, points)
     return counts
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "add_points",
     "chart_series",
     "last_steps",
+    "record_points",
     "series_mean",
     "surviving_total",
 ]
@@ -154,6 +155,31 @@ def add_points(
             row.count += new.count
             row.sum_value += new.sum_value
             row.surviving_sum += new.surviving
+
+
+def record_points(
+    session: Session,
+    run_id: str,
+    account_id: str,
+    attempt: int,
+    points: list[tuple[str, int, str, float]],
+) -> None:
+    """Store reported ``(stage, step, name, value)`` points, in report order: their buckets
+    first — a step reported again is told from its earlier report by the rows already stored —
+    then the points' own rows."""
+    add_points(session, run_id, account_id, points)
+    session.add_all(
+        RunMetric(
+            run_id=run_id,
+            account_id=account_id,
+            attempt=attempt,
+            stage=stage,
+            step=step,
+            name=name,
+            value=value,
+        )
+        for stage, step, name, value in points
+    )
 
 
 def surviving_total(session: Session, run_id: str, name: str, up_to: int | None = None) -> float:
