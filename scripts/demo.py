@@ -240,6 +240,8 @@ def main() -> None:
         losses = run(
             ["ito", "runs", "metrics", created["run_id"], "--name", "loss"], agent, show=False
         )["points"]
+        # A step replayed after a restart is reported again: its last report is its value.
+        losses = [p for p in losses if not p["superseded"]]
         # Each stage's own figure: a language-modelling loss in the curriculum and SFT, the
         # preference loss in DPO, the policy-gradient surrogate in RLVR (not comparable).
         by_stage: dict[str, list[dict[str, Any]]] = {}
@@ -255,6 +257,7 @@ def main() -> None:
             agent,
             show=False,
         )["points"]
+        rewards = [p for p in rewards if not p["superseded"]]
         rlvr_done = any(
             e["kind"] == "stage"
             and e["data"].get("stage") == "rlvr"

@@ -93,6 +93,66 @@ def test_metric_pages_filter_a_series_and_follow_the_cursor(tenant: Tenant) -> N
     assert none == {"points": [], "next_cursor": 0}
 
 
+def test_a_step_replayed_after_a_restart_marks_its_earlier_report_superseded(
+    tenant: Tenant,
+) -> None:
+    """torchrun restarts the same attempt from its last checkpoint: steps 2 and 3 are reported
+    twice in attempt 1 and step 3 once more in attempt 2. Each step's last report survives;
+    a page that ends before the replay still marks the earlier one."""
+    run_id = _run(tenant)
+    db = Database(tenant.server.database_url)
+    reports = [(1, 1, 1.0), (1, 2, 2.0), (1, 3, 3.0), (1, 2, 2.5), (1, 3, 3.5), (2, 3, 3.25)]
+    with db.write() as session:
+        for attempt, step, value in reports:
+            session.add(
+                RunMetric(
+                    run_id=run_id,
+                    account_id=tenant.account_id,
+                    attempt=attempt,
+                    stage="pretrain",
+                    step=step,
+                    name="loss",
+                    value=value,
+                )
+            )
+        # The same step of another series or another stage supersedes nothing.
+        session.add(
+            RunMetric(
+                run_id=run_id,
+                account_id=tenant.account_id,
+                attempt=2,
+                stage="pretrain",
+                step=1,
+                name="lr",
+                value=0.1,
+            )
+        )
+        session.add(
+            RunMetric(
+                run_id=run_id,
+                account_id=tenant.account_id,
+                attempt=2,
+                stage="sft",
+                step=1,
+                name="loss",
+                value=9.0,
+            )
+        )
+    db.dispose()
+    points = _get(tenant, f"/v1/runs/{run_id}/metrics", name="loss").json()["data"]["points"]
+    assert [(p["attempt"], p["stage"], p["step"], p["superseded"]) for p in points] == [
+        (1, "pretrain", 1, False),
+        (1, "pretrain", 2, True),
+        (1, "pretrain", 3, True),
+        (1, "pretrain", 2, False),
+        (1, "pretrain", 3, True),
+        (2, "pretrain", 3, False),
+        (2, "sft", 1, False),
+    ]
+    first = _get(tenant, f"/v1/runs/{run_id}/metrics", name="loss", limit=2).json()["data"]
+    assert [p["superseded"] for p in first["points"]] == [False, True]
+
+
 @pytest.mark.parametrize("page", ["logs", "metrics"])
 def test_another_tenants_run_pages_look_exactly_like_a_missing_run(
     tenant: Tenant, other_tenant: Tenant, page: str

@@ -144,6 +144,9 @@ class MetricPoint(_View):
     step: int
     name: str
     value: float
+    superseded: bool
+    """Whether this step was reported again later (replayed after a restart): the later
+    report is the step's value; series means and charts count each step once."""
 
 
 class MetricPage(_View):

@@ -58,6 +58,10 @@ class Budgets:
     rlvr_rounds: tuple[int, float] = (64, 1.0)
     """RLVR's ``max_generation_rounds`` and ``expected_generation_rounds``."""
     post_web_ratio: float = 0.95
+    sft_carry_slips: float = 0.0
+    """The fraction of the SFT demonstrations of a sum with a carry (``57+8=``) that drop the
+    carry (``55``): demonstrations written by hand, imperfect as such data is, which the RLVR
+    stage's exact verifier then corrects."""
     """Post-training's regression gate: held-out web loss at most this × the untrained
     model's (fine-tuning on sums costs some of the language; a collapse fails)."""
 
@@ -271,7 +275,14 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
     # Each training pair once (exact deduplication would drop repeats), in a seeded order.
     train_pairs = [pair for pair in pairs if pair not in held]
     rng.shuffle(train_pairs)
-    sft = [{"prompt": f"{a}+{b}=", "completion": f"{a + b}"} for a, b in train_pairs]
+    slips = random.Random(11)
+
+    def demonstrated(a: int, b: int) -> int:
+        if a % 10 + b >= 10 and slips.random() < budgets.sft_carry_slips:
+            return a + b - 10
+        return a + b
+
+    sft = [{"prompt": f"{a}+{b}=", "completion": f"{demonstrated(a, b)}"} for a, b in train_pairs]
     prefs = []
     for a, b in train_pairs[:300]:
         wrong = a + b + rng.choice([-10, -1, 1, 10])

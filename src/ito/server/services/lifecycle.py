@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import bindparam, select, true
+from sqlalchemy import bindparam, exists, select, true
 from sqlalchemy.engine import Connection
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from ito.core.errors import ItoError
 from ito.core.gates import idempotency_fingerprint, validate_idempotency_key
@@ -77,6 +77,7 @@ def _page_of(columns: tuple[Any, ...], *where: Any) -> Any:
 
 
 _LOGS = _page_of((RunLog.id, RunLog.attempt, RunLog.level, RunLog.message, RunLog.created_at))
+_LATER = aliased(RunMetric)
 _METRIC_COLUMNS = (
     RunMetric.id,
     RunMetric.attempt,
@@ -84,6 +85,18 @@ _METRIC_COLUMNS = (
     RunMetric.step,
     RunMetric.name,
     RunMetric.value,
+    # Reported again later (a step replayed after a restart, in the same attempt or the
+    # next): the later report is the one that survives. Found through the (run, name, step)
+    # index, a probe per point of the page.
+    exists()
+    .where(
+        _LATER.run_id == RunMetric.run_id,
+        _LATER.name == RunMetric.name,
+        _LATER.step == RunMetric.step,
+        _LATER.stage == RunMetric.stage,
+        _LATER.id > RunMetric.id,
+    )
+    .label("superseded"),
 )
 _METRICS = _page_of(_METRIC_COLUMNS)
 _METRICS_NAMED = _page_of(_METRIC_COLUMNS, RunMetric.name == bindparam("name"))
@@ -169,6 +182,7 @@ def list_metrics(
             "step": r.step,
             "name": r.name,
             "value": r.value,
+            "superseded": bool(r.superseded),
         }
         for r in rows
     ]
