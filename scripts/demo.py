@@ -1,12 +1,15 @@
 """The README's main job: one gated run, end to end, on the embedded default.
 
 Everything is real and runs as separate processes: ``ito-server`` (SQLite under ./.ito-demo,
-served on a free loopback port) and the ``ito`` client. Keys travel only in the environment
-(``ITO_API_KEY``), never in arguments, and are never printed.
+or ``ITO_DEMO_HOME``, served on a free loopback port) and the ``ito`` client. Keys travel only
+in the environment (``ITO_API_KEY``), never in arguments, and are never printed.
+
+``--summary FILE`` also writes the figures it prints as JSON (the demo test reads them).
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import os
@@ -21,7 +24,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-HOME = ROOT / ".ito-demo"
+HOME = Path(os.environ.get("ITO_DEMO_HOME") or ROOT / ".ito-demo").resolve()
 
 
 def step(title: str) -> None:
@@ -50,6 +53,18 @@ def run(args: list[str], env: dict[str, str], *, show: bool = True) -> dict[str,
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--summary", type=Path, help="also write the figures as JSON here")
+    args = parser.parse_args()
+    summary: dict[str, Any] = {}
+    try:
+        _demo(summary)
+    finally:
+        if args.summary is not None:
+            args.summary.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+
+
+def _demo(summary: dict[str, Any]) -> None:
     shutil.rmtree(HOME, ignore_errors=True)
     HOME.mkdir(mode=0o700)
     base = {k: v for k, v in os.environ.items() if not k.startswith("ITO_")}
@@ -221,6 +236,12 @@ def main() -> None:
             check=False,
         )
         status = run(["ito", "status", "--run", created["run_id"]], agent, show=False)
+        summary.update(
+            run_id=created["run_id"],
+            state=status["state"],
+            failure_code=status["failure_code"],
+            cost_bound_usd=confirmation["cost_usd"],
+        )
         if status["state"] == "awaiting_approval":
             waiting = status["latest_event"]
             raise SystemExit(
@@ -235,6 +256,9 @@ def main() -> None:
             value = "—" if g["value"] is None else f"{g['value']:.3f}"
             verdict = "passed" if g["passed"] else "FAILED"
             print(f"    gate {g['stage']:<12} {g['rule']}: {value}{initial} {verdict}")
+        summary["gates"] = [
+            {k: g[k] for k in ("stage", "eval", "data", "value", "passed")} for g in gates
+        ]
         provenance = run(["ito", "runs", "provenance", created["run_id"]], agent, show=False)
         print(f"    data-preparation report bound: {provenance['sha256']}")
         losses = run(
@@ -276,6 +300,7 @@ def main() -> None:
                 "    rlvr reward (mean per tenth of the stage): "
                 + " ".join(f"{r:.2f}" for r in curve)
             )
+            summary["reward_tenths"] = curve
 
         # Each stage's time against what the approver was shown: expected, and at most.
         planned = {st["name"]: st for st in status["stage_plan"]["stages"]}
@@ -289,6 +314,11 @@ def main() -> None:
             elif name in began and name in planned:
                 took = (at - began[name]).total_seconds()
                 expected, most = planned[name]["seconds"], planned[name]["upper_seconds"]
+                summary.setdefault("stage_seconds", {})[name] = {
+                    "took": took,
+                    "expected": expected,
+                    "upper": most,
+                }
                 verdict = "within its upper bound" if took <= most else "PAST its upper bound"
                 print(
                     f"    {name:<12} took {took:6.0f} s; expected {expected:6.0f} s, at most "
@@ -310,6 +340,7 @@ def main() -> None:
                 f"{c['seconds']:.2f} s"
             )
         telemetry = run(["ito", "telemetry", "--run", created["run_id"]], agent, show=False)
+        summary["cost_usd"] = telemetry["cost_usd"]
         for name in (
             "goodput",
             "interruptions",

@@ -22,6 +22,7 @@ __all__ = [
 ]
 
 LONGEST_FIRST = (
+    "tests/test_demo.py",
     "tests/worker/test_cost_bound.py",
     "tests/pipeline/test_layouts.py",
     "tests/worker/test_runtime_local.py",

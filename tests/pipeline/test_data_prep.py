@@ -21,7 +21,9 @@ from ito.core.manifest import Manifest, parse_manifest
 from ito.core.provenance import provenance_digest
 from ito.pipeline.data import pack, prepared_tokenizer, read_documents
 from ito.pipeline.data_prep import (
+    MAX_DATA_FILE_BYTES,
     PROVENANCE_FILE,
+    BookingStorage,
     PrepReport,
     TokenizerReport,
     prepare_data,
@@ -359,6 +361,92 @@ def test_a_symlinked_data_file_is_refused(recipe: Recipe, tmp_path: Path) -> Non
     recipe.doc["data"][2]["uri"] = f"file://{link}"
     exc = _refusal(recipe.manifest(), tmp_path / "work")
     assert (exc.code, exc.details["reason"]) == ("data_policy_violation", "unreadable")
+
+
+def _in_storage(tmp_path: Path) -> tuple[Recipe, BookingStorage]:
+    """The test recipe written under a booking's storage, at ``storage/manifests/m``."""
+    storage = tmp_path / "storage"
+    (storage / "manifests").mkdir(parents=True)
+    recipe = _write_recipe("test", storage / "manifests" / "m")
+    return recipe, BookingStorage(f"file://{storage}", storage.resolve())
+
+
+def _refusal_in(manifest: Manifest, workdir: Path, storage: BookingStorage) -> ItoError:
+    with pytest.raises(ItoError) as info:
+        prepare_data(manifest, workdir, storage=storage)
+    return info.value
+
+
+def test_data_inside_the_booking_storage_is_read_through_proven_directories(
+    tmp_path: Path,
+) -> None:
+    recipe, storage = _in_storage(tmp_path)
+    walked = prepare_data(recipe.manifest(), tmp_path / "walked", storage=storage)
+    by_path = prepare_data(recipe.manifest(), tmp_path / "by-path")
+    assert walked.to_dict() == by_path.to_dict()
+
+
+def test_a_directory_link_inside_the_storage_leads_nowhere(tmp_path: Path) -> None:
+    """``storage/manifests/m`` a link to a directory outside: the URI names a path inside the
+    storage, the gates accept it, and the walk refuses it without opening the file."""
+    recipe, storage = _in_storage(tmp_path)
+    outside = tmp_path / "outside"
+    (storage.root / "manifests" / "m").rename(outside)
+    (storage.root / "manifests" / "m").symlink_to(outside)
+    exc = _refusal_in(recipe.manifest(), tmp_path / "work", storage)
+    assert exc.code == "data_policy_violation"
+    assert (exc.details["reason"], exc.details["data_id"]) == ("link_in_path", "web")
+    assert not (tmp_path / "work").exists()
+
+
+def test_a_data_file_linked_inside_the_storage_is_refused(tmp_path: Path) -> None:
+    recipe, storage = _in_storage(tmp_path)
+    secret = tmp_path / "secret.jsonl"
+    recipe.path("arith-sft").rename(secret)
+    recipe.path("arith-sft").symlink_to(secret)
+    exc = _refusal_in(recipe.manifest(), tmp_path / "work", storage)
+    assert (exc.code, exc.details["reason"]) == ("data_policy_violation", "link_in_path")
+    assert exc.details["data_id"] == "arith-sft"
+
+
+def test_a_fifo_or_a_too_large_file_inside_the_storage_is_refused_unread(tmp_path: Path) -> None:
+    recipe, storage = _in_storage(tmp_path)
+    manifest = recipe.manifest()
+    recipe.path("arith-sft").unlink()
+    os.mkfifo(recipe.path("arith-sft"))
+    exc = _refusal_in(manifest, tmp_path / "work", storage)
+    assert (exc.code, exc.details["reason"]) == ("data_policy_violation", "not_regular_file")
+    recipe.path("arith-sft").unlink()
+    with recipe.path("arith-sft").open("wb") as handle:
+        handle.truncate(MAX_DATA_FILE_BYTES + 1)  # sparse: never written, never read
+    exc = _refusal_in(manifest, tmp_path / "work", storage)
+    assert (exc.code, exc.details["reason"]) == ("data_policy_violation", "too_large")
+
+
+def test_data_outside_the_booking_storage_is_refused_before_it_is_opened(tmp_path: Path) -> None:
+    recipe, storage = _in_storage(tmp_path)
+    elsewhere = _write_recipe("test", tmp_path / "elsewhere")
+    recipe.doc["data"][2]["uri"] = f"file://{elsewhere.path('arith-sft')}"
+    exc = _refusal_in(recipe.manifest(), tmp_path / "work", storage)
+    assert exc.code == "data_policy_violation"
+    assert (exc.details["reason"], exc.details["data_id"]) == (
+        "outside_booking_storage",
+        "arith-sft",
+    )
+
+
+def test_a_named_tokenizer_behind_a_link_in_the_storage_is_refused(tmp_path: Path) -> None:
+    recipe, storage = _in_storage(tmp_path)
+    target = tmp_path / "tokenizer.json"
+    target.write_bytes(b"{}")
+    link = storage.root / "manifests" / "tokenizer.json"
+    link.symlink_to(target)
+    recipe.doc["model"]["tokenizer"] = {
+        "uri": f"file://{link}",
+        "sha256": hashlib.sha256(b"{}").hexdigest(),
+    }
+    exc = _refusal_in(recipe.manifest(), tmp_path / "work", storage)
+    assert (exc.code, exc.details["reason"]) == ("tokenizer_invalid", "link_in_path")
 
 
 @pytest.mark.parametrize(

@@ -35,6 +35,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -48,10 +49,12 @@ from urllib.parse import unquote, urlsplit
 from ito.core.errors import ErrorCode, ItoError
 from ito.core.model_sizes import SIZES
 from ito.core.provenance import PROVENANCE_SCHEMA
+from ito.core.revisions import storage_parts
 from ito.pipeline.decontam import DEFAULT_NGRAM, EvalIndex
 from ito.pipeline.dedup import NearDedup, exact_duplicates, near_duplicates
 from ito.pipeline.heldout import split_heldout
 from ito.pipeline.rows import Row, data_format, normalise_text, read_rows, rows_to_jsonl
+from ito.pipeline.storage_fs import StoragePath, proven_dir
 from ito.pipeline.tokenizer import (
     TOKENIZER_FILE,
     check_tokenizer,
@@ -69,6 +72,7 @@ __all__ = [
     "PREPARED_DIR",
     "PROVENANCE_FILE",
     "PROVENANCE_SCHEMA",
+    "BookingStorage",
     "DatasetReport",
     "EvalContamination",
     "NearDedup",
@@ -277,10 +281,23 @@ class _Loaded:
     contaminated_removed: int = 0
 
 
+@dataclass(frozen=True)
+class BookingStorage:
+    """The booking's storage as the manifest's ``file://`` URIs name it and as it lies on this
+    host: data and tokenizer files are read by walking down from ``root``, one directory at a
+    time, never following a link (:mod:`ito.pipeline.storage_fs`)."""
+
+    uri: str
+    """The booking's storage URI (``file://…``)."""
+    root: Path
+    """That root, resolved on this host."""
+
+
 def prepare_data(
     manifest: Manifest,
     workdir: Path,
     *,
+    storage: BookingStorage | None = None,
     ngram: int | None = None,
     near_dedup: NearDedup | None = None,
 ) -> PrepReport:
@@ -292,6 +309,11 @@ def prepare_data(
     row that does not fit its role), ``tokenizer_invalid`` (:func:`named_tokenizer`) or
     ``capability_unavailable`` (a URI scheme other than ``file://``; refused at plan already,
     :mod:`ito.core.runtime_support`), having written nothing.
+
+    With ``storage`` (what a worker passes), every file is reached from the booking's root
+    without following a link: a file outside it, or behind a link inside it, is
+    ``data_policy_violation`` (``tokenizer_invalid``) with reason ``outside_booking_storage`` or
+    ``link_in_path``, and is never opened.
     """
     if ngram is not None and ngram < 1:
         raise ValueError("ngram must be ≥ 1")
@@ -307,8 +329,8 @@ def prepare_data(
                 license=ref.license,
             )
     # The named tokenizer first: a wrong one refuses before any data is read or tokenized.
-    named = named_tokenizer(manifest)
-    loaded = [_load(ref) for ref in manifest.data]
+    named = named_tokenizer(manifest, storage)
+    loaded = [_load(ref, storage) for ref in manifest.data]
 
     eval_sets = [d for d in loaded if d.ref.role == "eval"]
     eval_ids = tuple(d.ref.id for d in eval_sets)
@@ -398,7 +420,9 @@ def prepare_data(
     return report
 
 
-def named_tokenizer(manifest: Manifest) -> tuple[bytes, Tokenizer] | None:
+def named_tokenizer(
+    manifest: Manifest, storage: BookingStorage | None = None
+) -> tuple[bytes, Tokenizer] | None:
     """The bytes of the tokenizer ``model.tokenizer`` names and the tokenizer they hold
     (``None`` when it names none). Refused with ``tokenizer_invalid`` when they are unreadable
     (``unreadable``, ``not_regular_file``, ``too_large``), not the manifest's sha256
@@ -408,7 +432,9 @@ def named_tokenizer(manifest: Manifest) -> tuple[bytes, Tokenizer] | None:
     ref = manifest.model.tokenizer
     if ref is None:
         return None
-    raw = _read_local(ref.uri, "the tokenizer", "tokenizer_invalid", MAX_TOKENIZER_FILE_BYTES)
+    raw = _read_local(
+        ref.uri, "the tokenizer", "tokenizer_invalid", MAX_TOKENIZER_FILE_BYTES, storage
+    )
     digest = hashlib.sha256(raw).hexdigest()
     if digest != ref.sha256:
         raise ItoError(
@@ -484,8 +510,8 @@ def _dataset_report(
     return report
 
 
-def _load(ref: DataRef) -> _Loaded:
-    raw = _read(ref)
+def _load(ref: DataRef, storage: BookingStorage | None) -> _Loaded:
+    raw = _read(ref, storage)
     digest = hashlib.sha256(raw).hexdigest()
     if digest != ref.sha256:
         raise ItoError(
@@ -510,15 +536,28 @@ def _load(ref: DataRef) -> _Loaded:
     )
 
 
-def _read(ref: DataRef) -> bytes:
+def _read(ref: DataRef, storage: BookingStorage | None) -> bytes:
     return _read_local(
-        ref.uri, f"data {ref.id!r}", "data_policy_violation", MAX_DATA_FILE_BYTES, data_id=ref.id
+        ref.uri,
+        f"data {ref.id!r}",
+        "data_policy_violation",
+        MAX_DATA_FILE_BYTES,
+        storage,
+        data_id=ref.id,
     )
 
 
-def _read_local(uri: str, what: str, code: ErrorCode, max_bytes: int, **details: Any) -> bytes:
+def _read_local(
+    uri: str,
+    what: str,
+    code: ErrorCode,
+    max_bytes: int,
+    storage: BookingStorage | None = None,
+    **details: Any,
+) -> bytes:
     """The bytes of the local file ``uri`` names (``file://`` or, for a tokenizer, an absolute
-    path); ``code`` with a ``reason`` when it cannot be read."""
+    path); ``code`` with a ``reason`` when it cannot be read. With ``storage``, reached from
+    its root without following a link (:func:`_read_in_storage`)."""
     parts = urlsplit(uri)
     if uri.startswith("/"):
         path = uri
@@ -539,6 +578,8 @@ def _read_local(uri: str, what: str, code: ErrorCode, max_bytes: int, **details:
                 reason="unreadable",
                 **details,
             )
+    if storage is not None:
+        return _read_in_storage(path, storage, what, code, max_bytes, details)
     try:
         # Never a device, FIFO or socket (``/dev/zero`` never ends, a FIFO never answers), and
         # never more than the bound: the whole file is held to be hashed and parsed.
@@ -562,6 +603,60 @@ def _read_local(uri: str, what: str, code: ErrorCode, max_bytes: int, **details:
     if len(raw) > max_bytes:  # it grew while being read
         raise _too_large(code, what, max_bytes, details)
     return raw
+
+
+def _read_in_storage(
+    path: str,
+    storage: BookingStorage,
+    what: str,
+    code: ErrorCode,
+    max_bytes: int,
+    details: dict[str, Any],
+) -> bytes:
+    """The bytes of ``path``, a file below the booking's storage, read through the proven
+    directory that holds it (a regular file, no link on the way, never waited on, bounded)."""
+    try:
+        parts = storage_parts(path, storage.uri)
+    except ItoError:
+        raise ItoError(
+            code,
+            f"{what} is outside the booking's storage",
+            reason="outside_booking_storage",
+            **details,
+        ) from None
+    try:
+        with proven_dir(StoragePath(storage.root, parts[:-1])) as directory:
+            return directory.read_bounded(parts[-1], max_bytes)
+    except ItoError:  # a link or a non-directory on the way down
+        raise _behind_link(code, what, details) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # the file itself is a link
+            raise _behind_link(code, what, details) from None
+        raise _unreadable_in_storage(exc, code, what, max_bytes, details) from None
+
+
+def _behind_link(code: ErrorCode, what: str, details: dict[str, Any]) -> ItoError:
+    return ItoError(
+        code,
+        f"{what} is reached through a link or a non-directory inside the booking's storage",
+        reason="link_in_path",
+        **details,
+    )
+
+
+def _unreadable_in_storage(
+    exc: OSError, code: ErrorCode, what: str, max_bytes: int, details: dict[str, Any]
+) -> ItoError:
+    if exc.errno == errno.EFBIG:
+        return _too_large(code, what, max_bytes, details)
+    if exc.errno == errno.EINVAL:
+        return ItoError(code, f"{what} is not a regular file", reason="not_regular_file", **details)
+    return ItoError(
+        code,
+        f"{what} cannot be read ({exc.strerror or type(exc).__name__})",
+        reason="unreadable",
+        **details,
+    )
 
 
 def _too_large(code: ErrorCode, what: str, max_bytes: int, details: dict[str, Any]) -> ItoError:

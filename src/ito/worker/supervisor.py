@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -42,6 +42,9 @@ from ito.pipeline.spec import stop_file
 from ito.pipeline.storage_fs import StoragePath, proven_dir, remove_tree
 from ito.worker.api import WorkerApi, report_batches
 from ito.worker.executors import Executor, LaunchSpec
+
+if TYPE_CHECKING:
+    from ito.pipeline.data_prep import BookingStorage
 
 __all__ = ["EventTail", "Supervisor", "checkpoint_storage", "cleanup_run"]
 
@@ -187,7 +190,11 @@ class Supervisor:
             run_id, attempt, [LogEvent(level="info", message=f"checkpoints at {checkpoints}")]
         )
 
-        prep = self._prepare(run_id, attempt, raw, workdir)
+        from ito.pipeline.data_prep import BookingStorage
+
+        uri = lease.booking.storage_uri
+        booking_storage = BookingStorage(uri, real_root) if uri else None
+        prep = self._prepare(run_id, attempt, raw, workdir, booking_storage)
         if prep is not None or self.stop.is_set():
             return prep  # an outcome, or None: the worker is stopping and leaves the lease
         bound = self._bind_provenance(run_id, attempt, workdir, lease.provenance_sha256)
@@ -291,7 +298,14 @@ class Supervisor:
                 raise
             return self._finish(run_id, attempt, Outcome("failed", exc.code, exc.message))
 
-    def _prepare(self, run_id: str, attempt: int, raw: bytes, workdir: Path) -> Outcome | None:
+    def _prepare(
+        self,
+        run_id: str,
+        attempt: int,
+        raw: bytes,
+        workdir: Path,
+        storage: BookingStorage | None,
+    ) -> Outcome | None:
         if (workdir / "prepared" / "provenance.json").exists():
             return None
         from ito.core.manifest import parse_manifest
@@ -303,7 +317,7 @@ class Supervisor:
 
         def work() -> None:
             try:
-                result["report"] = prepare_data(parse_manifest(raw), workdir)
+                result["report"] = prepare_data(parse_manifest(raw), workdir, storage=storage)
             except ItoError as exc:
                 result["error"] = exc
             except Exception as exc:
