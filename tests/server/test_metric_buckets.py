@@ -10,6 +10,7 @@ import re
 from datetime import UTC, datetime
 
 import pytest
+from sqlalchemy import event
 
 from ito.server.services.metric_buckets import (
     MAX_BUCKETS,
@@ -17,8 +18,10 @@ from ito.server.services.metric_buckets import (
     chart_series,
     record_points,
 )
+from ito.server.services.runs import record_event
 from ito.server.store.db import Database
-from ito.server.web.dashboard import run_page
+from ito.server.store.tables import Run, RunEvent
+from ito.server.web.dashboard import LATEST_EVENTS, run_page
 from tests.support import Tenant
 
 pytestmark = pytest.mark.slow
@@ -93,3 +96,67 @@ def test_a_short_series_is_drawn_point_by_point_with_a_replayed_step_once(tenant
     assert [s for s, _ in loss.points] == list(range(1, 11))
     assert dict(loss.points)[8] == 18.0 and dict(loss.points)[6] == pytest.approx(1 / 6)
     assert loss.last == 20.0
+
+
+def test_the_run_page_reads_its_stages_and_latest_events_not_its_whole_history(
+    tenant: Tenant,
+) -> None:
+    """Thousands of checkpoint events (one per commit of a long run) between its stage events:
+    the page's timeline still shows every stage, its event list the newest, and it loads
+    the stage and state events and the latest few only."""
+    run_id = tenant.train(tenant.manifest(), "history", booking_id=tenant.booking())
+    db = Database(tenant.server.database_url)
+    loaded: list[int] = []
+
+    def count(target: RunEvent, _context: object) -> None:
+        loaded.append(target.id)
+
+    try:
+        with db.write() as session:
+            run = session.get(Run, run_id)
+            assert run is not None
+            for stage in ("pretrain", "midtrain"):
+                record_event(
+                    session,
+                    run,
+                    "stage",
+                    f"stage {stage} started",
+                    data={"stage": stage, "status": "started"},
+                )
+                for step in range(1_500):
+                    record_event(
+                        session,
+                        run,
+                        "checkpoint",
+                        f"checkpoint {step}",
+                        data={"stage": stage, "step": step},
+                    )
+                record_event(
+                    session,
+                    run,
+                    "stage",
+                    f"stage {stage} completed",
+                    data={"stage": stage, "status": "completed"},
+                )
+            newest = [
+                e.id
+                for e in (
+                    record_event(session, run, "checkpoint", "late", data={"step": i})
+                    for i in range(20)
+                )
+            ]
+        event.listen(RunEvent, "load", count)
+        try:
+            with db.read() as session:
+                page = run_page(
+                    session, tenant.account_id, run_id, tenant.server.url, datetime.now(UTC)
+                )
+        finally:
+            event.remove(RunEvent, "load", count)
+    finally:
+        db.dispose()
+    by_stage = {t["stage"]: t for t in page["timeline"]}
+    assert by_stage["pretrain"]["status"] == by_stage["midtrain"]["status"] == "completed"
+    assert [e["id"] for e in page["events"]] == newest[-LATEST_EVENTS:]
+    # Stage and state events (a handful) and the latest few, not the 3,000 checkpoints.
+    assert 0 < len(loaded) <= 4 + 10 + LATEST_EVENTS, len(loaded)

@@ -65,7 +65,9 @@ __all__ = [
     "CreateRunResult",
     "create_run",
     "event_dict",
+    "events_of_kinds",
     "get_run",
+    "latest_events",
     "list_events",
     "list_runs",
     "record_event",
@@ -644,6 +646,27 @@ def list_events(
     session: Session, account_id: str, run_id: str, *, after: int = 0, limit: int = 200
 ) -> list[RunEvent]:
     return _events_of(session, get_run(session, account_id, run_id), after=after, limit=limit)
+
+
+def events_of_kinds(session: Session, run: Run, kinds: tuple[str, ...]) -> list[RunEvent]:
+    """A run (already checked to be the caller's) its events of ``kinds``, oldest first: the
+    ``(run_id, kind, id)`` index, bounded by those kinds' count (stages and state changes),
+    never by the run's history of checkpoints."""
+    return list(
+        session.scalars(
+            select(RunEvent)
+            .where(RunEvent.run_id == run.id, RunEvent.kind.in_(kinds))
+            .order_by(RunEvent.id)
+        )
+    )
+
+
+def latest_events(session: Session, run: Run, limit: int) -> list[RunEvent]:
+    """A run's last ``limit`` events, oldest first (the ``(run_id, id)`` index, backwards)."""
+    rows = session.scalars(
+        select(RunEvent).where(RunEvent.run_id == run.id).order_by(RunEvent.id.desc()).limit(limit)
+    )
+    return list(reversed(list(rows)))
 
 
 def _events_of(session: Session, run: Run, *, after: int = 0, limit: int = 200) -> list[RunEvent]:

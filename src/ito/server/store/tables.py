@@ -238,7 +238,11 @@ class Run(Base):
 
 class RunEvent(Base):
     __tablename__ = "run_events"
-    __table_args__ = (Index("ix_run_events_run_id_id", "run_id", "id"),)
+    __table_args__ = (
+        Index("ix_run_events_run_id_id", "run_id", "id"),
+        # A run's events of one kind (its stages, its state changes) without its whole history.
+        Index("ix_run_events_run_id_kind_id", "run_id", "kind", "id"),
+    )
     id: Mapped[int] = mapped_column(
         BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
     )

@@ -30,7 +30,14 @@ from ito.server.services.lifecycle import (
 from ito.server.services.metric_buckets import ChartSeries, chart_series
 from ito.server.services.provenance import provenance_of
 from ito.server.services.run_progress import run_progress
-from ito.server.services.runs import event_dict, get_run, list_events, list_runs, run_dict
+from ito.server.services.runs import (
+    event_dict,
+    events_of_kinds,
+    get_run,
+    latest_events,
+    list_runs,
+    run_dict,
+)
 from ito.server.services.telemetry import booking_telemetry, run_costs, run_telemetry
 from ito.server.web.charts import Series, line_chart
 
@@ -44,7 +51,8 @@ __all__ = [
 ]
 
 LOG_TAIL_LINES = 100
-_EVENT_PAGE = 1000
+LATEST_EVENTS = 15
+"""The events the run page lists (the newest)."""
 
 
 def _planned_stages(run: dict[str, Any]) -> list[dict[str, Any]]:
@@ -87,16 +95,6 @@ def runs_page(
         "state_filter": state or "",
         "booking_filter": booking_id or "",
     }
-
-
-def _all_events(session: Session, account_id: str, run_id: str) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    while True:
-        after = events[-1]["id"] if events else 0
-        page = list_events(session, account_id, run_id, after=after, limit=_EVENT_PAGE)
-        events.extend(event_dict(e) for e in page)
-        if len(page) < _EVENT_PAGE:
-            return events
 
 
 def timeline_of(
@@ -208,7 +206,10 @@ def run_page(
     """Everything the run's page shows; ``run_not_found`` for a missing or another tenant's."""
     row = get_run(session, account_id, run_id)
     run = run_dict(row)
-    events = _all_events(session, account_id, run_id)
+    # The stage and state events (the timeline, what a waiting run waits for) and the latest
+    # few: bounded by stages and state changes, never by the checkpoints of a long history.
+    events = [event_dict(e) for e in events_of_kinds(session, row, ("stage", "state"))]
+    latest = [event_dict(e) for e in latest_events(session, row, LATEST_EVENTS)]
     gates = gates_of(session, account_id, run_id)
     # Bounded whatever the history: each series' span from a few summary rows, then at most
     # a fixed number of points or buckets (ito.server.services.metric_buckets).
@@ -246,7 +247,7 @@ def run_page(
         ),
         "loss_points": loss.reported if loss is not None else 0,
         "logs": log_tail(session, account_id, run_id, limit=LOG_TAIL_LINES),
-        "events": events[-15:],
+        "events": latest,
         "checkpoints": [checkpoint_dict(r) for r in list_checkpoints(session, account_id, run_id)],
         "exports": list_exports(session, account_id, run_id),
         "provenance": provenance,
