@@ -3,6 +3,8 @@
 * ``ito.core`` imports nothing of ours outside ``ito.core`` and no I/O library;
 * ``ito.pipeline`` (the code that runs on training nodes) never imports the server or the client
   side (``ito.server``, ``ito.client``, ``ito.bridge``, ``ito.mcp``);
+* ``ito.worker`` never imports the client side either: what both need to reach the API
+  (``ito.connection``, ``ito.transport``, ``ito.settings``) lies beside them;
 * a router (``ito.server.routers``) holds no SQL: it imports nothing of SQLAlchemy but the
   ``Session`` type (to annotate what it hands to a service), imports no table class, and calls no
   query method — the services run the SQL.
@@ -94,6 +96,7 @@ secret scan uses its detector classes, which are compiled regular expressions an
 arithmetic over strings given to them (no file, network or process access on import or use)."""
 
 PIPELINE_DENY = ("ito.server", "ito.client", "ito.bridge", "ito.mcp")
+WORKER_DENY = ("ito.client", "ito.bridge", "ito.mcp")
 
 ROUTER_SQLALCHEMY_ALLOWED = frozenset({("sqlalchemy.orm", "Session")})
 """A router may name the ``Session`` type to annotate what it passes to a service."""
@@ -180,6 +183,14 @@ def pipeline_violations(source: str, module: str, is_package: bool = False) -> l
     ]
 
 
+def worker_violations(source: str, module: str, is_package: bool = False) -> list[str]:
+    return [
+        f"{module}:{imp.line} imports {imp.module}"
+        for imp in imports(ast.parse(source), module, is_package)
+        if any(within(imp.module, d) for d in WORKER_DENY)
+    ]
+
+
 def router_violations(source: str, module: str, is_package: bool = False) -> list[str]:
     tree = ast.parse(source)
     found = []
@@ -237,6 +248,11 @@ def test_pipeline_never_imports_the_server_or_the_client() -> None:
     assert check("ito.pipeline", pipeline_violations) == []
 
 
+def test_the_worker_never_imports_the_client_side() -> None:
+    assert sources("ito.worker")
+    assert check("ito.worker", worker_violations) == []
+
+
 def test_routers_hold_no_sql() -> None:
     assert sources("ito.server.routers")
     assert check("ito.server.routers", router_violations) == []
@@ -254,6 +270,8 @@ def test_routers_hold_no_sql() -> None:
         (core_violations, "import numpy\n"),
         (pipeline_violations, "from ito.client.transport import ApiClient\n"),
         (pipeline_violations, "import ito.server.app\n"),
+        (worker_violations, "def f():\n    from ito.client.config import build\n"),
+        (worker_violations, "from ito.mcp import server\n"),
         (router_violations, "from sqlalchemy import select\n"),
         (router_violations, "from ito.server.store.tables import Run\n"),
         (router_violations, "def f(session):\n    session.execute('DELETE FROM runs')\n"),
@@ -275,6 +293,7 @@ def test_each_rule_catches_a_violation(rule: object, source: str) -> None:
             "from sqlalchemy.orm import Session\n"
             "from ito.server.store.tables import utcnow\nseen = set()\nseen.add(1)\n",
         ),
+        (worker_violations, "from ito.connection import build\nfrom ito.pipeline import spec\n"),
     ],
 )
 def test_what_each_rule_allows(rule: object, source: str) -> None:

@@ -1,6 +1,6 @@
-"""Where every ``ITO_*`` setting is read: the base of the two settings objects, the client
-side's (:class:`ito.client.config.ClientConfig`, also the worker's) and the server's
-(:class:`ito.server.settings.ServerSettings`).
+"""Where every ``ITO_*`` setting is read: the base of the settings objects, the API
+connection's (:class:`ito.connection.ApiConnection`, which the client's and the worker's extend)
+and the server's (:class:`ito.server.settings.ServerSettings`).
 
 Both are pydantic-settings objects built by the caller, never at import. A field ``name`` is read
 from ``ITO_<NAME>`` (an empty variable counts as unset); ``ITO_HOME`` — the state directory

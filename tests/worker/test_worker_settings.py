@@ -1,5 +1,6 @@
-"""The worker reads its settings through the client side's settings object (src/ito/settings.py):
-each ``ITO_*`` variable it uses is honoured, and a malformed one is refused by its code."""
+"""The worker reads its settings through the API connection's settings object
+(src/ito/connection.py, shared with the client side, which it never imports): each ``ITO_*``
+variable it uses is honoured, and a malformed one is refused by its code."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ito.client.config import build
+from ito.connection import build
 from ito.core.errors import ItoError
 from ito.worker.settings import WorkerSettings
 

@@ -28,7 +28,7 @@ def main_command(
     poll_seconds: Annotated[float, typer.Option(help="Seconds between idle polls.")] = 1.0,
 ) -> None:
     """Lease and run the booking's runs."""
-    from ito.client.config import build
+    from ito.connection import build
     from ito.worker.api import WorkerApi
     from ito.worker.loop import WorkerLoop
     from ito.worker.settings import WorkerSettings

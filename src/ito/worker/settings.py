@@ -1,4 +1,4 @@
-"""The worker's settings: the client side's (:class:`~ito.client.config.ClientConfig`: API URL,
+"""The worker's settings: how to reach the API (:class:`~ito.connection.ApiConnection`: URL,
 key, timeouts, ``ITO_HOME``) plus the fault injection of tests and drills."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ from typing import Any
 
 from pydantic import field_validator
 
-from ito.client.config import ClientConfig
+from ito.connection import ApiConnection
 from ito.core.run_spec import FAULT_INJECTION_FIELDS
 
 __all__ = ["WorkerSettings"]
 
 
-class WorkerSettings(ClientConfig):
+class WorkerSettings(ApiConnection):
     fault_injection: dict[str, Any] | None = None
     """``ITO_FAULT_INJECTION`` (JSON: ``error_at``, ``fail_at``, ``loss_spike_at``,
     ``max_steps_per_stage``, ``min_step_seconds``, ``pause_at_step``) for tests and drills; never
