@@ -100,8 +100,8 @@ def manifest_for(corpus: Path) -> dict[str, Any]:
 
 def ours_worker(config_path: Path) -> None:
     from ito.core.manifest import parse_manifest
+    from ito.data.decontam import EvalIndex
     from ito.pipeline.data_prep import prepare_data, shard_path
-    from ito.pipeline.decontam import EvalIndex
     from ito.pipeline.dedup import NearDedup
 
     config = json.loads(config_path.read_text(encoding="utf-8"))

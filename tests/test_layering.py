@@ -5,6 +5,9 @@
   side (``ito.server``, ``ito.client``, ``ito.bridge``, ``ito.mcp``);
 * ``ito.worker`` never imports the client side either: what both need to reach the API
   (``ito.connection``, ``ito.transport``, ``ito.settings``) lies beside them;
+* ``ito.recipes`` (data and manifests a client writes) never imports the engine: what both need
+  to know about data (rows, the held-out split, decontamination) is ``ito.data``, which imports
+  nothing of ours but ``ito.core``;
 * a router (``ito.server.routers``) holds no SQL: it imports nothing of SQLAlchemy but the
   ``Session`` type (to annotate what it hands to a service), imports no table class, and calls no
   query method — the services run the SQL.
@@ -16,7 +19,7 @@ about what a module knows, not about when it loads it.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,6 +100,16 @@ arithmetic over strings given to them (no file, network or process access on imp
 
 PIPELINE_DENY = ("ito.server", "ito.client", "ito.bridge", "ito.mcp")
 WORKER_DENY = ("ito.client", "ito.bridge", "ito.mcp")
+RECIPES_DENY = ("ito.pipeline", "ito.worker", "ito.server")
+DATA_DENY = (
+    "ito.pipeline",
+    "ito.worker",
+    "ito.server",
+    "ito.client",
+    "ito.bridge",
+    "ito.mcp",
+    "ito.recipes",
+)
 
 ROUTER_SQLALCHEMY_ALLOWED = frozenset({("sqlalchemy.orm", "Session")})
 """A router may name the ``Session`` type to annotate what it passes to a service."""
@@ -183,12 +196,20 @@ def pipeline_violations(source: str, module: str, is_package: bool = False) -> l
     ]
 
 
-def worker_violations(source: str, module: str, is_package: bool = False) -> list[str]:
-    return [
-        f"{module}:{imp.line} imports {imp.module}"
-        for imp in imports(ast.parse(source), module, is_package)
-        if any(within(imp.module, d) for d in WORKER_DENY)
-    ]
+def _denied(deny: tuple[str, ...]) -> Callable[[str, str, bool], list[str]]:
+    def violations(source: str, module: str, is_package: bool = False) -> list[str]:
+        return [
+            f"{module}:{imp.line} imports {imp.module}"
+            for imp in imports(ast.parse(source), module, is_package)
+            if any(within(imp.module, d) for d in deny)
+        ]
+
+    return violations
+
+
+worker_violations = _denied(WORKER_DENY)
+recipes_violations = _denied(RECIPES_DENY)
+data_violations = _denied(DATA_DENY)
 
 
 def router_violations(source: str, module: str, is_package: bool = False) -> list[str]:
@@ -253,6 +274,12 @@ def test_the_worker_never_imports_the_client_side() -> None:
     assert check("ito.worker", worker_violations) == []
 
 
+def test_recipes_never_import_the_engine_and_data_imports_only_core() -> None:
+    assert sources("ito.recipes") and sources("ito.data")
+    assert check("ito.recipes", recipes_violations) == []
+    assert check("ito.data", data_violations) == []
+
+
 def test_routers_hold_no_sql() -> None:
     assert sources("ito.server.routers")
     assert check("ito.server.routers", router_violations) == []
@@ -272,6 +299,8 @@ def test_routers_hold_no_sql() -> None:
         (pipeline_violations, "import ito.server.app\n"),
         (worker_violations, "def f():\n    from ito.client.config import build\n"),
         (worker_violations, "from ito.mcp import server\n"),
+        (recipes_violations, "from ito.pipeline.rows import read_rows\n"),
+        (data_violations, "from ito.pipeline.tokenizer import EOS\n"),
         (router_violations, "from sqlalchemy import select\n"),
         (router_violations, "from ito.server.store.tables import Run\n"),
         (router_violations, "def f(session):\n    session.execute('DELETE FROM runs')\n"),

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from ito.core.model_sizes import SIZES
-from ito.pipeline.heldout import split_heldout
-from ito.pipeline.rows import Row, read_rows
+from ito.data.heldout import split_heldout
+from ito.data.rows import Row, read_rows
 from ito.pipeline.tokenizer import train_tokenizer
 from ito.recipes import build_recipe
 

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from transformers import LlamaForCausalLM
 
 from ito.core.model_sizes import SIZES
+from ito.data.rows import Row, read_rows
 from ito.pipeline import batteries
 from ito.pipeline.batteries import (
     EvalContext,
@@ -26,7 +27,6 @@ from ito.pipeline.batteries import (
 from ito.pipeline.data import pack
 from ito.pipeline.loss import use_chunked_loss
 from ito.pipeline.model import llama_config
-from ito.pipeline.rows import Row, read_rows
 from ito.pipeline.tokenizer import EOS, build_tokenizer
 from ito.recipes import build_recipe
 

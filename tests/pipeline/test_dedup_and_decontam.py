@@ -7,8 +7,9 @@ import random
 
 import pytest
 
+from ito.data.decontam import EvalIndex, match_tokens, ngrams
+from ito.data.rows import Row, row_from_mapping
 from ito.pipeline.data_prep import normalise_text
-from ito.pipeline.decontam import EvalIndex, match_tokens, ngrams
 from ito.pipeline.dedup import (
     NearDedup,
     exact_duplicates,
@@ -17,7 +18,6 @@ from ito.pipeline.dedup import (
     near_duplicates,
     word_shingles,
 )
-from ito.pipeline.rows import Row, row_from_mapping
 
 LONG = (
     "the scheduler reads every token of the long sentences and the optimizer stores "

@@ -1,4 +1,4 @@
-"""One definition of a row (``ito.pipeline.rows``): the reader splits JSONL on ``\\n`` only,
+"""One definition of a row (``ito.data.rows``): the reader splits JSONL on ``\\n`` only,
 Parquet and JSONL give the same rows and the same prepared shards, deduplication sees the text
 training reads, and a row that does not fit its role is refused with ``data_invalid`` and where."""
 
@@ -15,9 +15,9 @@ import pytest
 
 from ito.core.errors import ItoError
 from ito.core.manifest import parse_manifest
+from ito.data.rows import ROLE_SHAPES, data_format, read_rows
 from ito.pipeline.data import read_documents
 from ito.pipeline.data_prep import prepare_data, prepared_dir, shard_path
-from ito.pipeline.rows import ROLE_SHAPES, data_format, read_rows
 from ito.recipes import build_recipe
 
 SEPARATORS = "\u2028\u2029\u0085\x0b\x0c\x1c\x1d\x1e\r"

@@ -50,8 +50,8 @@ from ito.pipeline.tokenizer import EOS
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
+    from ito.data.rows import Row
     from ito.pipeline.pipeline_stages import PipelineRunner
-    from ito.pipeline.rows import Row
 
 __all__ = [
     "BATTERIES",

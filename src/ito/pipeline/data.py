@@ -4,14 +4,14 @@ Guarantees:
 
 - The held-out split is a pure function of each document's bytes (a digest bucket), so every
   stage that trains on a data id skips exactly the documents every eval on that id uses
-  (:mod:`ito.pipeline.heldout`).
+  (:mod:`ito.data.heldout`).
 - The order is a pure function of (seed, stage index, epoch): the batch of stage step ``k`` on
   rank ``r`` is computed, never iterated to, so the data position of a checkpoint is the step.
 - Raw files are read only from ``file://`` URIs and must match the manifest's sha256; a file
   that data preparation wrote to ``<workdir>/prepared/<id>.jsonl`` is used in its place, and the
   tokenizer it wrote beside them is used only with the digest its report lists.
-- A document is :attr:`Row.text <ito.pipeline.rows.Row.text>` of a row read by
-  :func:`ito.pipeline.rows.read_rows`: the same text data preparation deduplicated and
+- A document is :attr:`Row.text <ito.data.rows.Row.text>` of a row read by
+  :func:`ito.data.rows.read_rows`: the same text data preparation deduplicated and
   decontaminated.
 """
 
@@ -27,8 +27,8 @@ import torch
 from tokenizers import Tokenizer
 
 from ito.core.manifest import DataRef
-from ito.pipeline.heldout import HELDOUT_EVERY, split_heldout
-from ito.pipeline.rows import Row, read_rows
+from ito.data.heldout import HELDOUT_EVERY, split_heldout
+from ito.data.rows import Row, read_rows
 
 __all__ = [
     "HELDOUT_EVERY",

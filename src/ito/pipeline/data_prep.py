@@ -2,9 +2,9 @@
 
 :func:`prepare_data` runs on rank 0 before training. For every data reference of the manifest it
 reads the bytes, checks them against the manifest's sha256, reads its rows (JSONL or Parquet, as
-:mod:`ito.pipeline.rows` defines them for the data's role) and normalises their fields; then it
+:mod:`ito.data.rows` defines them for the data's role) and normalises their fields; then it
 removes exact duplicates in every data set, every training row that overlaps an item of the
-manifest's eval data (:mod:`ito.pipeline.decontam`), and near duplicates in every training data
+manifest's eval data (:mod:`ito.data.decontam`), and near duplicates in every training data
 set — in that order. It writes one prepared shard per data set, the run's tokenizer and a
 provenance report to ``<workdir>/prepared/``.
 
@@ -29,7 +29,7 @@ Guarantees:
   are serialised as canonical JSON of their role's fields only, and the tokenizer's training is
   deterministic, so two runs give byte-identical shards, tokenizers and reports, and a Parquet
   file gives the same shard as the JSONL file of its rows.
-* Deduplication and decontamination compare :attr:`Row.text <ito.pipeline.rows.Row.text>`, the
+* Deduplication and decontamination compare :attr:`Row.text <ito.data.rows.Row.text>`, the
   text training and evaluation read from the shard.
 """
 
@@ -50,10 +50,10 @@ from ito.core.errors import ErrorCode, ItoError
 from ito.core.model_sizes import SIZES
 from ito.core.provenance import PROVENANCE_SCHEMA
 from ito.core.revisions import storage_parts
-from ito.pipeline.decontam import DEFAULT_NGRAM, EvalIndex
+from ito.data.decontam import DEFAULT_NGRAM, EvalIndex
+from ito.data.heldout import split_heldout
+from ito.data.rows import Row, data_format, normalise_text, read_rows, rows_to_jsonl
 from ito.pipeline.dedup import NearDedup, exact_duplicates, near_duplicates
-from ito.pipeline.heldout import split_heldout
-from ito.pipeline.rows import Row, data_format, normalise_text, read_rows, rows_to_jsonl
 from ito.pipeline.storage_fs import StoragePath, proven_dir
 from ito.pipeline.tokenizer import (
     TOKENIZER_FILE,
@@ -243,7 +243,7 @@ class PrepReport:
                     "fields": "the fields of the data's role; a prompt keeps one trailing "
                     "space, an answer one leading space",
                 },
-                "rows": "ito.pipeline.rows: text = the role's fields joined, other fields dropped",
+                "rows": "ito.data.rows: text = the role's fields joined, other fields dropped",
                 "exact_dedup": {
                     "key": "sha256 of the normalised row's fields as canonical JSON",
                     "scope": "each data set",

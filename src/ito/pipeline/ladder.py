@@ -36,6 +36,7 @@ from tokenizers import Tokenizer
 from ito.core.ladder import LadderPlan, ladder_passes, ladder_rule, ladder_threshold
 from ito.core.manifest import EvalSpec, Manifest
 from ito.core.model_sizes import ModelSize
+from ito.data.rows import Row
 from ito.pipeline.batteries import BATTERIES, EvalContext
 from ito.pipeline.data import PackedData, pack
 from ito.pipeline.grad_accum import accumulate
@@ -49,7 +50,6 @@ from ito.pipeline.model import (
     set_rope_base,
 )
 from ito.pipeline.parallelize import clip_grad_norm
-from ito.pipeline.rows import Row
 from ito.pipeline.storage_fs import StoragePath, proven_dir
 
 __all__ = ["LADDER_FILE", "ArmResult", "LadderJob"]

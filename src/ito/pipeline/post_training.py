@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
     from ito.core.manifest import RlvrRecipe
-    from ito.pipeline.rows import Row
+    from ito.data.rows import Row
 
 __all__ = [
     "LR_SCALE",

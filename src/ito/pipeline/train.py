@@ -28,6 +28,7 @@ from ito.core.manifest import EvalSpec, post_stage_seq_len
 from ito.core.model_sizes import SIZES, ModelSize
 from ito.core.rl_batches import EmptySteps
 from ito.core.spikes import SpikeDetector
+from ito.data.rows import Row
 from ito.pipeline.batteries import BATTERIES, EvalContext
 from ito.pipeline.checkpoint import (
     Checkpointer,
@@ -79,7 +80,6 @@ from ito.pipeline.post_training import (
 from ito.pipeline.replicas import ReplicaSync, local, to_local_tree
 from ito.pipeline.rollout_standby import Standby, lobby_path
 from ito.pipeline.rollout_worker import RolloutClient, WorkerConfig, worker_supported
-from ito.pipeline.rows import Row
 from ito.pipeline.spec import RunSpec
 from ito.pipeline.storage_fs import proven_dir
 from ito.pipeline.tokenizer import EOS, TOKENIZER_FILE, build_tokenizer, load_tokenizer

@@ -18,9 +18,9 @@ from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 from typing import Any
 
-from ito.pipeline.decontam import EvalIndex
-from ito.pipeline.heldout import split_heldout
-from ito.pipeline.rows import read_rows
+from ito.data.decontam import EvalIndex
+from ito.data.heldout import split_heldout
+from ito.data.rows import read_rows
 
 __all__ = ["RECIPES", "Recipe", "build_recipe"]
 
@@ -330,8 +330,8 @@ def build_recipe(name: str, out_dir: str) -> Recipe:
                 if len(words) >= 12
             ]
         )
-    # The report is what data preparation itself would find: the same rows (ito.pipeline.rows)
-    # and the same n-gram matching (ito.pipeline.decontam).
+    # The report is what data preparation itself would find: the same rows (ito.data.rows)
+    # and the same n-gram matching (ito.data.decontam).
     roles = {
         "web.jsonl": "pretrain",
         "arith-mid.jsonl": "midtrain",

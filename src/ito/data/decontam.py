@@ -4,7 +4,7 @@ A training text is contaminated by an eval item when they share a word n-gram (n
 GPT-3 paper, Brown et al. 2020, appendix C). Tokens are casefolded runs of word characters, and
 each other non-space character is a token of its own, so neither case nor spacing around
 punctuation hides an overlap: ``"503+511=1014"`` (an eval row's prompt joined to its answer,
-:mod:`ito.pipeline.rows`), ``"503+511= 1014"`` and ``"503 + 511 = 1014"`` are the same five
+:mod:`ito.data.rows`), ``"503+511= 1014"`` and ``"503 + 511 = 1014"`` are the same five
 tokens. An eval item shorter than n tokens has no n-gram; it is then matched whole — its token
 sequence appearing contiguously in the training text — so that short items are still protected.
 
