@@ -11,21 +11,23 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
 from ito.client.capabilities import capabilities as capability_contract
-from ito.client.config import ClientConfig, load_config
-from ito.client.credentials import resolve_token
-from ito.client.operations import Operations
-from ito.client.secure_file import SecureRead, read_manifest_securely
 from ito.console import Output, run_app
 from ito.core.envelope import ok_envelope
 from ito.core.errors import ItoError
 from ito.core.secret_scan import scan_text
-from ito.settings import mask_url
-from ito.transport import DEFAULT_MAX_RESPONSE_BYTES
+
+if TYPE_CHECKING:
+    from ito.client.operations import Operations
+    from ito.client.secure_file import SecureRead
+
+# The settings, credentials, HTTP and manifest modules are imported by the commands that use
+# them: ``ito --version``, ``--help`` and ``capabilities`` start without them
+# (bench/client_start.py).
 
 app = typer.Typer(
     add_completion=False,
@@ -40,11 +42,39 @@ app.add_typer(runs_app, name="runs")
 app.add_typer(bookings_app, name="bookings")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"ito {version('ito-training')}")
+        except PackageNotFoundError:
+            typer.echo("ito (not installed as a package)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            is_eager=True,
+            callback=_print_version,
+            help="Print the client's version and exit (nothing is read or sent).",
+        ),
+    ] = False,
+) -> None:
+    """ito-training client. Add --json anywhere for the JSON envelope."""
+
+
 def _local_fail(error: ItoError) -> NoReturn:
     Output.fail(error, live_api_contacted=False)
 
 
 def _read(path: str) -> SecureRead:
+    from ito.client.secure_file import read_manifest_securely
+
     try:
         return read_manifest_securely(path)
     except ItoError as exc:
@@ -75,7 +105,12 @@ def capabilities() -> None:
 def config() -> None:
     """Print the settings in effect and where each came from (no secret: a key shows as
     set/not set, the credential in use only by its public prefix)."""
-    cfg: ClientConfig = load_config()
+    from ito.client.config import load_config
+    from ito.client.credentials import resolve_token
+    from ito.settings import mask_url
+    from ito.transport import DEFAULT_MAX_RESPONSE_BYTES
+
+    cfg = load_config()
     token, source = resolve_token(cfg.api_url, cfg)
     Output.finish(
         ok_envelope(
@@ -294,6 +329,10 @@ def planner(
 
 
 def _ops() -> Operations:
+    from ito.client.config import load_config
+    from ito.client.credentials import resolve_token
+    from ito.client.operations import Operations
+
     config = load_config()
     token, _ = resolve_token(config.api_url, config)
     return Operations(config, token)
@@ -306,6 +345,7 @@ def login(
     ] = False,
 ) -> None:
     """Sign in with the device authorization grant; the token goes to the OS keyring."""
+    from ito.client.config import load_config
     from ito.client.login import device_login
 
     def announce(message: str) -> None:
@@ -318,6 +358,7 @@ def login(
 @app.command()
 def logout() -> None:
     """Revoke the stored login on the server, then delete it here."""
+    from ito.client.config import load_config
     from ito.client.login import logout as do_logout
 
     Output.finish(do_logout(load_config()))

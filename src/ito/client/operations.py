@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
-from ito.client.config import ClientConfig
-from ito.client.secure_file import SecureRead, read_manifest_securely
 from ito.core.envelope import error_envelope, ok_envelope
 from ito.core.errors import ItoError
 from ito.core.ids import is_public_id
 from ito.transport import ApiRefusal, Transport, TransportFailure
+
+if TYPE_CHECKING:
+    from ito.client.config import ClientConfig
+    from ito.client.secure_file import SecureRead
 
 __all__ = ["ACTIONS", "Envelope", "Operations"]
 
@@ -140,6 +142,7 @@ class Operations:
         """Read the manifest securely, then parse and secret-scan it here: a document the
         server would refuse (``manifest_invalid``, ``manifest_contains_secret``) never leaves
         this machine — a credentials file passed by mistake is not uploaded to be refused."""
+        from ito.client.secure_file import read_manifest_securely
         from ito.core.manifest import parse_manifest
 
         try:
