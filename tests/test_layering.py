@@ -8,6 +8,7 @@
 * ``ito.recipes`` (data and manifests a client writes) never imports the engine: what both need
   to know about data (rows, the held-out split, decontamination) is ``ito.data``, which imports
   nothing of ours but ``ito.core``;
+* no two modules of ours import each other, directly or round a longer circle;
 * a router (``ito.server.routers``) holds no SQL: it imports nothing of SQLAlchemy but the
   ``Session`` type (to annotate what it hands to a service), imports no table class, and calls no
   query method — the services run the SQL.
@@ -278,6 +279,75 @@ def test_recipes_never_import_the_engine_and_data_imports_only_core() -> None:
     assert sources("ito.recipes") and sources("ito.data")
     assert check("ito.recipes", recipes_violations) == []
     assert check("ito.data", data_violations) == []
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each module of ours → the modules of ours it imports (a ``from`` import of a submodule
+    counts as that submodule; importing a package counts as its ``__init__``)."""
+    paths = {module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        deps = set()
+        for imp in imports(ast.parse(path.read_text()), module, path.name == "__init__.py"):
+            for candidate in (f"{imp.module}.{imp.name}" if imp.name else "", imp.module):
+                if candidate in paths and candidate != module:
+                    deps.add(candidate)
+                    break
+        graph[module] = deps
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_module_imports_itself_round_a_circle() -> None:
+    graph = import_graph()
+    assert len(graph) > 100
+    assert circles(graph) == []
+
+
+def test_a_circle_is_found() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert circles(graph) == [["a", "b", "c"]]
 
 
 def test_routers_hold_no_sql() -> None:

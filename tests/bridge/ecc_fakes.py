@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from ito.client.capabilities import capabilities
+from ito.client.cli import app as ito_app
 from tests.support import BIN, Result
 
 ECC = str(BIN / "ecc")
@@ -54,7 +55,7 @@ sys.exit(CONFIG["exit"])
 
 def envelope(commands: list[dict[str, str]], **data: Any) -> dict[str, Any]:
     """A capability envelope in the shape ``ito capabilities --json`` prints."""
-    body = capabilities()
+    body = capabilities(ito_app)
     body["commands"] = commands
     body |= data
     return {
@@ -67,7 +68,7 @@ def envelope(commands: list[dict[str, str]], **data: Any) -> dict[str, Any]:
 
 def all_supported() -> list[dict[str, str]]:
     """The real client's contract with every command marked supported."""
-    commands = cast("list[dict[str, str]]", copy.deepcopy(capabilities()["commands"]))
+    commands = cast("list[dict[str, str]]", copy.deepcopy(capabilities(ito_app)["commands"]))
     for command in commands:
         command["availability"] = "supported"
     return commands

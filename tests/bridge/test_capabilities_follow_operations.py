@@ -16,6 +16,7 @@ import typer
 from ito.bridge.capabilities import REQUIRED_TRAINING_OPERATIONS, authorize_training, parse_contract
 from ito.client import cli
 from ito.client.capabilities import LABELS, capabilities, registered
+from ito.client.cli import app as ito_app
 from ito.client.operations import Operations
 from ito.core.errors import ItoError
 from tests.bridge.ecc_fakes import base_env, ecc, envelope, make_fake
@@ -36,7 +37,7 @@ TRAIN = [
 
 
 def _contract_bytes() -> bytes:
-    return json.dumps(envelope(capabilities()["commands"])).encode()
+    return json.dumps(envelope(capabilities(ito_app)["commands"])).encode()
 
 
 def _without(app: typer.Typer, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -69,7 +70,7 @@ def test_a_removed_command_disappears_and_the_probe_refuses(
     operation: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _without(cli.app, operation, monkeypatch)
-    names = [c["name"] for c in capabilities()["commands"]]
+    names = [c["name"] for c in capabilities(ito_app)["commands"]]
     assert operation not in names
     with pytest.raises(ItoError) as refused:
         authorize_training(parse_contract(_contract_bytes()), "train")
@@ -81,7 +82,7 @@ def test_a_removed_operation_makes_its_command_unsupported(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delattr(Operations, "cancel")
-    commands = {c["name"]: c["availability"] for c in capabilities()["commands"]}
+    commands = {c["name"]: c["availability"] for c in capabilities(ito_app)["commands"]}
     assert commands["runs cancel"] == "unsupported"
     assert commands["runs cleanup"] == "supported"
 
@@ -90,7 +91,7 @@ def test_the_bridge_refuses_train_when_the_client_lost_an_operation(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delattr(Operations, "restart")
-    fake = make_fake(tmp_path / "client", probe=envelope(capabilities()["commands"]))
+    fake = make_fake(tmp_path / "client", probe=envelope(capabilities(ito_app)["commands"]))
     result = ecc(TRAIN, base_env(tmp_path, ECC_ITO_CLI_EXECUTABLE=str(fake.path)))
     assert (result.rc, result.code) == (1, "capability_unavailable")
     assert result.envelope is not None
@@ -99,7 +100,7 @@ def test_the_bridge_refuses_train_when_the_client_lost_an_operation(
 
 
 def test_the_bridge_forwards_train_when_the_derived_contract_is_whole(tmp_path: Path) -> None:
-    fake = make_fake(tmp_path / "client", probe=envelope(capabilities()["commands"]))
+    fake = make_fake(tmp_path / "client", probe=envelope(capabilities(ito_app)["commands"]))
     result = ecc(TRAIN, base_env(tmp_path, ECC_ITO_CLI_EXECUTABLE=str(fake.path)))
     assert result.rc == 0, result.stderr
     assert len(fake.calls()) == 1

@@ -15,6 +15,7 @@ import pytest
 from ito.bridge.capabilities import REQUIRED_TRAINING_OPERATIONS
 from ito.bridge.ecc import VERBS
 from ito.client.capabilities import capabilities
+from ito.client.cli import app as ito_app
 from ito.core.errors import REGISTRY
 from ito.core.states import RunState
 
@@ -56,7 +57,7 @@ def test_the_skill_is_english_with_the_ecc_front_matter(text: str) -> None:
 def test_every_command_it_names_is_a_bridge_verb_and_in_the_capability_contract(
     text: str,
 ) -> None:
-    contract = {c["name"]: c["availability"] for c in capabilities()["commands"]}
+    contract = {c["name"]: c["availability"] for c in capabilities(ito_app)["commands"]}
     named = _commands(text)
     assert len(named) > 20
     for command in named:

@@ -18,7 +18,7 @@ from ito.server.services.metric_buckets import (
     chart_series,
     record_points,
 )
-from ito.server.services.runs import record_event
+from ito.server.services.run_events import record_event
 from ito.server.store.db import Database
 from ito.server.store.tables import Run, RunEvent
 from ito.server.web.dashboard import LATEST_EVENTS, run_page

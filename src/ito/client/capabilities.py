@@ -125,12 +125,9 @@ def _supported(name: str) -> bool:
     return label.operation is None or callable(getattr(Operations, label.operation, None))
 
 
-def capabilities(app: typer.Typer | None = None) -> dict[str, Any]:
-    """The contract of ``app`` (default: the installed ``ito`` application)."""
-    if app is None:
-        from ito.client.cli import app as installed
-
-        app = installed
+def capabilities(app: typer.Typer) -> dict[str, Any]:
+    """The contract of ``app`` (the ``ito`` application passes itself: this module never
+    imports the CLI, so the two do not import each other)."""
     commands = []
     for name in dict.fromkeys(registered(app)):
         label = LABELS.get(name, Label())
@@ -151,7 +148,7 @@ def capabilities(app: typer.Typer | None = None) -> dict[str, Any]:
     }
 
 
-def is_supported(name: str, app: typer.Typer | None = None) -> bool:
+def is_supported(name: str, app: typer.Typer) -> bool:
     """Whether the contract of ``app`` advertises ``name`` as supported."""
     return any(
         command["name"] == name and command["availability"] == "supported"

@@ -18,6 +18,7 @@ from ito.core.secret_scan import scan_text
 from ito.core.states import RunState
 from ito.core.storage import booking_storage_uri
 from ito.server.ids import new_id
+from ito.server.services.run_events import record_event
 from ito.server.store.tables import Account, Booking, Run, utcnow
 
 __all__ = [
@@ -142,7 +143,6 @@ def move_booking(session: Session, booking_id: str, state: str) -> tuple[Booking
 
 
 def _tell_runs(session: Session, booking: Booking, previous: str) -> None:
-    from ito.server.services.runs import record_event  # runs imports this module
 
     runs = session.scalars(
         select(Run)

@@ -34,8 +34,9 @@ from ito.core.states import RunState
 from ito.server.services.bookings import booking_view
 from ito.server.services.credentials import AuthContext
 from ito.server.services.metric_buckets import record_points
+from ito.server.services.run_events import record_event
 from ito.server.services.run_progress import run_progress, stages_completed
-from ito.server.services.runs import record_event, transition_run
+from ito.server.services.runs import transition_run
 from ito.server.services.spending import spend_limits
 from ito.server.store.runtime_tables import CheckpointRow, RunLease, RunLog
 from ito.server.store.tables import Booking, ManifestRow, Run, RunEvent, utcnow

@@ -27,7 +27,8 @@ from ito.server.services.idempotency import (
     reserve_key,
 )
 from ito.server.services.leases import lease_for
-from ito.server.services.runs import get_run, record_event, transition_run
+from ito.server.services.run_events import record_event
+from ito.server.services.runs import get_run, transition_run
 from ito.server.services.spending import check_waiting_at_bound
 from ito.server.store.db import Database
 from ito.server.store.runtime_tables import CheckpointRow, RunLog, RunMetric

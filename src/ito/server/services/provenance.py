@@ -25,7 +25,8 @@ from ito.core.provenance import (
 from ito.server.services.credentials import AuthContext
 from ito.server.services.leases import held_lease
 from ito.server.services.manifests import load_manifest
-from ito.server.services.runs import get_run, record_event
+from ito.server.services.run_events import record_event
+from ito.server.services.runs import get_run
 from ito.server.store.runtime_tables import RunProvenance
 
 __all__ = ["bind_provenance", "provenance_of"]

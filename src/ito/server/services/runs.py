@@ -48,6 +48,7 @@ from ito.server.services.idempotency import (
 from ito.server.services.manifest_cache import cached_manifest, parsed_manifest
 from ito.server.services.manifests import find_manifest, store_manifest
 from ito.server.services.revisions import resolve_revision
+from ito.server.services.run_events import record_event
 from ito.server.services.run_progress import run_progress
 from ito.server.store.db import Database
 from ito.server.store.tables import (
@@ -65,12 +66,9 @@ __all__ = [
     "CreateRunResult",
     "create_run",
     "event_dict",
-    "events_of_kinds",
     "get_run",
-    "latest_events",
     "list_events",
     "list_runs",
-    "record_event",
     "run_dict",
     "run_status",
     "transition_run",
@@ -590,31 +588,6 @@ def transition_run(
     )
 
 
-def record_event(
-    session: Session,
-    run: Run,
-    kind: str,
-    message: str,
-    *,
-    from_state: str | None = None,
-    to_state: str | None = None,
-    data: dict[str, Any] | None = None,
-) -> RunEvent:
-    event = RunEvent(
-        run_id=run.id,
-        account_id=run.account_id,
-        kind=kind,
-        from_state=from_state,
-        to_state=to_state,
-        message=message,
-        data=data or {},
-        created_at=utcnow(),
-    )
-    session.add(event)
-    session.flush()
-    return event
-
-
 def get_run(session: Session, account_id: str, run_id: str) -> Run:
     """This account's run; another tenant's answers exactly like a missing one."""
     run = session.scalar(_RUN, {"run_id": run_id, "account_id": account_id})
@@ -646,27 +619,6 @@ def list_events(
     session: Session, account_id: str, run_id: str, *, after: int = 0, limit: int = 200
 ) -> list[RunEvent]:
     return _events_of(session, get_run(session, account_id, run_id), after=after, limit=limit)
-
-
-def events_of_kinds(session: Session, run: Run, kinds: tuple[str, ...]) -> list[RunEvent]:
-    """A run (already checked to be the caller's) its events of ``kinds``, oldest first: the
-    ``(run_id, kind, id)`` index, bounded by those kinds' count (stages and state changes),
-    never by the run's history of checkpoints."""
-    return list(
-        session.scalars(
-            select(RunEvent)
-            .where(RunEvent.run_id == run.id, RunEvent.kind.in_(kinds))
-            .order_by(RunEvent.id)
-        )
-    )
-
-
-def latest_events(session: Session, run: Run, limit: int) -> list[RunEvent]:
-    """A run's last ``limit`` events, oldest first (the ``(run_id, id)`` index, backwards)."""
-    rows = session.scalars(
-        select(RunEvent).where(RunEvent.run_id == run.id).order_by(RunEvent.id.desc()).limit(limit)
-    )
-    return list(reversed(list(rows)))
 
 
 def _events_of(session: Session, run: Run, *, after: int = 0, limit: int = 200) -> list[RunEvent]:

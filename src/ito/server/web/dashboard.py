@@ -29,15 +29,9 @@ from ito.server.services.lifecycle import (
 )
 from ito.server.services.metric_buckets import ChartSeries, chart_series
 from ito.server.services.provenance import provenance_of
+from ito.server.services.run_events import events_of_kinds, latest_events
 from ito.server.services.run_progress import run_progress
-from ito.server.services.runs import (
-    event_dict,
-    events_of_kinds,
-    get_run,
-    latest_events,
-    list_runs,
-    run_dict,
-)
+from ito.server.services.runs import event_dict, get_run, list_runs, run_dict
 from ito.server.services.telemetry import booking_telemetry, run_costs, run_telemetry
 from ito.server.web.charts import Series, line_chart
 
