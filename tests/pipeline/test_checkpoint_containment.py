@@ -107,3 +107,37 @@ def test_a_run_directory_swapped_while_a_save_is_written_is_never_committed(
     # What was written went into the directory proven at the save, never committed.
     assert not (tmp_path / "moved-away" / "pretrain" / "step_00000004" / COMMIT).exists()
     ckpt.close()
+
+
+def test_a_step_another_replica_group_of_the_run_committed_is_kept_not_saved_again(
+    tmp_path: Path, group: dist.ProcessGroup
+) -> None:
+    """Two replica groups share the run's storage and journal: the one that came up late
+    trains steps the other already committed. Its save of such a step keeps the commit (a
+    second save would race it), while a committed directory the run never recorded still
+    refuses the save."""
+    root = tmp_path / "storage"
+    (root / "runs").mkdir(parents=True)
+    journal = tmp_path / "events.jsonl"
+    storage = StoragePath(root, RUN_DIR)
+    first = Checkpointer(storage, 2, EventWriter(journal, enabled=True), group, journal=journal)
+    late = Checkpointer(storage, 2, EventWriter(journal, enabled=True), group, journal=journal)
+    _save(first, 4)
+    first.finish()
+    step_dir = root / "runs" / "run_x" / "pretrain" / "step_00000004"
+    committed = _files(step_dir)
+    _save(late, 4)  # the late group's trusted set predates the commit: the journal has it
+    late.finish()
+    assert _files(step_dir) == committed
+    lines = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert [e["step"] for e in lines if e["type"] == "checkpoint"] == [4]
+    assert any(
+        e["type"] == "log" and "already committed by this run" in e["message"] for e in lines
+    )
+
+    planted = root / "runs" / "run_x" / "pretrain" / "step_00000006"
+    planted.mkdir()
+    (planted / COMMIT).write_text(json.dumps({"step": 6, "stage": "pretrain"}))
+    with pytest.raises(ItoError) as refused:
+        _save(late, 6)
+    assert refused.value.code == "checkpoint_storage_invalid"

@@ -304,7 +304,10 @@ class Checkpointer:
         if self.is_coordinator:
             try:
                 with proven_dir(self.storage.child(stage), create=True) as stage_dir:
-                    made = self._fresh(stage_dir, name)
+                    if self._committed_by_this_run(stage_dir, name):
+                        verdict[0] = "kept"
+                    else:
+                        made = self._fresh(stage_dir, name)
             except ItoError as exc:
                 verdict[0] = (exc.code, exc.message, dict(exc.details))
         try:
@@ -313,6 +316,12 @@ class Checkpointer:
             if made is not None:
                 made.close()
             raise
+        if verdict[0] == "kept":
+            # Another replica group of this run committed this very step (a group that came up
+            # late trains the steps the others already did, to the same state): its commit
+            # stands, and a second save of the step would only race it.
+            self.events.log("info", f"step {step} is already committed by this run; kept")
+            return
         failure = cast("tuple[ErrorCode, str, dict[str, Any]] | None", verdict[0])
         if failure is not None:
             raise ItoError(failure[0], failure[1], **failure[2])
@@ -350,6 +359,18 @@ class Checkpointer:
         )
         upload.add_done_callback(lambda _: setattr(pending, "finished_at", time.monotonic()))
         self._pending = pending
+
+    def _committed_by_this_run(self, stage_dir: ProvenDir, name: str) -> bool:
+        """Whether ``name`` here is a committed checkpoint this run recorded (its journal read
+        again first: another replica group may have committed it since)."""
+        if name not in stage_dir.entries():
+            return False
+        self._read_journal()
+        try:
+            with stage_dir.subdir(name) as old:
+                return COMMIT in old.entries() and commit_digest(old) in self.trusted
+        except (OSError, ItoError):
+            return False
 
     def _fresh(self, stage_dir: ProvenDir, name: str) -> ProvenDir:
         """The step directory ``name``, created now: never one already there. What a crashed
