@@ -101,42 +101,30 @@ def test_a_step_replayed_after_a_restart_marks_its_earlier_report_superseded(
     a page that ends before the replay still marks the earlier one."""
     run_id = _run(tenant)
     db = Database(tenant.server.database_url)
-    reports = [(1, 1, 1.0), (1, 2, 2.0), (1, 3, 3.0), (1, 2, 2.5), (1, 3, 3.5), (2, 3, 3.25)]
+    # (attempt, stage, step, name, value), in report order. The same step of another series
+    # or another stage (the last two) supersedes nothing.
+    reports = [
+        (1, "pretrain", 1, "loss", 1.0),
+        (1, "pretrain", 2, "loss", 2.0),
+        (1, "pretrain", 3, "loss", 3.0),
+        (1, "pretrain", 2, "loss", 2.5),
+        (1, "pretrain", 3, "loss", 3.5),
+        (2, "pretrain", 3, "loss", 3.25),
+        (2, "pretrain", 1, "lr", 0.1),
+        (2, "sft", 1, "loss", 9.0),
+    ]
     with db.write() as session:
-        for attempt, step, value in reports:
-            session.add(
-                RunMetric(
-                    run_id=run_id,
-                    account_id=tenant.account_id,
-                    attempt=attempt,
-                    stage="pretrain",
-                    step=step,
-                    name="loss",
-                    value=value,
-                )
-            )
-        # The same step of another series or another stage supersedes nothing.
-        session.add(
+        session.add_all(
             RunMetric(
                 run_id=run_id,
                 account_id=tenant.account_id,
-                attempt=2,
-                stage="pretrain",
-                step=1,
-                name="lr",
-                value=0.1,
+                attempt=attempt,
+                stage=stage,
+                step=step,
+                name=name,
+                value=value,
             )
-        )
-        session.add(
-            RunMetric(
-                run_id=run_id,
-                account_id=tenant.account_id,
-                attempt=2,
-                stage="sft",
-                step=1,
-                name="loss",
-                value=9.0,
-            )
+            for attempt, stage, step, name, value in reports
         )
     db.dispose()
     points = _get(tenant, f"/v1/runs/{run_id}/metrics", name="loss").json()["data"]["points"]
